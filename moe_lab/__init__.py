@@ -1,0 +1,32 @@
+"""moe-lab: fast Mixture-of-Experts kernels in Triton, with pointer and TMA load paths.
+
+    from moe_lab import topk_routing, fused_moe
+    topk_weights, topk_ids = topk_routing(router_logits, top_k=2)
+    out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids)
+
+Without a CUDA GPU, importing moe_lab switches Triton's interpreter on (TRITON_INTERPRET=1) unless you
+set that variable yourself; see `moe_lab.runtime`.
+"""
+from .runtime import select_backend
+
+select_backend()  # before any @triton.jit function is defined
+
+from .activation import silu_and_mul  # noqa: E402
+from .align import AlignedRouting, moe_align  # noqa: E402
+from .capability import TmaSupport, descriptor_problem, tma_support  # noqa: E402
+from .configs import GemmConfig, MoEConfig, default_config  # noqa: E402
+from .grouped_matmul import LoadPath, grouped_matmul, select_load_path  # noqa: E402
+from .layer import FusedMoEInfo, fused_moe  # noqa: E402
+from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
+from .reference import fused_moe_reference, moe_align_reference, relative_error  # noqa: E402
+from .routing import TopKRouting, topk_routing  # noqa: E402
+from .runtime import interpreter_active  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AlignedRouting", "FusedMoEInfo", "GemmConfig", "LoadPath", "MoEConfig", "MoEPreset", "PRESETS",
+    "TmaSupport", "TopKRouting", "default_config", "descriptor_problem", "fused_moe", "fused_moe_reference",
+    "get_preset", "grouped_matmul", "interpreter_active", "moe_align", "moe_align_reference",
+    "relative_error", "select_load_path", "silu_and_mul", "tma_support", "topk_routing",
+]

@@ -1,0 +1,2 @@
+"""`@triton.jit` bodies only: the ground floor. Launchers live one level up (`moe_lab.align`,
+`moe_lab.grouped_matmul`, `moe_lab.activation`); nothing here checks inputs or picks configs."""

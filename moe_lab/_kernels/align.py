@@ -1,0 +1,104 @@
+"""Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in three launches.
+
+1. `count_kernel`    one program per CHUNK of flat (token, k) slots: a histogram per chunk.
+2. `prefix_kernel`   one program: per-expert totals, padded exclusive prefix sum over experts, and for
+                     every chunk the first free position of each expert (a column-wise scan).
+3. `scatter_kernel`  programs [0, num_chunks): each slot goes to its position, ranked stably inside its
+                     chunk; programs after that: one tile of M-blocks each, writing `expert_ids` and the
+                     sentinel into the padding rows. Every position is written exactly once.
+
+Per-chunk counts make the order stable (slot order within each expert), so no atomics are needed and
+two runs give the same `sorted_token_ids`.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_experts, HAS_EXPERT_MAP: tl.constexpr):
+    """Expert index of each slot, or `num_experts` (a spare bin) for padding lanes and non-local experts."""
+    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0).to(tl.int32)
+    if HAS_EXPERT_MAP:
+        ids = tl.load(expert_map_ptr + ids, mask=mask, other=-1).to(tl.int32)
+    keep = mask & (ids >= 0) & (ids < num_experts)
+    return tl.where(keep, ids, num_experts), keep
+
+
+@triton.jit
+def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_experts,
+                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
+    chunk = tl.program_id(0)
+    offs = chunk * CHUNK + tl.arange(0, CHUNK)
+    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_experts, HAS_EXPERT_MAP)
+    hist = tl.histogram(ids, NUM_BINS)
+    bins = tl.arange(0, NUM_BINS)
+    tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
+
+
+@triton.jit
+def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                  num_tokens_post_padded_ptr, num_chunks, num_experts,
+                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
+    experts = tl.arange(0, NUM_BINS)
+    expert_mask = experts < num_experts
+    rows = tl.arange(0, CHUNK_TILE)
+
+    total = tl.zeros([NUM_BINS], dtype=tl.int32)
+    for c0 in range(0, num_chunks, CHUNK_TILE):
+        m = ((c0 + rows) < num_chunks)[:, None] & expert_mask[None, :]
+        tile = tl.load(chunk_counts_ptr + (c0 + rows)[:, None] * num_experts + experts[None, :], mask=m, other=0)
+        total += tl.sum(tile, axis=0)
+
+    padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
+    start = tl.cumsum(padded, axis=0) - padded
+    tl.store(counts_ptr + experts, total, mask=expert_mask)
+    tl.store(expert_start_ptr + experts, start, mask=expert_mask)
+    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, axis=0))
+
+    running = start
+    for c0 in range(0, num_chunks, CHUNK_TILE):
+        m = ((c0 + rows) < num_chunks)[:, None] & expert_mask[None, :]
+        offs = (c0 + rows)[:, None] * num_experts + experts[None, :]
+        tile = tl.load(chunk_counts_ptr + offs, mask=m, other=0)
+        tl.store(chunk_offsets_ptr + offs, running[None, :] + tl.cumsum(tile, axis=0) - tile, mask=m)
+        running += tl.sum(tile, axis=0)
+
+
+@triton.jit
+def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                   num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+                   numel, num_experts, num_chunks, num_m_blocks,
+                   HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+    pid = tl.program_id(0)
+    if pid < num_chunks:
+        # Scatter: position = the chunk's first free slot of this expert + rank among equal ids before it.
+        lane = tl.arange(0, CHUNK)
+        offs = pid * CHUNK + lane
+        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_experts, HAS_EXPERT_MAP)
+        earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+        rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+        base = tl.load(chunk_offsets_ptr + pid * num_experts + ids, mask=keep, other=0)
+        tl.store(sorted_token_ids_ptr + base + rank, offs, mask=keep)
+    else:
+        # Block map: the expert of each M-block (-1 past the end) and the sentinel `numel` in padding rows.
+        blocks = (pid - num_chunks) * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
+        block_mask = blocks < num_m_blocks
+        first_row = blocks * BLOCK_SIZE_M
+        experts = tl.arange(0, NUM_BINS)
+        expert_mask = experts < num_experts
+        start = tl.load(expert_start_ptr + experts, mask=expert_mask, other=0)
+        count = tl.load(counts_ptr + experts, mask=expert_mask, other=0)
+        end = tl.where(expert_mask, start + tl.cdiv(count, BLOCK_SIZE_M) * BLOCK_SIZE_M, 2147483647)
+        # The block's expert is the number of experts whose padded range ends at or before its first row.
+        block_expert = tl.sum((end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+        used = first_row < tl.load(num_tokens_post_padded_ptr)
+        tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
+
+        safe_expert = tl.where(used, block_expert, 0)
+        filled_end = tl.load(expert_start_ptr + safe_expert, mask=block_mask) \
+            + tl.load(counts_ptr + safe_expert, mask=block_mask)
+        rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
+        is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
+        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + numel,
+                 mask=block_mask[:, None] & is_padding)

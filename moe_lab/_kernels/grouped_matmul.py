@@ -1,0 +1,102 @@
+"""The grouped matmul: for every M-block of the aligned schedule, C[rows] = A[rows] @ W[expert].T.
+
+One program computes one BLOCK_SIZE_M x BLOCK_SIZE_N tile of one expert. The two operands each have a
+load path chosen at launch (constexpr):
+  A: pointer loads of gathered rows (GATHER_A: row = sorted_token_id // TOP_K, the up projection), or
+     rows in expert-sorted padded order, by pointer or through a 2-D tensor descriptor (A_TMA; the down
+     projection). Every M-block belongs to one expert, so a descriptor box never spans two experts.
+  W: pointer loads, or a 3-D tensor descriptor over [E, N, K] with block [1, BLOCK_SIZE_N, BLOCK_SIZE_K]
+     (W_TMA).
+The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
+to their flat (token, k) slot (SCATTER_C).
+"""
+import triton
+import triton.language as tl
+
+from .common import round_to_bf16_grid
+
+
+@triton.jit
+def grouped_matmul_kernel(
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr,
+    topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    N, K, num_valid_tokens, num_m_blocks,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr,
+):
+    # GROUP_SIZE_M ordering: neighbouring programs share W tiles (same pid_n) while they sit in L2.
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    programs_per_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (pid // programs_per_group) * GROUP_SIZE_M
+    group_rows = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + (pid % programs_per_group) % group_rows
+    pid_n = (pid % programs_per_group) // group_rows
+
+    # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do.
+    if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+
+    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    token_ids = tl.load(sorted_token_ids_ptr + offs_m)
+    token_valid = token_ids < num_valid_tokens
+    # int64 only where it matters: token rows (T*k*H can pass 2^31) and the expert's weight offset.
+    if GATHER_A:
+        a_rows = (token_ids // TOP_K).to(tl.int64)
+    else:
+        a_rows = offs_m.to(tl.int64)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    # Wrap N instead of masking loads: columns past N are computed and then dropped by the store mask.
+    w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we
+              + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk)
+
+    # Masks that are constant-true fold away: gathered rows need a row mask, a ragged K a column mask.
+    if GATHER_A:
+        row_ok = token_valid
+    else:
+        row_ok = tl.full([BLOCK_SIZE_M], 1, tl.int1)
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+        if EVEN_K:
+            k_ok = tl.full([BLOCK_SIZE_K], 1, tl.int1)
+        else:
+            k_ok = offs_k < K - kb * BLOCK_SIZE_K
+        if A_TMA:
+            a = a_desc.load([pid_m * BLOCK_SIZE_M, kb * BLOCK_SIZE_K])
+        else:
+            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+        if W_TMA:
+            w = w_desc.load([expert, pid_n * BLOCK_SIZE_N, kb * BLOCK_SIZE_K])
+            w = w.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
+        else:
+            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+            w_ptrs += BLOCK_SIZE_K * stride_wk
+        if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
+            a = a.to(tl.float32)
+            w = w.to(tl.float32)
+        acc = tl.dot(a, w, acc)
+
+    if MUL_ROUTED_WEIGHT:
+        routed = tl.load(topk_weights_ptr + token_ids, mask=token_valid, other=0.0)
+        acc = acc * routed.to(tl.float32)[:, None]
+
+    if SCATTER_C:
+        c_rows = token_ids.to(tl.int64)
+        row_mask = token_valid
+    else:
+        c_rows = offs_m.to(tl.int64)
+        row_mask = tl.full([BLOCK_SIZE_M], 1, tl.int1)
+    if EMULATE_BF16:
+        acc = round_to_bf16_grid(acc)
+    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n[None, :] < N))

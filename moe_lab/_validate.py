@@ -1,0 +1,55 @@
+"""Input checks shared by the launchers: each error names the argument, what it got and what it expects."""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Sequence
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
+    return " or ".join(str(d).replace("torch.", "") for d in dtypes)
+
+
+def check_tensor(name: str, t, *, ndim: int, dtypes: Sequence[torch.dtype],
+                 shape: Optional[Sequence[Optional[int]]] = None, layout: str = "") -> None:
+    """Raise TypeError/ValueError unless `t` is a tensor of rank `ndim`, one of `dtypes`, and `shape`
+    (None entries are free). `layout` names the dimensions for the message, e.g. "[T, H]"."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {str(t.dtype).replace('torch.', '')}")
+    if shape is not None:
+        for got, want in zip(t.shape, shape):
+            if want is not None and got != want:
+                want_s = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
+                raise ValueError(f"{name} must have shape {layout} = {want_s}, got {tuple(t.shape)}")
+
+
+def check_same_device(**tensors: torch.Tensor) -> torch.device:
+    """Raise ValueError if the named tensors are not all on one device; return that device."""
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    first = next(iter(devices.values()))
+    if any(d != first for d in devices.values()):
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"all tensors must be on one device, got {listing}")
+    return first
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def check_power_of_two(name: str, value: int, minimum: int = 1) -> int:
+    check_positive_int(name, value, minimum)
+    if value & (value - 1):
+        raise ValueError(f"{name} must be a power of two >= {minimum}, got {value}")
+    return value

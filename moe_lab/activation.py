@@ -1,0 +1,45 @@
+"""SiLU-and-mul, the activation between the two GEMMs of a SwiGLU expert.
+
+out[r, :] = silu(x[r, :I]) * x[r, I:], computed in float32 and stored in x's dtype. The gate half comes
+first, matching w1 = [gate; up] stacked along N (the layout of vLLM and of Hugging Face's Mixtral
+w1/w3 once concatenated). Source: Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from ._kernels.activation import silu_and_mul_kernel
+from ._validate import FLOAT_DTYPES, check_tensor
+from .runtime import interpreter_active
+
+BLOCK_SIZE = 1024
+
+
+def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [R, 2I] float16/bfloat16/float32 (last stride 1) -> [R, I] in x's dtype.
+
+    num_rows: optional [1] int32 device tensor; rows at or past it are skipped (left as they were in
+    `out`), so the layer's bound-sized buffers cost only the rows in use. Raises TypeError/ValueError
+    for a wrong dtype, rank or an odd last dimension."""
+    check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
+    rows, two_inter = x.shape
+    if two_inter % 2:
+        raise ValueError(f"x must have an even last dimension [R, 2I], got {tuple(x.shape)}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    inter = two_inter // 2
+    if out is None:
+        out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(x.dtype,), shape=(rows, inter), layout="[R, I]")
+    if rows == 0 or inter == 0:
+        return out
+    silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](
+        x, out, num_rows, inter, x.stride(0), out.stride(0),
+        HAS_NUM_ROWS=num_rows is not None,
+        EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
+    return out

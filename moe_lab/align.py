@@ -1,0 +1,138 @@
+"""Token-to-expert alignment: the schedule the grouped matmul reads.
+
+`moe_align` turns `topk_ids` [T, k] into an `AlignedRouting`: the flat (token, k) slots sorted by expert
+(stable: slot order inside each expert), each expert's run padded to a multiple of BLOCK_SIZE_M with the
+sentinel T*k, and the expert of every M-block. Every M-block holds the rows of exactly one expert, so
+block b's rows are `sorted_token_ids[b*BLOCK_SIZE_M : (b+1)*BLOCK_SIZE_M]`, it belongs to expert
+`expert_ids[b]`, and in any buffer laid out in this padded order (the intermediate activations) its first
+row is b*BLOCK_SIZE_M: that is what lets the down projection read its rows through a tensor descriptor
+without a box ever spanning two experts.
+
+Nothing here asks the host for a size: buffers are sized by the tight bound
+    (u + (T*k - u) // BLOCK_SIZE_M) * BLOCK_SIZE_M,   u = min(E, T*k)   (see `max_num_tokens_padded`),
+and blocks past `num_tokens_post_padded` are tagged -1, so the layer can be captured in a CUDA graph.
+The layout follows vLLM's `moe_align_block_size` (vllm-project/vllm, fused_moe); the kernels are three
+launches (count, prefix, scatter), see `moe_lab/_kernels/align.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ._kernels.align import count_kernel, prefix_kernel, scatter_kernel
+from ._validate import INDEX_DTYPES, check_positive_int, check_same_device, check_tensor
+
+CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
+BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
+
+
+@dataclass(frozen=True)
+class AlignedRouting:
+    """The expert-sorted, block-padded schedule. All tensors int32, on the device of `topk_ids`.
+
+    counts:                 [E] tokens (slots) routed to each expert.
+    sorted_token_ids:       [max_num_tokens_padded] flat slot ids t*k + j grouped by expert; padding = T*k.
+    expert_ids:             [max_num_m_blocks] expert of each M-block; -1 for blocks past the end.
+    num_tokens_post_padded: [1] rows in use: sum over experts of counts rounded up to BLOCK_SIZE_M.
+    block_size_m, num_tokens (T), top_k, num_experts: the sizes it was built for.
+    """
+    counts: torch.Tensor
+    sorted_token_ids: torch.Tensor
+    expert_ids: torch.Tensor
+    num_tokens_post_padded: torch.Tensor
+    block_size_m: int
+    num_tokens: int
+    top_k: int
+    num_experts: int
+
+    @property
+    def num_slots(self) -> int:
+        """T*k: the number of (token, k) slots, which is also the padding sentinel."""
+        return self.num_tokens * self.top_k
+
+    @property
+    def max_num_tokens_padded(self) -> int:
+        return self.sorted_token_ids.numel()
+
+    @property
+    def max_num_m_blocks(self) -> int:
+        return self.expert_ids.numel()
+
+
+def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -> int:
+    """The most padded rows any routing of `num_slots` slots over `num_experts` experts can need.
+
+    An expert with c slots takes 1 + (c-1)//BLOCK_SIZE_M blocks, so u used experts take at most
+    u + (num_slots-u)//BLOCK_SIZE_M blocks, largest at u = min(E, num_slots)."""
+    used = min(num_experts, num_slots)
+    return (used + (num_slots - used) // block_size_m) * block_size_m
+
+
+def _check(topk_ids, num_experts, block_size_m, expert_map):
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
+    check_positive_int("num_experts", num_experts)
+    check_positive_int("block_size_m", block_size_m)
+    if block_size_m & (block_size_m - 1):
+        raise ValueError(f"block_size_m must be a power of two, got {block_size_m}")
+    if expert_map is not None:
+        check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+        check_same_device(topk_ids=topk_ids, expert_map=expert_map)
+
+
+def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
+              expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
+    """Sort (token, k) slots by expert and pad each expert to a multiple of `block_size_m`.
+
+    Args:
+        topk_ids: [T, k] int32/int64 expert of each slot, values in [0, E) (or [0, E_global) with
+            `expert_map`). Values outside are dropped (counted nowhere), never written out of bounds.
+        num_experts: E, the experts this call computes (local experts with `expert_map`).
+        block_size_m: BLOCK_SIZE_M of the grouped matmul that reads the result, a power of two.
+        expert_map: optional [E_global] int: global expert -> local index, -1 for experts not here
+            (expert parallelism); such slots are left out.
+    Returns:
+        AlignedRouting (see its docstring). No device-to-host synchronization.
+    Raises:
+        TypeError / ValueError naming the argument for a wrong type, dtype, rank or value.
+    """
+    _check(topk_ids, num_experts, block_size_m, expert_map)
+    device = topk_ids.device
+    num_tokens, top_k = topk_ids.shape
+    numel = num_tokens * top_k
+    padded_len = max_num_tokens_padded(numel, num_experts, block_size_m)
+    num_m_blocks = padded_len // block_size_m
+    i32 = dict(dtype=torch.int32, device=device)
+
+    counts = torch.empty(num_experts, **i32)
+    expert_start = torch.empty(num_experts, **i32)
+    num_tokens_post_padded = torch.empty(1, **i32)
+    sorted_token_ids = torch.empty(padded_len, **i32)
+    expert_ids = torch.empty(num_m_blocks, **i32)
+
+    flat_ids = topk_ids.reshape(-1)
+    if not flat_ids.is_contiguous():
+        flat_ids = flat_ids.contiguous()
+    num_chunks = triton.cdiv(numel, CHUNK)
+    num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
+    chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
+    chunk_offsets = torch.empty_like(chunk_counts)
+    has_map = expert_map is not None
+    emap = expert_map if has_map else flat_ids  # placeholder pointer, never read
+
+    if num_chunks:
+        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, numel, num_experts,
+                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
+    prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
+                        num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
+                        CHUNK_TILE=max(1, 8192 // num_bins))
+    grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
+    if grid:
+        scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
+                                sorted_token_ids, expert_ids, numel, num_experts, num_chunks, num_m_blocks,
+                                HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
+                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
+    return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                          block_size_m, num_tokens, top_k, num_experts)

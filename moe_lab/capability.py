@@ -1,0 +1,117 @@
+"""Can this machine load tiles with TMA, and if not, why not. The only place that decides.
+
+Two questions, asked at two moments:
+- `tma_support(device)`: once per device (cached): does Triton have host tensor descriptors
+  (`triton.tools.tensor_descriptor.TensorDescriptor`, Triton >= 3.4), is the device an NVIDIA GPU (not
+  ROCm/HIP or XPU, whose version numbers are not CUDA capabilities) of compute capability >= 9.0?
+  Under the interpreter descriptors are emulated on the CPU: right results, no speed.
+  `MOE_LAB_TMA=0|1|auto` overrides (0 = never, 1 = whenever the tensors allow, even below 9.0, where
+  Triton lowers descriptor loads to plain loads).
+- `descriptor_problem(tensor, block_shape)`: per call: does this tensor meet the descriptor rules
+  (16-byte aligned base and strides but the last, last stride 1, at least 16 bytes in the inner block
+  dimension, no empty dimension)? Returns None or the broken rule in words.
+
+Source: Triton's `TensorDescriptor` checks (python/triton/tools/tensor_descriptor.py) and the CUDA
+driver's `cuTensorMapEncodeTiled` requirements.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from .runtime import interpreter_active
+
+ENV_VAR = "MOE_LAB_TMA"
+
+
+@dataclass(frozen=True)
+class TmaSupport:
+    """`available`: the TMA path may be used on this device. `reason`: why, or why not, in words.
+    `emulated`: descriptors run under the interpreter (correctness only)."""
+    available: bool
+    reason: str
+    emulated: bool = False
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+def _has_tensor_descriptor() -> bool:
+    try:
+        from triton.tools.tensor_descriptor import TensorDescriptor  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def env_override() -> str:
+    """The `MOE_LAB_TMA` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
+    value = os.environ.get(ENV_VAR, "auto").strip().lower()
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"{ENV_VAR} must be 0, 1 or auto, got {value!r}")
+    return value
+
+
+@functools.lru_cache(maxsize=None)
+def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> TmaSupport:
+    import triton
+
+    if override == "0":
+        return TmaSupport(False, f"disabled by {ENV_VAR}=0")
+    if not _has_tensor_descriptor():
+        return TmaSupport(False, f"Triton {triton.__version__} has no triton.tools.tensor_descriptor."
+                                 "TensorDescriptor (needs Triton >= 3.4)")
+    if interpreted:
+        return TmaSupport(True, "Triton interpreter: tensor descriptors are emulated on the CPU "
+                                "(checks correctness, says nothing about speed)", emulated=True)
+    if getattr(torch.version, "hip", None):
+        return TmaSupport(False, f"ROCm/HIP build of PyTorch ({torch.version.hip}): TMA is an NVIDIA "
+                                 "Hopper feature")
+    device = torch.device(device_key)
+    if device.type != "cuda":
+        return TmaSupport(False, f"device {device} is not a CUDA GPU")
+    if not torch.cuda.is_available():
+        return TmaSupport(False, "no CUDA GPU is visible to PyTorch")
+    major, minor = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    if (major, minor) < (9, 0):
+        if override == "1":
+            return TmaSupport(True, f"{name} is sm_{major}{minor} (< 9.0) but {ENV_VAR}=1: Triton lowers "
+                                    "descriptor loads to plain loads")
+        return TmaSupport(False, f"{name} has compute capability {major}.{minor}; TMA needs >= 9.0 (Hopper)")
+    return TmaSupport(True, f"{name}, compute capability {major}.{minor}, Triton {triton.__version__}")
+
+
+def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
+    """Whether the TMA path can be used for tensors on `device` (default: the current CUDA device, or
+    the CPU under the interpreter), with the reason. Cached per device and setting."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if (
+            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _tma_support_cached(str(device), env_override(), interpreter_active())
+
+
+def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:
+    """None if a tensor descriptor with `block_shape` can be built over `tensor`, else the rule it breaks."""
+    item = tensor.element_size()
+    if tensor.dim() != len(block_shape):
+        return f"rank {tensor.dim()} does not match block shape {list(block_shape)}"
+    if any(s == 0 for s in tensor.shape):
+        return f"shape {tuple(tensor.shape)} has an empty dimension"
+    if tensor.stride(-1) != 1:
+        return f"last stride is {tensor.stride(-1)}, must be 1 (contiguous rows)"
+    if tensor.data_ptr() % 16:
+        return f"base address is not 16-byte aligned (address % 16 = {tensor.data_ptr() % 16})"
+    for dim, stride in enumerate(tensor.stride()[:-1]):
+        if (stride * item) % 16:
+            return f"stride of dimension {dim} is {stride * item} bytes, not a multiple of 16"
+    if block_shape[-1] * item < 16:
+        return f"inner block dimension is {block_shape[-1] * item} bytes, must be at least 16"
+    return None

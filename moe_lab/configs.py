@@ -1,0 +1,113 @@
+"""Launch configurations of the grouped matmul: what they are, and a default for any shape.
+
+A `GemmConfig` holds the block shape (BLOCK_SIZE_M/N/K), the tile order (GROUP_SIZE_M) and Triton's
+`num_warps` / `num_stages`. A fused layer runs two GEMMs (up: N = 2I, K = H; down: N = H, K = I) that
+share one BLOCK_SIZE_M, because both read the same aligned schedule; `MoEConfig` holds the pair.
+
+`default_config` picks by the expected rows per expert, T*k/E: few rows (decode) means the GEMMs stream
+weights and want many small-M programs; many rows (prefill) means they are matrix-bound and want large
+tiles. Tuned tables (`moe-lab tune`) take precedence where one exists for the device and shape.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Mapping, Union
+
+import torch
+
+from ._validate import check_power_of_two
+from .runtime import interpreter_active
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16."""
+    BLOCK_SIZE_M: int = 64
+    BLOCK_SIZE_N: int = 64
+    BLOCK_SIZE_K: int = 64
+    GROUP_SIZE_M: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
+            check_power_of_two(f"config.{name}", getattr(self, name), minimum=16)
+        check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
+        check_power_of_two("config.num_warps", self.num_warps, minimum=1)
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
+
+    def shared_memory_bytes(self, itemsize: int) -> int:
+        """Shared memory the software pipeline needs for A and W tiles (Triton's estimate, roughly)."""
+        tile = (self.BLOCK_SIZE_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
+        return tile * max(1, self.num_stages - 1) + tile
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """The two GEMMs of a layer; they must share BLOCK_SIZE_M (one alignment serves both)."""
+    up: GemmConfig
+    down: GemmConfig
+
+    def __post_init__(self):
+        if self.up.BLOCK_SIZE_M != self.down.BLOCK_SIZE_M:
+            raise ValueError("config: up and down must share BLOCK_SIZE_M, got "
+                             f"{self.up.BLOCK_SIZE_M} and {self.down.BLOCK_SIZE_M}")
+
+    @property
+    def block_size_m(self) -> int:
+        return self.up.BLOCK_SIZE_M
+
+
+ConfigLike = Union[GemmConfig, MoEConfig, Mapping, None]
+
+
+def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
+    """Accept a MoEConfig, one GemmConfig for both GEMMs, a dict of GemmConfig fields (optionally with
+    "up"/"down" sub-dicts), or None for `default`. Raises TypeError/ValueError on anything else."""
+    if config is None:
+        return default
+    if isinstance(config, MoEConfig):
+        return config
+    if isinstance(config, GemmConfig):
+        return MoEConfig(config, config)
+    if isinstance(config, Mapping):
+        try:
+            if "up" in config or "down" in config:
+                return MoEConfig(GemmConfig(**config.get("up", default.up.to_dict())),
+                                 GemmConfig(**config.get("down", default.down.to_dict())))
+            return MoEConfig(replace(default.up, **config), replace(default.down, **config))
+        except TypeError as err:
+            raise TypeError(f"config has an unknown key: {err}; expected keys "
+                            f"{sorted(GemmConfig().to_dict())}") from None
+    raise TypeError(f"config must be a MoEConfig, GemmConfig, dict or None, got {type(config).__name__}")
+
+
+def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
+                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
+    """A heuristic config for a layer: tuned tables first (`moe_lab.tuned`), then rules by rows per expert."""
+    from .tuned import lookup  # late import: tuned tables are optional data
+    tuned = lookup(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
+    if tuned is not None:
+        return tuned
+    if interpreter_active():
+        # The interpreter runs one program at a time: few, wide tiles; M small to keep padding cheap.
+        cfg = GemmConfig(16, 64, 64, 1, 4, 1)
+        return MoEConfig(cfg, cfg)
+    rows_per_expert = num_tokens * top_k / max(num_experts, 1)
+    if rows_per_expert <= 4:
+        up = GemmConfig(16, 64, 128, 1, 4, 4)
+        down = GemmConfig(16, 64, 128, 1, 4, 4)
+    elif rows_per_expert <= 32:
+        up = GemmConfig(32, 64, 128, 1, 4, 4)
+        down = GemmConfig(32, 64, 128, 1, 4, 4)
+    elif rows_per_expert <= 128:
+        up = GemmConfig(64, 128, 64, 8, 4, 4)
+        down = GemmConfig(64, 128, 64, 8, 4, 4)
+    else:
+        up = GemmConfig(128, 128, 64, 8, 8, 4)
+        down = GemmConfig(128, 128, 64, 8, 8, 4)
+    return MoEConfig(up, down)

@@ -1,0 +1,171 @@
+"""The grouped matmul launcher: one Triton kernel computes every expert's GEMM of a MoE layer.
+
+For each M-block b of an `AlignedRouting` (rows of one expert e = expert_ids[b]):
+    out[rows of b] = a[rows of b] @ w[e].T   (fp32 accumulation, optional routed-weight multiply)
+with a in one of two layouts:
+    gather_a=True:  a is [T, K], token rows; block rows are sorted_token_ids // top_k (the up projection).
+    gather_a=False: a is [max_num_tokens_padded, K], rows already in the padded expert-sorted order
+                    (the intermediate of the down projection).
+and the output either in the same padded order ([max_num_tokens_padded, N], scatter=False) or scattered
+to flat (token, k) slots ([T*k, N], scatter=True).
+
+Load paths (see `select_load_path`): weights through a 3-D tensor descriptor (block [1, BLOCK_SIZE_N,
+BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, BLOCK_SIZE_K]) on Hopper;
+pointer loads otherwise. Gathered A rows always use pointer loads: Hopper's TMA copies boxes, and gathering
+scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100).
+
+The kernel follows Triton's grouped-ordering matmul tutorial (python/tutorials/03-matrix-multiplication.py)
+and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fused_moe).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+import triton
+
+from ._kernels.grouped_matmul import grouped_matmul_kernel
+from ._validate import FLOAT_DTYPES, check_same_device, check_tensor
+from .align import AlignedRouting
+from .capability import descriptor_problem, tma_support
+from .configs import GemmConfig
+from .runtime import interpreter_active
+
+log = logging.getLogger(__name__)
+_logged_fallbacks: set = set()
+
+UseTma = Union[bool, str]
+
+
+@dataclass(frozen=True)
+class LoadPath:
+    """How one grouped matmul loads its operands, and why."""
+    a_tma: bool
+    w_tma: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        if self.a_tma and self.w_tma:
+            return "tma"
+        if self.w_tma:
+            return "tma(w)"
+        return "pointer"
+
+
+def _check_use_tma(use_tma: UseTma) -> None:
+    if use_tma not in (True, False, "auto"):
+        raise ValueError(f"use_tma must be True, False or 'auto', got {use_tma!r}")
+
+
+def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
+                     use_tma: UseTma = "auto") -> LoadPath:
+    """Decide the load path of each operand. `use_tma="auto"` takes TMA wherever the device and the
+    tensors allow it and records why not elsewhere; `True` raises ValueError if it cannot be honoured for
+    w (or for a sorted-layout a); `False` always takes pointer loads."""
+    _check_use_tma(use_tma)
+    if use_tma is False:
+        return LoadPath(False, False, "use_tma=False")
+    support = tma_support(a.device)
+    if not support.available:
+        if use_tma is True:
+            raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
+        return LoadPath(False, False, f"no TMA: {support.reason}")
+    reasons = []
+    w_problem = descriptor_problem(w, [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K])
+    if w_problem and use_tma is True:
+        raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}) cannot be read through a tensor "
+                         f"descriptor: {w_problem}")
+    reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
+    if gather_a:
+        a_problem = "gathered token rows (TMA gather needs Blackwell)"
+    else:
+        a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
+        if a_problem and use_tma is True:
+            raise ValueError(f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
+                             f"tensor descriptor: {a_problem}")
+    reasons.append(f"a: {'pointer (' + a_problem + ')' if a_problem else 'tma'}")
+    path = LoadPath(not a_problem, not w_problem, "; ".join(reasons) + f" [{support.reason}]")
+    fallback = (w_problem, None if gather_a else a_problem)
+    if any(fallback) and fallback not in _logged_fallbacks:
+        _logged_fallbacks.add(fallback)
+        log.debug("grouped_matmul falls back to pointer loads: %s", path.reason)
+    return path
+
+
+def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
+                   gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
+                   out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto") -> torch.Tensor:
+    """Run every expert's GEMM of one projection in one launch.
+
+    Args:
+        a: [T, K] token rows (gather_a=True) or [routing.max_num_tokens_padded, K] rows in padded sorted
+            order (gather_a=False); float16/bfloat16/float32; any strides.
+        w: [E, N, K] expert weights, same dtype as a; any strides (TMA needs the last one to be 1).
+        routing: the schedule from `moe_align`, built with BLOCK_SIZE_M = config.BLOCK_SIZE_M.
+        config: the GemmConfig to launch with.
+        scatter: write row r of each block to out[sorted_token_ids[r]] ([T*k, N]) instead of out[r]
+            ([max_num_tokens_padded, N]); padding rows are then dropped.
+        topk_weights: [T, k] routed weights; when given, each row is multiplied by its slot's weight.
+        out: optional output buffer of the shape above, dtype of a. Rows of blocks past
+            `num_tokens_post_padded` (sorted layout), or of slots not routed here (scatter with an
+            expert_map), are left as they were.
+        use_tma: "auto", True or False, see `select_load_path`.
+    Returns:
+        `out`.
+    Raises:
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
+    """
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    if not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+    check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, shape=(routing.num_experts, None, None), layout="[E, N, K]")
+    num_experts, n, k = w.shape
+    rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
+    check_tensor("a", a, ndim=2, dtypes=(w.dtype,), shape=(rows, k),
+                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]")
+    if config.BLOCK_SIZE_M != routing.block_size_m:
+        raise ValueError(f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m="
+                         f"{routing.block_size_m}")
+    if topk_weights is not None:
+        check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES,
+                     shape=(routing.num_tokens, routing.top_k), layout="[T, k]")
+    out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
+    if out is None:
+        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(a.dtype,), shape=(out_rows, n), layout="[rows, N]")
+    check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
+
+    num_m_blocks = routing.max_num_m_blocks
+    grid = num_m_blocks * triton.cdiv(n, config.BLOCK_SIZE_N)
+    if grid == 0 or n == 0:
+        return out
+    path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
+    a_desc = w_desc = None
+    if path.a_tma or path.w_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        if path.a_tma:
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
+        if path.w_tma:
+            w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()),
+                                      [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K])
+    weights = topk_weights.reshape(-1) if topk_weights is not None else None
+    if weights is not None and not weights.is_contiguous():
+        weights = weights.contiguous()
+
+    grouped_matmul_kernel[(grid,)](
+        a, a_desc, w, w_desc, out,
+        weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
+        n, k, routing.num_slots, num_m_blocks,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        TOP_K=routing.top_k, GATHER_A=gather_a, SCATTER_C=scatter, MUL_ROUTED_WEIGHT=weights is not None,
+        A_TMA=path.a_tma, W_TMA=path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
+        BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
+        GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    return out

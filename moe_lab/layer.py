@@ -1,0 +1,107 @@
+"""The fused MoE layer: align, gate/up GEMM, SiLU-and-mul, down GEMM with routed weights, top-k reduce.
+
+    topk_ids ──moe_align──▶ routing (sorted_token_ids, expert_ids, num_tokens_post_padded)
+    hidden_states [T, H] ──grouped_matmul(w1, gather rows)──▶ gate_up [padded, 2I], expert-sorted
+    gate_up ──silu_and_mul──▶ act [padded, I], same order
+    act ──grouped_matmul(w2, × topk_weights, scatter)──▶ out_k [T, k, H] ──sum over k──▶ out [T, H]
+
+No stage asks the host for a size, so the layer can be captured in a CUDA graph. The layer computes the
+same function as vLLM's `fused_experts` (vllm-project/vllm, model_executor/layers/fused_moe), with its
+own kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
+from .activation import silu_and_mul
+from .align import AlignedRouting, moe_align
+from .configs import ConfigLike, MoEConfig, as_moe_config, default_config
+from .grouped_matmul import LoadPath, UseTma, grouped_matmul, select_load_path
+
+
+@dataclass(frozen=True)
+class FusedMoEInfo:
+    """What a `fused_moe` call did: the config, each GEMM's load path (with the reason), the schedule."""
+    config: MoEConfig
+    up_path: Optional[LoadPath]
+    down_path: Optional[LoadPath]
+    routing: Optional[AlignedRouting]
+
+
+def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
+    check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
+    num_tokens, hidden = hidden_states.shape
+    dt = (hidden_states.dtype,)
+    check_tensor("w1", w1, ndim=3, dtypes=dt, shape=(None, None, hidden), layout="[E, 2I, H]")
+    num_experts, two_inter, _ = w1.shape
+    if two_inter % 2 or two_inter == 0:
+        raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
+    check_tensor("w2", w2, ndim=3, dtypes=dt, shape=(num_experts, hidden, two_inter // 2), layout="[E, H, I]")
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
+    check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
+                 layout="[T, k] (same as topk_ids)")
+    num_global = expert_map.numel() if expert_map is not None else num_experts
+    if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
+        raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
+    if expert_map is not None:
+        check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+    check_same_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights,
+                      topk_ids=topk_ids, expert_map=expert_map)
+
+
+def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, config: ConfigLike = None,
+              use_tma: UseTma = "auto", expert_map: Optional[torch.Tensor] = None,
+              out: Optional[torch.Tensor] = None, return_info: bool = False):
+    """A Mixture-of-Experts feed-forward layer with SwiGLU experts, through moe-lab's Triton kernels.
+
+    out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e, :I] @ x_t) * (w1[e, I:] @ x_t)), e = topk_ids[t, j]
+
+    Args:
+        hidden_states: [T, H] float16/bfloat16/float32 (any strides); T may be 0.
+        w1: [E, 2I, H] gate (rows :I) and up (rows I:) projections, dtype of hidden_states.
+        w2: [E, H, I] down projection, same dtype.
+        topk_weights: [T, k] routed weights (float32 usually), applied in the down GEMM's epilogue.
+        topk_ids: [T, k] int32/int64 experts in [0, E) (in [0, E_global) with expert_map).
+        config: None (tuned table or heuristic), a MoEConfig, a GemmConfig for both GEMMs, or a dict.
+        use_tma: "auto" (TMA where device and tensors allow), True (raise ValueError if not), False.
+        expert_map: optional [E_global] int: global expert -> local index in w1/w2, -1 if not on this
+            rank (expert parallelism); slots on other ranks contribute zero.
+        out: optional [T, H] output buffer, dtype of hidden_states.
+        return_info: also return a FusedMoEInfo (config and load paths used).
+    Returns:
+        [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
+    Raises:
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
+    """
+    _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
+    num_tokens, hidden = hidden_states.shape
+    num_experts, two_inter, _ = w1.shape
+    top_k = topk_ids.shape[1]
+    cfg = as_moe_config(config, default_config(num_tokens, num_experts, top_k, hidden, two_inter // 2,
+                                                hidden_states.dtype))
+    if out is None:
+        out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(hidden_states.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
+    if num_tokens == 0:  # an idle rank: nothing to launch
+        return (out, FusedMoEInfo(cfg, None, None, None)) if return_info else out
+
+    routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
+    gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
+    act = silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
+    # Every slot is written exactly once, unless an expert_map sends some to other ranks: those stay zero.
+    make = torch.zeros if expert_map is not None else torch.empty
+    out_k = make((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=topk_weights,
+                   out=out_k, use_tma=use_tma)
+    torch.sum(out_k.view(num_tokens, top_k, hidden), dim=1, out=out)
+    if not return_info:
+        return out
+    paths = (select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
+             select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma))
+    return out, FusedMoEInfo(cfg, *paths, routing)

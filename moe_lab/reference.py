@@ -1,0 +1,75 @@
+"""PyTorch references, written for clarity, in float32 (or float64) math. Tests compare against these."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from .align import AlignedRouting, max_num_tokens_padded
+
+
+def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
+                        expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
+    """The same schedule as `moe_align`, built with a stable sort on the host. Slots whose expert is
+    outside [0, E) (after `expert_map`) are dropped."""
+    num_tokens, top_k = topk_ids.shape
+    numel = num_tokens * top_k
+    ids = topk_ids.reshape(-1).long().cpu()
+    if expert_map is not None:
+        emap = expert_map.long().cpu()
+        inside = (ids >= 0) & (ids < emap.numel())
+        ids = torch.where(inside, emap[ids.clamp(0, emap.numel() - 1)], torch.full_like(ids, -1))
+    keep = (ids >= 0) & (ids < num_experts)
+    counts = torch.bincount(ids[keep], minlength=num_experts)
+    padded_len = max_num_tokens_padded(numel, num_experts, block_size_m)
+    sorted_ids = torch.full((padded_len,), numel, dtype=torch.int64)
+    expert_ids = torch.full((padded_len // block_size_m,), -1, dtype=torch.int64)
+    row = 0
+    for e in range(num_experts):
+        slots = torch.nonzero(ids == e).flatten()  # ascending: stable order
+        sorted_ids[row:row + slots.numel()] = slots
+        blocks = -(-slots.numel() // block_size_m)
+        expert_ids[row // block_size_m: row // block_size_m + blocks] = e
+        row += blocks * block_size_m
+    dev = dict(dtype=torch.int32, device=topk_ids.device)
+    return AlignedRouting(counts.to(**dev), sorted_ids.to(**dev), expert_ids.to(**dev),
+                          torch.tensor([row], **dev), block_size_m, num_tokens, top_k, num_experts)
+
+
+def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
+                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+                        expert_map: Optional[torch.Tensor] = None,
+                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1g[e] x_t) * W1u[e] x_t), e = topk_ids[t, j].
+
+    hidden_states [T, H], w1 [E, 2I, H] (gate rows first, then up), w2 [E, H, I]; math in `dtype`
+    (float32 by default, float64 for tight checks). Returns [T, H] in `dtype`. With `expert_map`, only
+    local experts contribute (the others give zero).
+    """
+    x = hidden_states.to(dtype)
+    num_tokens = x.shape[0]
+    inter = w2.shape[-1]
+    out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=x.device)
+    ids = topk_ids.long()
+    if expert_map is not None:
+        ids = expert_map.long().to(ids.device)[ids]
+    for e in range(w1.shape[0]):
+        token, slot = torch.nonzero(ids == e, as_tuple=True)
+        if token.numel() == 0:
+            continue
+        gate_up = x[token] @ w1[e].to(dtype).T
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        y = (act @ w2[e].to(dtype).T) * topk_weights[token, slot].to(dtype)[:, None]
+        out.index_add_(0, token, y)
+    return out
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check)."""
+    out64, ref64 = out.double().cpu(), ref.double().cpu()
+    denom = ref64.norm()
+    diff = (out64 - ref64).norm()
+    if denom == 0:
+        return float(diff)
+    return float(diff / denom)

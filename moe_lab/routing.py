@@ -1,0 +1,90 @@
+"""Top-k routing: which experts each token goes to, and with what weight.
+
+`topk_routing` covers the three schemes in common use:
+- softmax over all experts, top-k, optional renormalization over the k (Mixtral, Qwen-MoE, OLMoE);
+- sigmoid scores with a score-correction bias that steers the choice but not the weights, and grouped
+  top-k: keep the `topk_group` best of `num_expert_group` groups (scored by the sum of each group's two
+  best biased scores), then top-k inside them (DeepSeek-V3, arXiv:2412.19437, section 2.1.2).
+Routing is a few small PyTorch ops; the kernels of this package start at alignment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ._validate import FLOAT_DTYPES, check_positive_int, check_tensor
+
+
+@dataclass(frozen=True)
+class TopKRouting:
+    """`topk_weights` [T, k] float32: each token's routed weights. `topk_ids` [T, k] int32: its experts."""
+    topk_weights: torch.Tensor
+    topk_ids: torch.Tensor
+
+    def __iter__(self):  # allows `topk_weights, topk_ids = topk_routing(...)`
+        return iter((self.topk_weights, self.topk_ids))
+
+
+def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
+                 scoring: str = "softmax", correction_bias: Optional[torch.Tensor] = None,
+                 num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
+                 routed_scaling_factor: float = 1.0) -> TopKRouting:
+    """Pick `top_k` experts per token.
+
+    Args:
+        router_logits: [T, E] float16/bfloat16/float32, the router's output.
+        top_k: experts per token, 1 <= top_k <= E.
+        renormalize: divide the k weights by their sum.
+        scoring: "softmax" or "sigmoid".
+        correction_bias: [E] float, added to the scores for choosing only (DeepSeek-V3's
+            e_score_correction_bias); the weights come from the unbiased scores.
+        num_expert_group, topk_group: grouped top-k; both or neither; E must divide into groups.
+        routed_scaling_factor: multiplies the final weights (2.5 for DeepSeek-V3).
+    Returns:
+        TopKRouting(topk_weights [T, k] float32, topk_ids [T, k] int32).
+    Raises:
+        TypeError / ValueError naming the argument for a wrong type, dtype, shape or value.
+    """
+    check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, E]")
+    num_tokens, num_experts = router_logits.shape
+    check_positive_int("top_k", top_k)
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be <= the number of experts E={num_experts}, got {top_k}")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
+    if correction_bias is not None:
+        check_tensor("correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES,
+                     shape=(num_experts,), layout="[E]")
+    if (num_expert_group is None) != (topk_group is None):
+        raise ValueError("num_expert_group and topk_group go together: give both or neither, got "
+                         f"num_expert_group={num_expert_group}, topk_group={topk_group}")
+
+    logits = router_logits.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)
+    choice = scores if correction_bias is None else scores + correction_bias.float()
+
+    if num_expert_group is not None:
+        check_positive_int("num_expert_group", num_expert_group)
+        check_positive_int("topk_group", topk_group)
+        if num_experts % num_expert_group:
+            raise ValueError(f"num_expert_group={num_expert_group} must divide E={num_experts}")
+        if topk_group > num_expert_group:
+            raise ValueError(f"topk_group must be <= num_expert_group={num_expert_group}, got {topk_group}")
+        per_group = num_experts // num_expert_group
+        if top_k > topk_group * per_group:
+            raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts in the kept groups")
+        grouped = choice.view(num_tokens, num_expert_group, per_group)
+        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(-1)
+        kept = group_score.topk(topk_group, dim=-1).indices
+        keep_mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
+        choice = choice.masked_fill(~keep_mask.repeat_interleave(per_group, dim=1), float("-inf"))
+
+    topk_ids = choice.topk(top_k, dim=-1).indices
+    topk_weights = scores.gather(1, topk_ids)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(-1, keepdim=True).clamp_min(1e-20)
+    if routed_scaling_factor != 1.0:
+        topk_weights = topk_weights * routed_scaling_factor
+    return TopKRouting(topk_weights.contiguous(), topk_ids.to(torch.int32).contiguous())

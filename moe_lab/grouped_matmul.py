@@ -48,11 +48,8 @@ class LoadPath:
 
     @property
     def name(self) -> str:
-        if self.a_tma and self.w_tma:
-            return "tma"
-        if self.w_tma:
-            return "tma(w)"
-        return "pointer"
+        """Short form for tables, e.g. "a:ptr w:tma"."""
+        return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
 
 
 def _check_use_tma(use_tma: UseTma) -> None:

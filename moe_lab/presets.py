@@ -42,17 +42,19 @@ class MoEPreset:
     def build(self, num_tokens: int, *, dtype=torch.bfloat16, device=None, seed: int = 0):
         """Random layer at this shape: hidden_states ~ N(0, 1), weights with nn.Linear's init scale
         (uniform ±1/sqrt(fan_in)), a random router. Returns (hidden_states, w1, w2, TopKRouting)."""
-        gen = torch.Generator(device="cpu").manual_seed(seed)
+        device = torch.device(device or "cpu")
+        gen = torch.Generator(device=device).manual_seed(seed)
         h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
 
         def uniform(shape, fan_in):
-            return ((torch.rand(shape, generator=gen) * 2 - 1) / math.sqrt(fan_in)).to(dtype=dtype, device=device)
+            x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+            return x.mul_(2).sub_(1).div_(math.sqrt(fan_in)).to(dtype)
 
-        hidden_states = torch.randn((num_tokens, h), generator=gen).to(dtype=dtype, device=device)
+        hidden_states = torch.randn((num_tokens, h), generator=gen, device=device).to(dtype)
         w1 = uniform((e, 2 * i, h), h)
         w2 = uniform((e, h, i), i)
         router = uniform((e, h), h).float()
-        bias = (torch.rand(e, generator=gen) * 0.1).to(device) if self.scoring == "sigmoid" else None
+        bias = torch.rand(e, generator=gen, device=device) * 0.1 if self.scoring == "sigmoid" else None
         routing = topk_routing(hidden_states.float() @ router.T, self.top_k, renormalize=self.renormalize,
                                scoring=self.scoring, correction_bias=bias,
                                num_expert_group=self.num_expert_group, topk_group=self.topk_group,

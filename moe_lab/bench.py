@@ -1,0 +1,230 @@
+"""Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
+
+For each model preset and token count T it times, as the median of many runs with L2 flushed before each
+(`triton.testing.do_bench`):
+  - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
+  - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
+    the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
+checks each against the float32 reference, and reports TFLOP/s, weight TB/s and % of the roofline set by
+ceilings measured in the same run (device copy bandwidth, 8192^3 bf16 matmul).
+Refuses to run under the interpreter.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from .activation import silu_and_mul
+from .align import moe_align
+from .configs import MoEConfig, default_config
+from .grouped_matmul import grouped_matmul
+from .layer import fused_moe
+from .presets import MoEPreset, get_preset
+from .reference import fused_moe_reference, relative_error
+from .runtime import require_gpu_timing
+
+DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
+DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
+def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
+    """Median time of `fn` in milliseconds; L2 is flushed before each run."""
+    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def measure_ceilings(device="cuda") -> Dict[str, float]:
+    """Copy bandwidth (TB/s, bytes read + written), read-only bandwidth (TB/s) and bf16 matmul TFLOP/s."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src))
+    as_f32 = src.view(torch.float32)
+    read_ms = median_ms(lambda: as_f32.sum())
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    mm_ms = median_ms(lambda: a @ b)
+    del src, dst, a, b
+    return {"copy_tbps": 2 * (1 << 30) / copy_ms / 1e9, "read_tbps": (1 << 30) / read_ms / 1e9,
+            "bf16_matmul_tflops": 2 * 8192 ** 3 / mm_ms / 1e9}
+
+
+@dataclass
+class GemmCost:
+    flops: float
+    bytes: float  # fewest bytes: weights of the experts in use, A read once, C written once
+
+    def roofline_ms(self, ceilings) -> float:
+        return max(self.flops / ceilings["bf16_matmul_tflops"] / 1e9, self.bytes / ceilings["copy_tbps"] / 1e9)
+
+
+def gemm_costs(preset: MoEPreset, num_tokens: int, experts_used: int, itemsize: int):
+    h, i, k = preset.hidden_size, preset.intermediate_size, preset.top_k
+    rows = num_tokens * k
+    up = GemmCost(2 * rows * h * 2 * i, itemsize * (experts_used * 2 * i * h + num_tokens * h + rows * 2 * i))
+    down = GemmCost(2 * rows * i * h, itemsize * (experts_used * h * i + rows * i + rows * h))
+    return up, down
+
+
+def _grouped_mm_peer(hs, w1, w2, tw, ti):
+    """torch._grouped_mm on the same routing: returns (gemms_fn, layer_fn)."""
+    num_tokens, top_k = ti.shape
+    num_experts, two_i, _ = w1.shape
+    flat = ti.reshape(-1).long()
+    order = flat.argsort(stable=True)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=hs.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))
+    offs = counts.cumsum(0, dtype=torch.int32)
+    w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)
+    x_sorted = hs[order // top_k]
+    act = F.silu(torch._grouped_mm(x_sorted, w1_t, offs=offs)[:, : two_i // 2])
+
+    def gemms():
+        gu = torch._grouped_mm(x_sorted, w1_t, offs=offs)
+        return torch._grouped_mm(act, w2_t, offs=offs), gu
+
+    def layer():
+        flat_ids = ti.reshape(-1).long()
+        order_ = flat_ids.argsort(stable=True)
+        counts_ = torch.zeros(num_experts, dtype=torch.int32, device=hs.device).scatter_add_(
+            0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
+        offs_ = counts_.cumsum(0, dtype=torch.int32)
+        gu = torch._grouped_mm(hs[order_ // top_k], w1_t, offs=offs_)
+        a = F.silu(gu[:, : two_i // 2]) * gu[:, two_i // 2:]
+        y = torch._grouped_mm(a, w2_t, offs=offs_) * tw.reshape(-1)[order_, None].to(a.dtype)
+        out_k = torch.empty_like(y)
+        out_k[order_] = y
+        return out_k.view(num_tokens, top_k, -1).sum(1)
+
+    return gemms, layer
+
+
+def _loop_peer(hs, w1, w2, tw, ti):
+    inter = w2.shape[-1]
+
+    def layer():
+        out = torch.zeros_like(hs, dtype=torch.float32)
+        for e in range(w1.shape[0]):
+            tok, slot = torch.where(ti == e)
+            x = hs[tok]
+            gu = x @ w1[e].T
+            y = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ w2[e].T
+            out.index_add_(0, tok, y.float() * tw[tok, slot, None])
+        return out.to(hs.dtype)
+    return layer
+
+
+def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfloat16,
+                config: Optional[MoEConfig] = None, peers: bool = True, seed: int = 0) -> List[dict]:
+    """Time every implementation at one (preset, T). Returns one row per implementation."""
+    hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=dtype, device="cuda", seed=seed)
+    cfg = config or default_config(num_tokens, preset.num_experts, preset.top_k, preset.hidden_size,
+                                   preset.intermediate_size, dtype)
+    ref = fused_moe_reference(hs, w1, w2, tw, ti)
+    experts_used = int(torch.unique(ti).numel())
+    up_cost, down_cost = gemm_costs(preset, num_tokens, experts_used, hs.element_size())
+    routing = moe_align(ti, preset.num_experts, cfg.block_size_m)
+    base = dict(model=preset.name, T=num_tokens, E=preset.num_experts, top_k=preset.top_k, H=preset.hidden_size,
+                I=preset.intermediate_size, dtype=str(dtype).replace("torch.", ""), experts_used=experts_used,
+                roofline_gemms_ms=up_cost.roofline_ms(ceilings) + down_cost.roofline_ms(ceilings))
+    rows = []
+
+    def row(impl, up_ms, down_ms, gemms_ms, layer_ms, err, **extra):
+        r = dict(base, impl=impl, up_ms=up_ms, down_ms=down_ms, gemms_ms=gemms_ms, layer_ms=layer_ms, rel_err=err)
+        if gemms_ms:
+            r["gemms_tflops"] = (up_cost.flops + down_cost.flops) / gemms_ms / 1e9
+            r["gemms_tbps"] = (up_cost.bytes + down_cost.bytes) / gemms_ms / 1e9
+            r["pct_roofline"] = 100 * r["roofline_gemms_ms"] / gemms_ms
+        r.update(extra)
+        rows.append(r)
+
+    for impl, use_tma in (("moe-lab pointer", False), ("moe-lab tma", True)):
+        try:
+            gate_up = grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
+            act = silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
+            out_k = torch.empty(num_tokens * preset.top_k, preset.hidden_size, dtype=dtype, device="cuda")
+            up = lambda: grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, out=gate_up, use_tma=use_tma)  # noqa: E731
+            down = lambda: grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,  # noqa: E731
+                                          topk_weights=tw, out=out_k, use_tma=use_tma)
+            out = fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)
+            err = relative_error(out, ref)
+
+            def both():
+                up()
+                down()
+            row(impl, median_ms(up), median_ms(down), median_ms(both),
+                median_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)), err,
+                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()))
+        except (ValueError, RuntimeError) as exc:  # e.g. TMA refused on this device
+            row(impl, None, None, None, None, None, error=str(exc))
+    if peers and hasattr(torch, "_grouped_mm"):
+        try:
+            gemms, layer = _grouped_mm_peer(hs, w1, w2, tw, ti)
+            row("torch._grouped_mm", None, None, median_ms(gemms), median_ms(layer), relative_error(layer(), ref))
+        except RuntimeError as exc:
+            row("torch._grouped_mm", None, None, None, None, None, error=str(exc)[:200])
+    if peers and preset.num_experts * max(1, num_tokens // 4096) <= 256:
+        loop = _loop_peer(hs, w1, w2, tw, ti)
+        row("torch per-expert loop", None, None, None, median_ms(loop, rep_ms=50), relative_error(loop(), ref))
+    del hs, w1, w2, ref
+    torch.cuda.empty_cache()
+    return rows
+
+
+def environment() -> dict:
+    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                python=platform.python_version(), date=datetime.date.today().isoformat(),
+                capability=".".join(map(str, torch.cuda.get_device_capability())))
+
+
+def fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def print_table(rows: List[dict]) -> None:
+    print(f"{'model':<15} {'T':>6} {'impl':<22} {'up ms':>8} {'down ms':>8} {'gemms ms':>9} {'layer ms':>9} "
+          f"{'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} {'rel err':>8}")
+    for r in rows:
+        print(f"{r['model']:<15} {r['T']:>6} {r['impl']:<22} {fmt(r['up_ms'], '8.3f')} {fmt(r['down_ms'], '8.3f')} "
+              f"{fmt(r['gemms_ms'], '9.3f')} {fmt(r['layer_ms'], '9.3f')} {fmt(r.get('gemms_tflops'), '8.1f')} "
+              f"{fmt(r.get('gemms_tbps'), '6.2f')} {fmt(r.get('pct_roofline'), '6.1f')} {fmt(r['rel_err'], '8.1e')}"
+              + (f"  ERROR {r['error'][:60]}" if r.get("error") else ""), flush=True)
+
+
+def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, out_dir: Optional[str] = None,
+        peers: bool = True, tag: str = "bench") -> dict:
+    """Run the benchmark, print the table, and write JSON and CSV to `out_dir` (if given)."""
+    require_gpu_timing("moe-lab bench")
+    env = environment()
+    ceilings = measure_ceilings()
+    print(f"{env['device']} (sm_{env['capability'].replace('.', '')}), torch {env['torch']}, triton {env['triton']}, "
+          f"{env['date']}")
+    print(f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, read {ceilings['read_tbps']:.2f} TB/s, "
+          f"bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s")
+    rows: List[dict] = []
+    for name in models:
+        preset = get_preset(name)
+        for num_tokens in tokens:
+            point = bench_point(preset, num_tokens, ceilings, dtype=dtype, peers=peers)
+            print_table(point)
+            rows += point
+    result = dict(environment=env, ceilings=ceilings, rows=rows)
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+        stem = os.path.join(out_dir, f"{tag}-{env['device'].replace(' ', '_')}-{env['date']}")
+        with open(stem + ".json", "w") as f:
+            json.dump(result, f, indent=1)
+        keys = sorted({k for r in rows for k in r if k != "config"})
+        with open(stem + ".csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+        print(f"wrote {stem}.json and .csv")
+    return result

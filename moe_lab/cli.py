@@ -1,0 +1,152 @@
+"""The `moe-lab` command: `demo` (the main job), `info`, `bench` and `tune` (GPU only).
+
+    moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32] [--use-tma auto|on|off]
+    moe-lab info
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+
+from .runtime import select_backend
+
+select_backend()  # before the kernels are defined
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from . import presets as _presets  # noqa: E402
+from .capability import tma_support  # noqa: E402
+from .layer import fused_moe  # noqa: E402
+from .reference import fused_moe_reference, relative_error  # noqa: E402
+from .runtime import default_device, interpreter_active  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# Relative Frobenius error allowed against the float32 reference (GPU fp32 dots use TF32).
+TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 2e-3}
+CPU_SCALE = 64  # H and I are divided by this under the interpreter; E and k stay real
+DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
+GPU_TOKENS = (1, 64, 4096)
+CPU_TOKENS = (1, 16, 64)
+TMA_CHOICES = {"auto": "auto", "on": True, "off": False}
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}), Triton interpreter"
+
+
+def cmd_info(_args) -> int:
+    device = default_device()
+    support = tma_support(device)
+    print(f"moe-lab {__import__('moe_lab').__version__}")
+    print(f"python  {platform.python_version()}")
+    print(f"torch   {torch.__version__}")
+    print(f"triton  {triton.__version__}")
+    import numpy
+    print(f"numpy   {numpy.__version__}")
+    print(f"device  {_device_name(device)}")
+    print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
+    print(f"TMA path: {'available' if support.available else 'not available'}: {support.reason}")
+    return 0
+
+
+def _median_ms(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
+
+
+def cmd_demo(args) -> int:
+    device = default_device()
+    on_gpu = device.type == "cuda"
+    dtype = DTYPES[args.dtype]
+    tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS)
+    scale = args.scale or (1 if on_gpu else CPU_SCALE)
+    use_tma = TMA_CHOICES[args.use_tma]
+    print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
+    if not on_gpu:
+        print(f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
+              "(E and top_k are the real model's). Timings are not taken.")
+    header = f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} " \
+             f"{'rel err':>9}  {'result':<6}" + ("  median ms  TFLOP/s" if on_gpu else "")
+    print(header)
+    print("-" * len(header))
+    failures = 0
+    for name in args.model or DEFAULT_MODELS:
+        preset = _presets.get_preset(name)
+        if scale != 1:
+            preset = preset.scaled(scale)
+        for num_tokens in tokens:
+            hidden, w1, w2, (topk_weights, topk_ids) = preset.build(num_tokens, dtype=dtype, device=device, seed=num_tokens)
+            out, info = fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True)
+            ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids)
+            err = relative_error(out, ref) if num_tokens else 0.0
+            ok = err < TOLERANCE[dtype]  # NaN fails
+            failures += not ok
+            up = info.up_path.name if info.up_path else "-"
+            down = info.down_path.name if info.down_path else "-"
+            line = (f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
+                    f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
+                    f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}")
+            if on_gpu and num_tokens:
+                ms = _median_ms(lambda: fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma))
+                line += f"  {ms:>9.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
+            print(line, flush=True)
+            del hidden, w1, w2, out, ref
+    if args.explain:
+        print(f"\nload paths: {info.up_path.reason if info.up_path else '-'}")
+    print(f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
+          f"reference (relative Frobenius error < {TOLERANCE[dtype]:.0e}).")
+    return 1 if failures else 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    from .runtime import require_gpu_timing
+    try:
+        require_gpu_timing("moe-lab bench")
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    bench.run(args.model or bench.DEFAULT_MODELS, args.tokens or bench.DEFAULT_TOKENS, dtype=DTYPES[args.dtype],
+              out_dir=args.out, peers=not args.no_peers)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run fused_moe on real model shapes and check it against PyTorch")
+    demo.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME",
+                      help=f"model presets (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(_presets.PRESETS)}")
+    demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
+                      help=f"token counts (default: {GPU_TOKENS} on a GPU, {CPU_TOKENS} on a CPU)")
+    demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    demo.add_argument("--use-tma", choices=sorted(TMA_CHOICES), default="auto")
+    demo.add_argument("--scale", type=int, help="divide H and I by this (default: 1 on a GPU, 64 on a CPU)")
+    demo.add_argument("--explain", action="store_true", help="print why each load path was chosen")
+    demo.set_defaults(func=cmd_demo)
+    bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
+    bench.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME")
+    bench.add_argument("--tokens", nargs="+", type=int, metavar="T")
+    bench.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    bench.add_argument("--out", default="benchmarks/results", help="folder for JSON/CSV results")
+    bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
+    bench.set_defaults(func=cmd_bench)
+    info = sub.add_parser("info", help="versions, device, interpreter, TMA support")
+    info.set_defaults(func=cmd_info)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "tokens", None) and any(t < 0 for t in args.tokens):
+        print("moe-lab: --tokens must be >= 0", file=sys.stderr)
+        return 2
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""GPU-only tests (marker `gpu`): real model sizes, large offsets, CUDA graphs. Run on an H200 with
+`pytest -m gpu`; they skip cleanly elsewhere."""
+import pytest
+import torch
+
+from moe_lab import fused_moe, fused_moe_reference, get_preset, relative_error, tma_support
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("use_tma", [False, "auto"])
+@pytest.mark.parametrize("num_tokens", [1, 64, 4096])
+@pytest.mark.parametrize("model", ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
+def test_real_presets(model, num_tokens, use_tma):
+    hs, w1, w2, (tw, ti) = get_preset(model).build(num_tokens, dtype=torch.bfloat16, device="cuda")
+    out = torch.full_like(hs, float("nan"))
+    fused_moe(hs, w1, w2, tw, ti, use_tma=use_tma, out=out)
+    err = relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti))
+    print(f"{model} T={num_tokens} use_tma={use_tma}: rel err {err:.2e}")
+    assert err < 1e-2
+
+
+def test_tma_is_available_on_hopper():
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("not a Hopper GPU")
+    assert tma_support("cuda").available
+
+
+def test_offsets_past_2_31():
+    """T*k*H = 100000*6*4096 > 2^31: token offsets must be int64."""
+    num_tokens, top_k, hidden, inter, num_experts = 100_000, 6, 4096, 128, 8
+    assert num_tokens * top_k * hidden > 2 ** 31
+    torch.manual_seed(0)
+    hs = torch.randn(num_tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    w1 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda") / hidden ** 0.5).bfloat16()
+    w2 = (torch.randn(num_experts, hidden, inter, device="cuda") / inter ** 0.5).bfloat16()
+    ti = torch.rand(num_tokens, num_experts, device="cuda").topk(top_k, dim=1).indices.int()
+    tw = torch.softmax(torch.randn(num_tokens, top_k, device="cuda"), -1)
+    out = fused_moe(hs, w1, w2, tw, ti)
+    rows = torch.arange(num_tokens - 2000, num_tokens, device="cuda")  # the far end of the offsets
+    ref = fused_moe_reference(hs[rows], w1, w2, tw[rows], ti[rows])
+    assert relative_error(out[rows], ref) < 1e-2
+    assert torch.isfinite(out).all()
+
+
+def test_cuda_graph_capture_and_replay_with_new_inputs():
+    preset = get_preset("qwen3-30b-a3b")
+    hs, w1, w2, (tw, ti) = preset.build(64, dtype=torch.bfloat16, device="cuda", seed=1)
+    out = torch.empty_like(hs)
+    fused_moe(hs, w1, w2, tw, ti, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe(hs, w1, w2, tw, ti, out=out)
+    hs2, _, _, (tw2, ti2) = preset.build(64, dtype=torch.bfloat16, device="cuda", seed=2)
+    hs.copy_(hs2), tw.copy_(tw2), ti.copy_(ti2)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert relative_error(out, fused_moe_reference(hs2, w1, w2, tw2, ti2)) < 1e-2
+
+
+def test_no_host_sync():
+    hs, w1, w2, (tw, ti) = get_preset("olmoe-1b-7b").build(32, dtype=torch.bfloat16, device="cuda")
+    fused_moe(hs, w1, w2, tw, ti)  # warm up (compilation may sync)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fused_moe(hs, w1, w2, tw, ti)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

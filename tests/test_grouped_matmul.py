@@ -1,0 +1,134 @@
+import pytest
+import torch
+
+from moe_lab import GemmConfig, grouped_matmul, moe_align, relative_error, select_load_path
+
+from .conftest import DEVICE, TOL, random_topk_ids
+
+CFG = GemmConfig(16, 32, 32, 2, 4, 1)
+PATHS = [False, "auto"]  # pointer loads; TMA where it applies (emulated under the interpreter)
+
+
+def per_expert_reference(a, w, routing, *, gather_a, topk_weights=None):
+    """Row r of the padded sorted order -> a[row] @ w[expert(r)].T in float64; padding rows zero."""
+    ids = routing.sorted_token_ids.long().cpu()
+    experts = routing.expert_ids.long().cpu().repeat_interleave(routing.block_size_m)
+    out = torch.zeros(ids.numel(), w.shape[1], dtype=torch.float64)
+    for r in range(routing.num_tokens_post_padded.item()):
+        if ids[r] >= routing.num_slots:
+            continue
+        row = a[ids[r] // routing.top_k] if gather_a else a[r]
+        out[r] = w[experts[r]].double().cpu() @ row.double().cpu()
+        if topk_weights is not None:
+            out[r] *= topk_weights.reshape(-1)[ids[r]].double().cpu()
+    return out
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,n,k", [(9, 4, 2, 48, 64), (33, 7, 3, 32, 40), (5, 3, 3, 64, 32)])
+def test_gather_up_projection(use_tma, dtype, num_tokens, num_experts, top_k, n, k):
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(num_tokens, k, device=DEVICE).to(dtype)
+    w = torch.randn(num_experts, n, k, device=DEVICE).to(dtype)
+    out = torch.full((routing.max_num_tokens_padded, n), float("nan"), dtype=dtype, device=DEVICE)
+    grouped_matmul(a, w, routing, CFG, gather_a=True, out=out, use_tma=use_tma)
+    used = routing.num_tokens_post_padded.item()
+    assert not out[:used].isnan().any(), "rows in use left unwritten"
+    ref = per_expert_reference(a, w, routing, gather_a=True)
+    assert relative_error(out[:used], ref[:used]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sorted_down_projection_with_weights_and_scatter(use_tma, dtype):
+    num_tokens, num_experts, top_k, n, k = 21, 5, 2, 64, 48
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE).to(dtype)
+    w = torch.randn(num_experts, n, k, device=DEVICE).to(dtype)
+    weights = torch.rand(num_tokens, top_k, device=DEVICE)
+    out = torch.full((num_tokens * top_k, n), float("nan"), dtype=dtype, device=DEVICE)
+    grouped_matmul(a, w, routing, CFG, gather_a=False, scatter=True, topk_weights=weights, out=out, use_tma=use_tma)
+    assert not out.isnan().any(), "a (token, k) slot was left unwritten"
+    sorted_ref = per_expert_reference(a, w, routing, gather_a=False, topk_weights=weights)
+    ref = torch.zeros(num_tokens * top_k, n, dtype=torch.float64)
+    ids_sorted = routing.sorted_token_ids.long().cpu()
+    real = ids_sorted < routing.num_slots
+    ref[ids_sorted[real]] = sorted_ref[real]
+    assert relative_error(out, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_padding_rows_never_reach_the_output(use_tma):
+    """A block that runs past its expert's last row reads padding rows (NaN here): they must be dropped."""
+    num_tokens, num_experts, top_k, n, k = 13, 3, 1, 32, 32
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE)
+    a[routing.sorted_token_ids >= routing.num_slots] = float("nan")
+    w = torch.randn(num_experts, n, k, device=DEVICE)
+    out = grouped_matmul(a, w, routing, CFG, gather_a=False, scatter=True, use_tma=use_tma)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_k_not_multiple_of_block_k_and_noncontiguous(use_tma):
+    num_tokens, num_experts, top_k, n, k = 11, 4, 2, 40, 50  # K = 50: ragged last K block
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(k, num_tokens, device=DEVICE).t()               # transposed view
+    w = torch.randn(num_experts, n, 2 * k, device=DEVICE)[:, :, ::2]  # strided view, last stride 2
+    out = grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma=use_tma)
+    used = routing.num_tokens_post_padded.item()
+    ref = per_expert_reference(a, w, routing, gather_a=True)
+    assert relative_error(out[:used], ref[:used]) < 2e-3
+
+
+def test_tma_and_pointer_paths_agree():
+    num_tokens, num_experts, top_k, n, k = 40, 6, 2, 64, 64
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE, dtype=torch.float16)
+    w = torch.randn(num_experts, n, k, device=DEVICE, dtype=torch.float16)
+    path = select_load_path(a, w, CFG, gather_a=False, use_tma="auto")
+    assert path.a_tma and path.w_tma, path.reason
+    used = routing.num_tokens_post_padded.item()
+    tma = grouped_matmul(a, w, routing, CFG, gather_a=False, use_tma=True)[:used]
+    ptr = grouped_matmul(a, w, routing, CFG, gather_a=False, use_tma=False)[:used]
+    assert relative_error(tma, ptr) < 1e-3
+
+
+def test_misaligned_strides_fall_back_under_auto_and_raise_when_forced():
+    num_tokens, num_experts, top_k, n, k = 6, 3, 2, 32, 511  # bf16 rows of 1022 bytes: not 16-byte aligned
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
+    a = torch.randn(num_tokens, k, device=DEVICE, dtype=torch.bfloat16)
+    w = torch.randn(num_experts, n, k, device=DEVICE, dtype=torch.bfloat16)
+    path = select_load_path(a, w, CFG, gather_a=True, use_tma="auto")
+    assert not path.w_tma and "not a multiple of 16" in path.reason
+    out = grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma="auto")
+    used = routing.num_tokens_post_padded.item()
+    assert relative_error(out[:used], per_expert_reference(a, w, routing, gather_a=True)[:used]) < 1e-2
+    with pytest.raises(ValueError, match="use_tma=True but w .* not a multiple of 16"):
+        grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma=True)
+
+
+def test_bad_input():
+    ids = random_topk_ids(4, 3, 2)
+    routing = moe_align(ids, 3, 16)
+    a = torch.randn(4, 32, device=DEVICE)
+    w = torch.randn(3, 16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"w must have shape \[E, N, K\]"):
+        grouped_matmul(a, w[:2], routing, CFG, gather_a=True)
+    with pytest.raises(TypeError, match="a must be float32"):
+        grouped_matmul(a.half(), w, routing, CFG, gather_a=True)
+    with pytest.raises(ValueError, match="BLOCK_SIZE_M"):
+        grouped_matmul(a, w, routing, GemmConfig(32, 32, 32), gather_a=True)
+    with pytest.raises(ValueError, match="a must have shape"):
+        grouped_matmul(a[:, :16], w, routing, CFG, gather_a=True)
+    with pytest.raises(ValueError, match="use_tma must be"):
+        grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma="yes")
+    with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
+        grouped_matmul(a, w, ids, CFG, gather_a=True)

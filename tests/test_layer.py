@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from moe_lab import GemmConfig, fused_moe, fused_moe_reference, get_preset, relative_error
+
+from .conftest import DEVICE, TOL, random_layer
+
+
+@pytest.mark.parametrize("use_tma", [False, "auto"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_matches_reference(dtype, use_tma):
+    hs, w1, w2, tw, ti = random_layer(27, 6, 2, 64, 48, dtype)
+    out = fused_moe(hs, w1, w2, tw, ti, use_tma=use_tma)
+    assert out.shape == hs.shape and out.dtype == dtype
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(1, 1, 1), (7, 5, 5), (19, 3, 1), (3, 64, 8), (40, 10, 3)])
+def test_edge_shapes(num_tokens, num_experts, top_k):
+    hs, w1, w2, tw, ti = random_layer(num_tokens, num_experts, top_k, 32, 32, torch.float32)
+    out = fused_moe(hs, w1, w2, tw, ti)
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+
+
+def test_zero_tokens_returns_empty():
+    hs, w1, w2, tw, ti = random_layer(0, 4, 2, 32, 16, torch.bfloat16)
+    out = fused_moe(hs, w1, w2, tw, ti)
+    assert out.shape == (0, 32)
+
+
+def test_all_tokens_on_one_expert_others_empty():
+    ids = torch.full((30, 1), 2, dtype=torch.int32)
+    hs, w1, w2, tw, ti = random_layer(30, 5, 1, 32, 32, torch.float16, ids=ids)
+    assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_output_poisoned_with_nan_is_fully_written():
+    hs, w1, w2, tw, ti = random_layer(23, 4, 2, 32, 32, torch.float32)
+    out = torch.full_like(hs, float("nan"))
+    fused_moe(hs, w1, w2, tw, ti, out=out)
+    assert torch.isfinite(out).all()
+
+
+def test_noncontiguous_inputs():
+    hs, w1, w2, tw, ti = random_layer(17, 4, 2, 48, 32, torch.float32)
+    hs_t = hs.t().contiguous().t()
+    w1_view = torch.stack([w1, w1], dim=-1)[..., 0]                   # same values, last stride 2
+    w2_nc = w2.transpose(1, 2).contiguous().transpose(1, 2)          # K-major strides
+    assert w1_view.stride(-1) == 2 and not hs_t.is_contiguous()
+    out = fused_moe(hs_t, w1_view, w2_nc, tw.t().contiguous().t(), ti.t().contiguous().t())
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("config", [GemmConfig(16, 16, 16, 1), GemmConfig(32, 64, 32, 4), {"BLOCK_SIZE_M": 64},
+                                    {"up": GemmConfig(16, 32, 64).to_dict(), "down": GemmConfig(16, 64, 16).to_dict()}])
+def test_configs(config):
+    hs, w1, w2, tw, ti = random_layer(20, 6, 2, 64, 40, torch.float32)  # I = 40: ragged BLOCK_SIZE_K
+    out = fused_moe(hs, w1, w2, tw, ti, config=config)
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+
+
+def test_misaligned_hidden_size_falls_back_and_is_right():
+    hs, w1, w2, tw, ti = random_layer(9, 4, 2, 511, 24, torch.bfloat16)  # H = 511: rows of 1022 bytes
+    out, info = fused_moe(hs, w1, w2, tw, ti, return_info=True)
+    assert not info.up_path.w_tma and "not a multiple of 16" in info.up_path.reason
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+    with pytest.raises(ValueError, match="use_tma=True"):
+        fused_moe(hs, w1, w2, tw, ti, use_tma=True)
+
+
+def test_expert_map_computes_local_experts_only():
+    hs, w1, w2, tw, ti = random_layer(25, 8, 2, 32, 32, torch.float32)
+    expert_map = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32, device=DEVICE)
+    local = [0, 2, 4, 6]
+    out = fused_moe(hs, w1[local], w2[local], tw, ti, expert_map=expert_map)
+    ref = fused_moe_reference(hs, w1[local], w2[local], tw, ti, expert_map=expert_map)
+    assert relative_error(out, ref) < TOL[torch.float32]
+
+
+def test_scaled_preset_deepseek():
+    preset = get_preset("deepseek-v3").scaled(128)
+    hs, w1, w2, (tw, ti) = preset.build(6, dtype=torch.bfloat16, device=DEVICE)
+    assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+@pytest.mark.parametrize("mutate,exc,match", [
+    (lambda a: a.update(hidden_states=a["hidden_states"].int()), TypeError, "hidden_states must be float16"),
+    (lambda a: a.update(hidden_states=a["hidden_states"].double()), TypeError, "hidden_states must be"),
+    (lambda a: a.update(w1=a["w1"][:, :, :-1]), ValueError, r"w1 must have shape \[E, 2I, H\]"),
+    (lambda a: a.update(w2=a["w2"][:-1]), ValueError, r"w2 must have shape \[E, H, I\]"),
+    (lambda a: a.update(w1=a["w1"].half()), TypeError, "w1 must be float32"),
+    (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights must have shape"),
+    (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),
+    (lambda a: a.update(topk_ids=a["topk_ids"][:3]), ValueError, "topk_ids must have shape"),
+    (lambda a: a.update(hidden_states=a["hidden_states"][0]), ValueError, "hidden_states must have 2 dimensions"),
+])
+def test_bad_input(mutate, exc, match):
+    hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
+    args = dict(hidden_states=hs, w1=w1, w2=w2, topk_weights=tw, topk_ids=ti)
+    mutate(args)
+    with pytest.raises(exc, match=match):
+        fused_moe(**args)
+
+
+def test_bad_config():
+    hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="BLOCK_SIZE_N must be a power of two"):
+        fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_SIZE_N": 48})
+    with pytest.raises(TypeError, match="unknown key"):
+        fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_M": 16})
+    with pytest.raises(TypeError, match="config must be"):
+        fused_moe(hs, w1, w2, tw, ti, config=16)

@@ -1,7 +1,7 @@
 """Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
 
-For each model preset and token count T it times, as the median of many runs with L2 flushed before each
-(`triton.testing.do_bench`):
+For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
+before each (`graph_ms`):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
   - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
@@ -39,6 +39,20 @@ DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     """Median time of `fn` in milliseconds; L2 is flushed before each run."""
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
+    """Median time (ms) of CUDA-graph replays of `fn`, L2 flushed before each replay: what a serving
+    engine that captures the layer sees, without Python launch overhead."""
+    fn()  # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    try:
+        return median_ms(graph.replay, rep_ms)
+    finally:
+        del graph
 
 
 def measure_ceilings(device="cuda") -> Dict[str, float]:
@@ -145,6 +159,7 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
         r.update(extra)
         rows.append(r)
 
+    # Both paths run the same config, so the difference is the load path alone.
     for impl, use_tma in (("moe-lab pointer", False), ("moe-lab tma", True)):
         try:
             gate_up = grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
@@ -159,19 +174,20 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
             def both():
                 up()
                 down()
-            row(impl, median_ms(up), median_ms(down), median_ms(both),
-                median_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)), err,
+            row(impl, graph_ms(up), graph_ms(down), graph_ms(both),
+                graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)), err,
                 config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()))
         except (ValueError, RuntimeError) as exc:  # e.g. TMA refused on this device
             row(impl, None, None, None, None, None, error=str(exc))
     if peers and hasattr(torch, "_grouped_mm"):
         try:
             gemms, layer = _grouped_mm_peer(hs, w1, w2, tw, ti)
-            row("torch._grouped_mm", None, None, median_ms(gemms), median_ms(layer), relative_error(layer(), ref))
+            row("torch._grouped_mm", None, None, graph_ms(gemms), graph_ms(layer), relative_error(layer(), ref))
         except RuntimeError as exc:
             row("torch._grouped_mm", None, None, None, None, None, error=str(exc)[:200])
     if peers and preset.num_experts * max(1, num_tokens // 4096) <= 256:
         loop = _loop_peer(hs, w1, w2, tw, ti)
+        # It asks the host for each expert's rows, so it cannot be captured: timed eagerly.
         row("torch per-expert loop", None, None, None, median_ms(loop, rep_ms=50), relative_error(loop(), ref))
     del hs, w1, w2, ref
     torch.cuda.empty_cache()

@@ -114,6 +114,20 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_tune(args) -> int:
+    from . import tune
+    from .runtime import require_gpu_timing
+    try:
+        require_gpu_timing("moe-lab tune")
+    except RuntimeError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    path = tune.run(args.model or sorted(_presets.PRESETS), args.tokens or tune.DEFAULT_TOKENS,
+                    dtype=DTYPES[args.dtype], path=args.out)
+    print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="benchmarks/results", help="folder for JSON/CSV results")
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
+    tune = sub.add_parser("tune", help="search launch configs per shape on this GPU and save them as JSON")
+    tune.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME")
+    tune.add_argument("--tokens", nargs="+", type=int, metavar="T")
+    tune.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
+    tune.set_defaults(func=cmd_tune)
     info = sub.add_parser("info", help="versions, device, interpreter, TMA support")
     info.set_defaults(func=cmd_info)
     return parser

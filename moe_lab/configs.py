@@ -21,13 +21,16 @@ from .runtime import interpreter_active
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16."""
+    """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16.
+    `tma`: with use_tma="auto", take the TMA path where it is available (tuning may find pointer loads
+    faster for a shape)."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
     GROUP_SIZE_M: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    tma: bool = True
 
     def __post_init__(self):
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
@@ -36,6 +39,8 @@ class GemmConfig:
         check_power_of_two("config.num_warps", self.num_warps, minimum=1)
         if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
+        if not isinstance(self.tma, bool):
+            raise TypeError(f"config.tma must be a bool, got {self.tma!r}")
 
     def shared_memory_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline needs for A and W tiles (Triton's estimate, roughly)."""

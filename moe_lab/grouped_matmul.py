@@ -60,11 +60,14 @@ def _check_use_tma(use_tma: UseTma) -> None:
 def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
                      use_tma: UseTma = "auto") -> LoadPath:
     """Decide the load path of each operand. `use_tma="auto"` takes TMA wherever the device and the
-    tensors allow it and records why not elsewhere; `True` raises ValueError if it cannot be honoured for
-    w (or for a sorted-layout a); `False` always takes pointer loads."""
+    tensors allow it (unless the config says pointer loads are faster for this shape) and records why not
+    elsewhere; `True` raises ValueError if it cannot be honoured for w (or for a sorted-layout a);
+    `False` always takes pointer loads."""
     _check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
+    if use_tma == "auto" and not config.tma:
+        return LoadPath(False, False, "the config for this shape prefers pointer loads (config.tma=False)")
     support = tma_support(a.device)
     if not support.available:
         if use_tma is True:

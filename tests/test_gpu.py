@@ -68,3 +68,26 @@ def test_no_host_sync():
         fused_moe(hs, w1, w2, tw, ti)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+def test_new_token_counts_do_not_recompile():
+    """40 different T with one config: the kernels compile a bounded set of variants, not one per T."""
+    from moe_lab import GemmConfig
+    from moe_lab._kernels.align import count_kernel, prefix_kernel, scatter_kernel
+    from moe_lab._kernels.grouped_matmul import grouped_matmul_kernel
+    kernels = (count_kernel, prefix_kernel, scatter_kernel, grouped_matmul_kernel)
+    preset = get_preset("olmoe-1b-7b")
+    cfg = GemmConfig(16, 64, 128, 1, 4, 3)
+
+    def compiled():
+        dev = torch.cuda.current_device()
+        return sum(len(k.device_caches[dev][0]) for k in kernels)
+
+    hs, w1, w2, (tw, ti) = preset.build(48, dtype=torch.bfloat16, device="cuda")
+    fused_moe(hs, w1, w2, tw, ti, config=cfg)
+    before = compiled()
+    for num_tokens in range(1, 200, 5):  # 40 token counts
+        fused_moe(hs[:num_tokens], w1, w2, tw[:num_tokens], ti[:num_tokens], config=cfg)
+    grown = compiled() - before
+    print(f"compiled variants added over 40 token counts: {grown}")
+    assert grown <= 4

@@ -24,7 +24,8 @@ def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_experts, HAS_EXP
     return tl.where(keep, ids, num_experts), keep
 
 
-@triton.jit
+# Sizes that change with the token count are not specialized, so a new T never recompiles.
+@triton.jit(do_not_specialize=["numel"])
 def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_experts,
                  HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
@@ -35,7 +36,7 @@ def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_expe
     tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                   num_tokens_post_padded_ptr, num_chunks, num_experts,
                   BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
@@ -64,7 +65,7 @@ def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_
         running += tl.sum(tile, axis=0)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["numel", "num_chunks", "num_m_blocks"])
 def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                    num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
                    numel, num_experts, num_chunks, num_m_blocks,

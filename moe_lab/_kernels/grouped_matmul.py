@@ -16,7 +16,8 @@ import triton.language as tl
 from .common import round_to_bf16_grid
 
 
-@triton.jit
+# Arguments that change with the token count are not specialized, so a new T never recompiles.
+@triton.jit(do_not_specialize=["num_valid_tokens", "num_m_blocks"])
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,

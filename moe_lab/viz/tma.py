@@ -1,0 +1,298 @@
+"""Pictures of tensor descriptors: the box a descriptor load copies, its out-of-bounds zero fill, the 3-D
+box over expert weights, and how M-tiles meet expert boundaries in the sorted rows.
+
+Every plot function returns a matplotlib `Figure` and takes an optional `ax` to draw into. Widget
+builders (ipywidgets, imported only when called) redraw on release (`continuous_update=False`) and draw
+their default state at once.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple
+
+import matplotlib.patches as mpatches
+import numpy as np
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+
+INSIDE = "#4C72B0"     # box part inside the tensor: copied from global memory
+OUTSIDE = "#DD8452"    # box part outside the tensor: zero-filled on load, dropped on store
+PADDING = "#BBBBBB"    # padding rows of the expert-sorted layout
+CROSSING = "#C44E52"   # a tile that spans two experts
+
+
+def _new_axes(ax, figsize):
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Sequence[int]) -> Tuple[int, int]:
+    """Elements of a descriptor box that fall inside / outside a tensor.
+
+    Args:
+        shape: the descriptor's shape, any rank (elements).
+        block_shape: the box (block shape), same rank.
+        offsets: the box's first element in each dimension (may be negative or past the end).
+    Returns:
+        (inside, outside) element counts; `outside` elements load as zero.
+    """
+    inside = 1
+    for size, block, off in zip(shape, block_shape, offsets):
+        inside *= max(0, min(off + block, size) - max(off, 0))
+    total = int(np.prod(block_shape))
+    return inside, total - inside
+
+
+def plot_descriptor_box(shape: Tuple[int, int], block_shape: Tuple[int, int],
+                        offsets: Sequence[Tuple[int, int]] = ((0, 0),), *, values=None,
+                        title: Optional[str] = None, ax=None) -> Figure:
+    """A 2-D tensor as a grid of elements with one or more descriptor boxes drawn over it.
+
+    Args:
+        shape: (rows, cols) of the tensor the descriptor describes (its `shape`), in elements.
+        block_shape: (BLOCK_M, BLOCK_N), the descriptor's block shape.
+        offsets: list of (row, col) box origins, as passed to `desc.load([row, col])`.
+        values: optional [BLOCK_M, BLOCK_N] array/tensor: what the first box loaded; its values are
+            written in the box cells (zeros where the box is out of bounds).
+        title: optional title; the default names shape, block and out-of-bounds count.
+        ax: optional matplotlib Axes to draw into.
+    Returns:
+        The Figure. The tensor is grey, in-bounds box parts blue, out-of-bounds parts orange (hatched).
+    """
+    rows, cols = shape
+    bm, bn = block_shape
+    offsets = [tuple(o) for o in offsets]
+    lo_r = min([0] + [r for r, _ in offsets])
+    lo_c = min([0] + [c for _, c in offsets])
+    hi_r = max([rows] + [r + bm for r, _ in offsets])
+    hi_c = max([cols] + [c + bn for _, c in offsets])
+    width = hi_c - lo_c
+    height = hi_r - lo_r
+    fig, ax = _new_axes(ax, (min(11, 1.2 + 0.32 * width), min(8, 1.0 + 0.32 * height)))
+    ax.add_patch(mpatches.Rectangle((0, 0), cols, rows, facecolor="#EEEEEE", edgecolor="black", lw=1.5))
+    for r in range(rows + 1):
+        ax.plot([0, cols], [r, r], color="#CCCCCC", lw=0.5)
+    for c in range(cols + 1):
+        ax.plot([c, c], [0, rows], color="#CCCCCC", lw=0.5)
+    total_out = 0
+    for i, (r0, c0) in enumerate(offsets):
+        for r in range(r0, r0 + bm):
+            for c in range(c0, c0 + bn):
+                inside = 0 <= r < rows and 0 <= c < cols
+                ax.add_patch(mpatches.Rectangle((c, r), 1, 1, facecolor=INSIDE if inside else OUTSIDE,
+                                                alpha=0.55, hatch=None if inside else "//", lw=0))
+        ax.add_patch(mpatches.Rectangle((c0, r0), bn, bm, fill=False, edgecolor="black", lw=2))
+        if len(offsets) > 1:
+            ax.text(c0 + bn / 2, r0 + bm / 2, f"box {i}\n[{r0}, {c0}]", ha="center", va="center", fontsize=8)
+        total_out += box_overlap(shape, block_shape, (r0, c0))[1]
+    if values is not None:
+        vals = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values)
+        r0, c0 = offsets[0]
+        for i in range(bm):
+            for j in range(bn):
+                v = vals[i, j]
+                ax.text(c0 + j + 0.5, r0 + i + 0.5, f"{v:g}", ha="center", va="center",
+                        fontsize=6 if abs(v) >= 100 else 7, color="black")
+    ax.set_xlim(lo_c - 0.5, hi_c + 0.5)
+    ax.set_ylim(hi_r + 0.5, lo_r - 0.5)
+    ax.set_aspect("equal")
+    ax.set_xlabel("column (elements, last dimension: stride 1)")
+    ax.set_ylabel("row")
+    ax.legend(handles=[mpatches.Patch(color="#EEEEEE", label=f"tensor {rows}x{cols}"),
+                       mpatches.Patch(color=INSIDE, alpha=0.55, label="box inside: copied"),
+                       mpatches.Patch(facecolor=OUTSIDE, alpha=0.55, hatch="//",
+                                      label="box outside: loads as 0")],
+              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    ax.set_title(title or f"descriptor shape {list(shape)}, block shape {list(block_shape)}: "
+                          f"{total_out} element(s) out of bounds", fontsize=9)
+    return fig
+
+
+def plot_expert_weights_box(num_experts: int, n: int, k: int, block_shape: Tuple[int, int, int],
+                            offsets: Tuple[int, int, int], *, ax=None) -> Figure:
+    """A 3-D descriptor over expert weights w [E, N, K]: one panel per expert, the box in one of them.
+
+    Args:
+        num_experts, n, k: the weight tensor's shape [E, N, K] (elements).
+        block_shape: (1, BLOCK_SIZE_N, BLOCK_SIZE_K); the leading 1 keeps a box inside one expert.
+        offsets: (expert, n0, k0) as passed to `w_desc.load([expert, n0, k0])`.
+        ax: optional Axes; the panels are laid out side by side in it.
+    Returns:
+        The Figure.
+    """
+    be, bn, bk = block_shape
+    e0, n0, k0 = offsets
+    fig, ax = _new_axes(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
+    gap = max(1, k // 4)
+    for e in range(num_experts):
+        x0 = e * (k + gap)
+        ax.add_patch(mpatches.Rectangle((x0, 0), k, n, facecolor="#EEEEEE", edgecolor="black", lw=1))
+        ax.text(x0 + k / 2, -0.6, f"w[{e}]", ha="center", va="bottom", fontsize=9)
+        if e0 <= e < e0 + be:
+            in_n = max(0, min(n0 + bn, n) - max(n0, 0))
+            in_k = max(0, min(k0 + bk, k) - max(k0, 0))
+            ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, facecolor=OUTSIDE, alpha=0.4, hatch="//",
+                                            lw=0))
+            ax.add_patch(mpatches.Rectangle((x0 + max(k0, 0), max(n0, 0)), in_k, in_n, facecolor=INSIDE,
+                                            alpha=0.8, lw=0))
+            ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, fill=False, edgecolor="black", lw=2))
+    ax.set_xlim(-gap / 2, num_experts * (k + gap))
+    ax.set_ylim(max(n, n0 + bn) + 0.5, -max(2.0, n / 10))
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_ylabel("N (rows of one expert)")
+    ax.set_xlabel("K within each expert (stride 1)")
+    ax.set_title(f"w [E={num_experts}, N={n}, K={k}], block [{be}, {bn}, {bk}] at [{e0}, {n0}, {k0}]",
+                 fontsize=9)
+    return fig
+
+
+def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool = False) -> np.ndarray:
+    """The expert of every row of the expert-sorted layout, -1 for padding rows.
+
+    Args:
+        counts: [E] rows (token slots) routed to each expert.
+        block_size_m: BLOCK_SIZE_M; with packed=False each expert is padded to a multiple of it.
+        packed: no padding between experts (the layout `torch._grouped_mm` reads); the last tile is
+            padded to BLOCK_SIZE_M.
+    Returns:
+        int array of length = rows in use, rounded up to BLOCK_SIZE_M.
+    """
+    rows = []
+    for e, c in enumerate(counts):
+        rows += [e] * int(c)
+        if not packed:
+            rows += [-1] * ((-int(c)) % block_size_m)
+    rows += [-1] * ((-len(rows)) % block_size_m)
+    return np.array(rows, dtype=np.int64)
+
+
+def crossing_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool = False):
+    """Indices of the M-tiles whose rows belong to more than one expert (padding rows ignored)."""
+    rows = sorted_row_experts(counts, block_size_m, packed=packed)
+    tiles = rows.reshape(-1, block_size_m)
+    return [i for i, t in enumerate(tiles) if len(set(t[t >= 0].tolist())) > 1]
+
+
+def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool = False, ax=None) -> Figure:
+    """The expert-sorted rows as a strip coloured by expert, with the M-tiles (descriptor boxes of
+    BLOCK_SIZE_M rows) outlined. Tiles spanning two experts are outlined in red.
+
+    Args:
+        counts: [E] rows routed to each expert (e.g. `AlignedRouting.counts`).
+        block_size_m: BLOCK_SIZE_M, the rows of one tile / one descriptor box.
+        packed: False: moe-lab's layout (each expert padded to BLOCK_SIZE_M, grey rows are padding);
+            True: experts packed back to back, so tiles can span a boundary.
+        ax: optional Axes.
+    Returns:
+        The Figure.
+    """
+    rows = sorted_row_experts(counts, block_size_m, packed=packed)
+    num_experts = len(counts)
+    fig, ax = _new_axes(ax, (10, 1.9))
+    palette = ["#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#DA8BC3", "#8C8C8C", "#937860"]
+    colors = [PADDING] + [palette[e % len(palette)] for e in range(num_experts)]
+    ax.imshow((rows + 1)[None, :], aspect="auto", cmap=ListedColormap(colors), vmin=-0.5,
+              vmax=num_experts + 0.5, interpolation="nearest", extent=(0, len(rows), 1, 0))
+    bad = set(crossing_tiles(counts, block_size_m, packed=packed))
+    for t in range(len(rows) // block_size_m):
+        cross = t in bad
+        ax.add_patch(mpatches.Rectangle((t * block_size_m, 0), block_size_m, 1, fill=False,
+                                        edgecolor=CROSSING if cross else "black", lw=3 if cross else 1.2))
+        ax.text((t + 0.5) * block_size_m, 1.25, f"tile {t}" + (" spans 2 experts" if cross else ""),
+                ha="center", va="top", fontsize=7, color=CROSSING if cross else "black")
+    start = 0
+    for e, c in enumerate(counts):
+        if c:
+            ax.text(start + c / 2, 0.5, f"e{e}: {c}", ha="center", va="center", fontsize=8, color="white")
+        start += c if packed else c + (-c) % block_size_m
+    ax.set_yticks([])
+    ax.set_ylim(1.6, 0)
+    ax.set_xlabel("row of the expert-sorted layout")
+    pad = int((rows < 0).sum())
+    layout = "packed (no padding between experts)" if packed else f"padded per expert to BLOCK_SIZE_M={block_size_m}"
+    ax.set_title(f"{layout}: {len(rows)} rows, {pad} padding rows, {len(bad)} tile(s) span two experts",
+                 fontsize=9)
+    return fig
+
+
+def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] = (8, 8), *, itemsize: int = 4):
+    """Move a descriptor box over a tensor and see which part is copied and which is zero-filled.
+
+    Args:
+        shape: (rows, cols) of the tensor, in elements.
+        block_shape: initial (BLOCK_M, BLOCK_N); the dropdowns offer powers of two.
+        itemsize: bytes per element; the column slider steps by 16 bytes (the alignment a descriptor
+            offset in the last dimension needs).
+    Returns:
+        ipywidgets.VBox (sliders, a text line, an Output with the figure); `.figure` is the current
+        Figure and `.summary` the HTML line, for tests.
+    """
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    step = max(1, 16 // itemsize)
+    rows, cols = shape
+    row = widgets.IntSlider(value=0, min=-8, max=rows + 4, description="row offset", continuous_update=False)
+    col = widgets.IntSlider(value=0, min=-step * 2, max=cols + step, step=step, description="col offset",
+                            continuous_update=False)
+    bm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_shape[0], description="BLOCK_M")
+    bn = widgets.Dropdown(options=[o for o in (4, 8, 16, 32) if o * itemsize >= 16], value=block_shape[1],
+                          description="BLOCK_N")
+    summary = widgets.HTML()
+    out = widgets.Output()
+    box = widgets.VBox([widgets.HBox([row, col]), widgets.HBox([bm, bn]), summary, out])
+
+    def draw(_=None):
+        fig = plot_descriptor_box(shape, (bm.value, bn.value), [(row.value, col.value)])
+        inside, outside = box_overlap(shape, (bm.value, bn.value), (row.value, col.value))
+        summary.value = (f"box [{bm.value}, {bn.value}] at [{row.value}, {col.value}]: {inside} element(s) "
+                         f"copied, {outside} zero-filled (column step {step} elements = 16 bytes)")
+        box.figure = fig
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+
+    for w in (row, col, bm, bn):
+        w.observe(draw, names="value")
+    draw()
+    box.summary = summary
+    return box
+
+
+def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: int = 4):
+    """Switch between the padded and the packed expert-sorted layout and change BLOCK_SIZE_M.
+
+    Args:
+        counts: [E] rows per expert.
+        block_size_m: initial BLOCK_SIZE_M (a power of two).
+    Returns:
+        ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
+    """
+    import ipywidgets as widgets
+    from IPython.display import display
+
+    bsm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_size_m, description="BLOCK_SIZE_M")
+    layout = widgets.ToggleButtons(options=["padded", "packed"], value="padded", description="layout")
+    summary = widgets.HTML()
+    out = widgets.Output()
+    box = widgets.VBox([widgets.HBox([bsm, layout]), summary, out])
+
+    def draw(_=None):
+        packed = layout.value == "packed"
+        fig = plot_expert_tiles(counts, bsm.value, packed=packed)
+        rows = sorted_row_experts(counts, bsm.value, packed=packed)
+        summary.value = (f"{layout.value}: {len(rows)} rows for {sum(counts)} routed slots "
+                         f"({int((rows < 0).sum())} padding rows), "
+                         f"{len(crossing_tiles(counts, bsm.value, packed=packed))} tile(s) span two experts")
+        box.figure = fig
+        with out:
+            out.clear_output(wait=True)
+            display(fig)
+
+    bsm.observe(draw, names="value")
+    layout.observe(draw, names="value")
+    draw()
+    box.summary = summary
+    return box

@@ -16,7 +16,8 @@ from .align import AlignedRouting, moe_align  # noqa: E402
 from .capability import TmaSupport, descriptor_problem, tma_support  # noqa: E402
 from .configs import GemmConfig, MoEConfig, default_config  # noqa: E402
 from .grouped_matmul import LoadPath, grouped_matmul, select_load_path  # noqa: E402
-from .layer import FusedMoEInfo, fused_moe  # noqa: E402
+from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
+from .reduce import topk_reduce  # noqa: E402
 from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
 from .reference import fused_moe_reference, moe_align_reference, relative_error  # noqa: E402
 from .routing import TopKRouting, topk_routing  # noqa: E402
@@ -25,8 +26,8 @@ from .runtime import interpreter_active  # noqa: E402
 __version__ = "0.1.0"
 
 __all__ = [
-    "AlignedRouting", "FusedMoEInfo", "GemmConfig", "LoadPath", "MoEConfig", "MoEPreset", "PRESETS",
+    "AlignedRouting", "FusedMoE", "FusedMoEInfo", "GemmConfig", "LoadPath", "MoEConfig", "MoEPreset", "PRESETS",
     "TmaSupport", "TopKRouting", "default_config", "descriptor_problem", "fused_moe", "fused_moe_reference",
     "get_preset", "grouped_matmul", "interpreter_active", "moe_align", "moe_align_reference",
-    "relative_error", "select_load_path", "silu_and_mul", "tma_support", "topk_routing",
+    "relative_error", "select_load_path", "silu_and_mul", "tma_support", "topk_reduce", "topk_routing",
 ]

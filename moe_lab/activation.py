@@ -36,6 +36,8 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
         out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
     else:
         check_tensor("out", out, ndim=2, dtypes=(x.dtype,), shape=(rows, inter), layout="[R, I]")
+        if out.stride(1) != 1:
+            raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](

@@ -67,6 +67,17 @@ class MoEConfig:
         return self.up.BLOCK_SIZE_M
 
 
+def fit_to_shared_memory(config: GemmConfig, itemsize: int, limit: int) -> GemmConfig:
+    """`config` with num_stages lowered until its pipeline fits `limit` bytes of shared memory (a config
+    tuned on a bigger GPU must not crash a smaller one). Raises ValueError if one stage does not fit."""
+    while config.shared_memory_bytes(itemsize) > limit and config.num_stages > 1:
+        config = replace(config, num_stages=config.num_stages - 1)
+    if config.shared_memory_bytes(itemsize) > limit:
+        raise ValueError(f"config {config} needs {config.shared_memory_bytes(itemsize)} bytes of shared memory "
+                         f"even with one stage; the device allows {limit}: use smaller BLOCK_SIZE_M/N/K")
+    return config
+
+
 ConfigLike = Union[GemmConfig, MoEConfig, Mapping, None]
 
 
@@ -92,12 +103,14 @@ def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
 
 
 def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
-                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
-    """A heuristic config for a layer: tuned tables first (`moe_lab.tuned`), then rules by rows per expert."""
-    from .tuned import lookup  # late import: tuned tables are optional data
-    tuned = lookup(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
-    if tuned is not None:
-        return tuned
+                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16, *, tuned: bool = True) -> MoEConfig:
+    """The config a layer runs with by default: a tuned table entry for this device and shape if one
+    exists (and `tuned`), else rules by rows per expert."""
+    if tuned:
+        from .tuned import lookup  # late import: tuned tables are optional data
+        table_entry = lookup(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
+        if table_entry is not None:
+            return table_entry
     if interpreter_active():
         # The interpreter runs one program at a time: few, wide tiles; M small to keep padding cheap.
         cfg = GemmConfig(16, 64, 64, 1, 4, 1)

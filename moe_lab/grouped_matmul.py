@@ -19,8 +19,9 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 """
 from __future__ import annotations
 
+import functools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Union
 
 import torch
@@ -30,7 +31,7 @@ from ._kernels.grouped_matmul import grouped_matmul_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor
 from .align import AlignedRouting
 from .capability import descriptor_problem, tma_support
-from .configs import GemmConfig
+from .configs import GemmConfig, fit_to_shared_memory
 from .runtime import interpreter_active
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     grid = num_m_blocks * triton.cdiv(n, config.BLOCK_SIZE_N)
     if grid == 0 or n == 0:
         return out
+    if a.device.type == "cuda" and not interpreter_active():
+        config = fit_to_shared_memory(config, a.element_size(), _shared_memory_limit(a.device))
     path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
     a_desc = w_desc = None
     if path.a_tma or path.w_tma:
@@ -157,6 +160,23 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
 
+    while True:
+        try:
+            _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_blocks, config, path, gather_a, scatter)
+            return out
+        except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
+            if config.num_stages == 1:
+                raise ValueError(f"config {config} does not fit this device: {exc}") from None
+            config = replace(config, num_stages=config.num_stages - 1)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_memory_limit(device: torch.device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_blocks, config, path, gather_a, scatter):
     grouped_matmul_kernel[(grid,)](
         a, a_desc, w, w_desc, out,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
@@ -168,4 +188,3 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
     )
-    return out

@@ -3,7 +3,7 @@
     topk_ids ──moe_align──▶ routing (sorted_token_ids, expert_ids, num_tokens_post_padded)
     hidden_states [T, H] ──grouped_matmul(w1, gather rows)──▶ gate_up [padded, 2I], expert-sorted
     gate_up ──silu_and_mul──▶ act [padded, I], same order
-    act ──grouped_matmul(w2, × topk_weights, scatter)──▶ out_k [T, k, H] ──sum over k──▶ out [T, H]
+    act ──grouped_matmul(w2, × topk_weights, scatter)──▶ out_k [T*k, H] ──topk_reduce──▶ out [T, H]
 
 No stage asks the host for a size, so the layer can be captured in a CUDA graph. The layer computes the
 same function as vLLM's `fused_experts` (vllm-project/vllm, model_executor/layers/fused_moe), with its
@@ -16,11 +16,12 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_same_device, check_tensor
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig, as_moe_config, default_config
 from .grouped_matmul import LoadPath, UseTma, grouped_matmul, select_load_path
+from .reduce import topk_reduce
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,21 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
                       topk_ids=topk_ids, expert_map=expert_map)
 
 
+def _check_ids(topk_ids: torch.Tensor, num_global: int, check_ids: Optional[bool]) -> None:
+    """Raise ValueError for experts outside [0, E). On a GPU this reads the min and max back to the host
+    (a sync that CUDA-graph capture forbids), so there it runs only when asked (check_ids=True)."""
+    if check_ids is False or (check_ids is None and topk_ids.device.type != "cpu") or topk_ids.numel() == 0:
+        return
+    low, high = int(topk_ids.min()), int(topk_ids.max())
+    if low < 0 or high >= num_global:
+        raise ValueError(f"topk_ids must hold experts in [0, {num_global}), got values from {low} to {high}")
+
+
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, config: ConfigLike = None,
               use_tma: UseTma = "auto", expert_map: Optional[torch.Tensor] = None,
-              out: Optional[torch.Tensor] = None, return_info: bool = False):
+              out: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
+              check_ids: Optional[bool] = None, return_info: bool = False):
     """A Mixture-of-Experts feed-forward layer with SwiGLU experts, through moe-lab's Triton kernels.
 
     out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e, :I] @ x_t) * (w1[e, I:] @ x_t)), e = topk_ids[t, j]
@@ -71,8 +83,12 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         use_tma: "auto" (TMA where device and tensors allow), True (raise ValueError if not), False.
         expert_map: optional [E_global] int: global expert -> local index in w1/w2, -1 if not on this
             rank (expert parallelism); slots on other ranks contribute zero.
-        out: optional [T, H] output buffer, dtype of hidden_states.
-        return_info: also return a FusedMoEInfo (config and load paths used).
+        out: optional [T, H] output buffer (last stride 1), dtype of hidden_states.
+        chunk_size: process at most this many tokens at a time, bounding the intermediate buffers
+            (about chunk_size*k*(3I + H) elements) for very large T.
+        check_ids: raise ValueError for topk_ids outside [0, E). Default: on CPU tensors only, since on a
+            GPU it costs a device-to-host sync; unchecked out-of-range ids contribute zero.
+        return_info: also return a FusedMoEInfo (config and load paths used, for the last chunk).
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
     Raises:
@@ -80,28 +96,76 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     """
     _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
     num_tokens, hidden = hidden_states.shape
+    _check_ids(topk_ids, expert_map.numel() if expert_map is not None else w1.shape[0], check_ids)
+    if out is None:
+        out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(hidden_states.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
+        if out.stride(1) != 1:
+            raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
+    if chunk_size is not None:
+        check_positive_int("chunk_size", chunk_size)
+    step = chunk_size or max(num_tokens, 1)
+    info = None
+    for t0 in range(0, max(num_tokens, 1), step):
+        rows = slice(t0, min(t0 + step, num_tokens))
+        info = _fused_moe_chunk(hidden_states[rows], w1, w2, topk_weights[rows], topk_ids[rows], out[rows],
+                                config, use_tma, expert_map)
+    return (out, info) if return_info else out
+
+
+def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map) -> FusedMoEInfo:
+    num_tokens, hidden = hidden_states.shape
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
     cfg = as_moe_config(config, default_config(num_tokens, num_experts, top_k, hidden, two_inter // 2,
                                                 hidden_states.dtype))
-    if out is None:
-        out = torch.empty_like(hidden_states, memory_format=torch.contiguous_format)
-    else:
-        check_tensor("out", out, ndim=2, dtypes=(hidden_states.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
     if num_tokens == 0:  # an idle rank: nothing to launch
-        return (out, FusedMoEInfo(cfg, None, None, None)) if return_info else out
-
+        return FusedMoEInfo(cfg, None, None, None)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
     act = silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
-    # Every slot is written exactly once, unless an expert_map sends some to other ranks: those stay zero.
-    make = torch.zeros if expert_map is not None else torch.empty
-    out_k = make((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
+    out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=topk_weights,
                    out=out_k, use_tma=use_tma)
-    torch.sum(out_k.view(num_tokens, top_k, hidden), dim=1, out=out)
-    if not return_info:
-        return out
-    paths = (select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
-             select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma))
-    return out, FusedMoEInfo(cfg, *paths, routing)
+    topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
+    return FusedMoEInfo(cfg, select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
+                        select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma), routing)
+
+
+# --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---
+
+_TMA_CHOICES = {"auto": "auto", "on": True, "off": False}
+
+
+@torch.library.custom_op("moe_lab::fused_moe", mutates_args=())
+def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+                 topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor] = None, use_tma: str = "auto") -> torch.Tensor:
+    """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op (use_tma: "auto", "on" or "off")."""
+    if use_tma not in _TMA_CHOICES:
+        raise ValueError(f"use_tma must be 'auto', 'on' or 'off', got {use_tma!r}")
+    return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=expert_map,
+                     use_tma=_TMA_CHOICES[use_tma], check_ids=False)
+
+
+@fused_moe_op.register_fake
+def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma="auto"):
+    return hidden_states.new_empty(hidden_states.shape)
+
+
+class FusedMoE(torch.nn.Module):
+    """The experts of a MoE layer as a module: holds w1 [E, 2I, H] and w2 [E, H, I] as parameters and
+    calls `torch.ops.moe_lab.fused_moe`, so `torch.compile(fullgraph=True)` keeps it as one node.
+    The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k])."""
+
+    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
+                 use_tma: str = "auto"):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(w1, requires_grad=False)
+        self.w2 = torch.nn.Parameter(w2, requires_grad=False)
+        self.register_buffer("expert_map", expert_map)
+        self.use_tma = use_tma
+
+    def forward(self, hidden_states, topk_weights, topk_ids):
+        return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,
+                                           self.expert_map, self.use_tma)

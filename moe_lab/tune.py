@@ -43,9 +43,9 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Dict[i
     elif rows_per_expert <= 48:
         space = dict(M=[16, 32], NK=[(64, 128), (128, 64), (128, 128)], G=[1], W=[4], S=[3, 4], T=[True, False])
     elif rows_per_expert <= 512:
-        space = dict(M=[64], NK=[(64, 128), (128, 64), (128, 128), (256, 64)], G=[8], W=[4, 8], S=[3, 4], T=[True])
+        space = dict(M=[64, 128], NK=[(64, 128), (128, 64), (128, 128), (256, 64)], G=[8], W=[4, 8], S=[3, 4], T=[True])
     else:
-        space = dict(M=[64, 128], NK=[(128, 64), (256, 64), (128, 128)], G=[8], W=[8], S=[3, 4], T=[True])
+        space = dict(M=[64, 128], NK=[(128, 64), (256, 64), (128, 128)], G=[8, 16], W=[8], S=[3, 4], T=[True])
     out: Dict[int, List[GemmConfig]] = {}
     for m, (n, k), g, w, s, t in itertools.product(space["M"], space["NK"], space["G"], space["W"], space["S"], space["T"]):
         cfg = GemmConfig(m, n, k, g, w, s, t)
@@ -80,10 +80,12 @@ def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Option
         gate_up = grouped_matmul(hs, w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3), gather_a=True)
         return routing, gate_up, silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
 
-    heuristic = default_config(num_tokens, e, k, h, i, dtype)
+    heuristic = default_config(num_tokens, e, k, h, i, dtype, tuned=False)
     h_up, h_down = gemm_times(heuristic.up, heuristic.down, *buffers(heuristic.block_size_m))
     best = None
-    for block_m, cfgs in candidates(num_tokens * k / e, hs.element_size(), smem_limit).items():
+    space = candidates(num_tokens * k / e, hs.element_size(), smem_limit)
+    space.setdefault(heuristic.block_size_m, []).extend([heuristic.up, heuristic.down])  # never worse than it
+    for block_m, cfgs in space.items():
         routing, gate_up, act = buffers(block_m)
         ups, downs = [], []
         for cfg in cfgs:

@@ -91,3 +91,39 @@ def test_new_token_counts_do_not_recompile():
     grown = compiled() - before
     print(f"compiled variants added over 40 token counts: {grown}")
     assert grown <= 4
+
+
+def test_oversized_config_is_clamped_not_crashing():
+    from moe_lab import GemmConfig
+    hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(256, dtype=torch.bfloat16, device="cuda")
+    big = GemmConfig(128, 256, 128, 8, 8, 8)  # 8 stages of 96 KB: far past 227 KB
+    out = fused_moe(hs, w1, w2, tw, ti, config=big)
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_chunked_large_batch_matches():
+    hs, w1, w2, (tw, ti) = get_preset("olmoe-1b-7b").build(3000, dtype=torch.bfloat16, device="cuda")
+    whole = fused_moe(hs, w1, w2, tw, ti)
+    chunked = fused_moe(hs, w1, w2, tw, ti, chunk_size=1024)
+    assert relative_error(chunked, whole) < 1e-2
+    assert relative_error(whole, fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_determinism_bitwise():
+    hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(1024, dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(fused_moe(hs, w1, w2, tw, ti), fused_moe(hs, w1, w2, tw, ti))
+
+
+def test_check_ids_on_gpu_when_asked():
+    hs, w1, w2, (tw, ti) = get_preset("olmoe-1b-7b").build(8, dtype=torch.bfloat16, device="cuda")
+    ti[0, 0] = 64
+    with pytest.raises(ValueError, match="topk_ids must hold experts"):
+        fused_moe(hs, w1, w2, tw, ti, check_ids=True)
+
+
+def test_torch_compile_on_gpu():
+    from moe_lab import FusedMoE
+    hs, w1, w2, (tw, ti) = get_preset("olmoe-1b-7b").build(64, dtype=torch.bfloat16, device="cuda")
+    module = FusedMoE(w1, w2)
+    compiled = torch.compile(module, fullgraph=True)
+    assert relative_error(compiled(hs, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2

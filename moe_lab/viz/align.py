@@ -14,6 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import MaxNLocator
 
 from ..align import AlignedRouting, moe_align
 from ._common import expert_colors, figure_and_ax
@@ -62,7 +63,7 @@ def plot_alignment_strip(routing: AlignedRouting, ax: Optional[Axes] = None, tit
     used = experts.size
     bm = routing.block_size_m
     num_blocks = used // bm
-    fig, ax = figure_and_ax(ax, (min(14, 2 + 0.22 * max(used, 16)), 1.9))
+    fig, ax = figure_and_ax(ax, (min(14, max(9, 2 + 0.3 * used)), 2.0))
     colors = expert_colors(routing.num_experts)
     cmap = ListedColormap([PADDING_COLOR] + list(colors.colors))
     ax.imshow((experts + 1)[None, :], cmap=cmap, vmin=0, vmax=routing.num_experts, aspect="auto",
@@ -82,6 +83,7 @@ def plot_alignment_strip(routing: AlignedRouting, ax: Optional[Axes] = None, tit
         for b, e in enumerate(block_experts):
             ax.text((b + 0.5) * bm, 1.05, f"e{e}", ha="center", va="bottom", fontsize=8)
     ax.set_xlim(0, max(used, 1))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(0, 1.35)
     ax.set_yticks([])
     ax.set_xlabel("row of the schedule (position in sorted_token_ids)")

@@ -39,7 +39,7 @@ def expert_load(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
 
 def plot_routing_heatmap(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optional[torch.Tensor] = None,
                          ax: Optional[Axes] = None, title: Optional[str] = None) -> Figure:
-    """Token-to-expert map: cell (t, e) shows the routed weight of token t on expert e (0 = not routed).
+    """Token-to-expert map: cell (t, e) shows the routed weight of token t on expert e (white = not routed).
 
     Args:
         topk_ids: [T, k] int32/int64 experts of each token.
@@ -52,10 +52,11 @@ def plot_routing_heatmap(topk_ids: torch.Tensor, num_experts: int, topk_weights:
     ids = topk_ids.long().cpu()
     num_tokens = ids.shape[0]
     weights = torch.ones(ids.shape) if topk_weights is None else topk_weights.float().cpu()
-    grid = torch.zeros(num_tokens, num_experts).scatter_(1, ids, weights).numpy()
+    grid = torch.full((num_tokens, num_experts), float("nan")).scatter_(1, ids, weights).numpy()
     fig, ax = figure_and_ax(ax, (6, 4))
+    ax.set_facecolor("white")  # cells not routed are NaN and stay white
     image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
-                      vmax=max(float(grid.max()), 1e-6))
+                      vmax=max(float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0, 1e-6))
     fig.colorbar(image, ax=ax, label="routed weight" if topk_weights is not None else "routed")
     ax.set_xlabel(f"expert (E = {num_experts})")
     ax.set_ylabel(f"token (T = {num_tokens})")
@@ -81,7 +82,7 @@ def plot_expert_load(topk_ids: torch.Tensor, num_experts: int, ax: Optional[Axes
     ax.set_ylabel("slots (token, k)")
     ratio = load.max() / mean if mean else 0.0
     ax.set_title(title or f"expert load: max/mean = {ratio:.2f}")
-    ax.legend(loc="upper right")
+    ax.legend(loc="best", framealpha=0.9)
     return fig
 
 

@@ -1,0 +1,45 @@
+"""The top-k reduce: each token's k expert outputs summed into one row.
+
+The down projection writes each routed (token, k) slot once, already multiplied by its routed weight;
+slots whose expert is not computed here (another rank's, under an `expert_map`) are never written, and
+the reduce skips them by looking at `topk_ids` again, so `out_k` needs no zero fill.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from ._kernels.reduce import topk_reduce_kernel
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from .runtime import interpreter_active
+
+BLOCK_SIZE = 1024
+
+
+def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *,
+                expert_map: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out_k [T*k, H] float (last stride 1), topk_ids [T, k] int -> out [T, H] (float32 accumulation).
+
+    Slots whose expert (after `expert_map`) lies outside [0, num_experts) contribute zero."""
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
+    num_tokens, top_k = topk_ids.shape
+    check_tensor("out_k", out_k, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens * top_k, None), layout="[T*k, H]")
+    hidden = out_k.shape[1]
+    if out_k.stride(1) != 1:
+        out_k = out_k.contiguous()
+    if out is None:
+        out = torch.empty((num_tokens, hidden), dtype=out_k.dtype, device=out_k.device)
+    else:
+        check_tensor("out", out, ndim=2, dtypes=(out_k.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
+        if out.stride(1) != 1:
+            raise ValueError(f"out must have a last stride of 1, got strides {out.stride()}")
+    if num_tokens == 0 or hidden == 0:
+        return out
+    topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](
+        out_k, topk_ids, expert_map, out, hidden, num_experts,
+        out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0),
+        TOP_K=top_k, HAS_EXPERT_MAP=expert_map is not None,
+        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
+    return out

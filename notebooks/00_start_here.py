@@ -1,0 +1,189 @@
+# %% [markdown]
+# # 00 · Start here: check your environment
+#
+# This workbook builds a fast Mixture-of-Experts (MoE) layer in Triton, one kernel at a time.
+# Before any MoE code, this notebook makes sure the tools work, and **fails loudly** if they do not.
+#
+# **Goals**
+# 1. See which torch, Triton and numpy you have, and where kernels run: a GPU, or Triton's interpreter on the CPU.
+# 2. Run a three-line Triton kernel and check that it really computed something (not all zeros).
+# 3. Learn whether this machine can use TMA (the Hopper tensor memory accelerator), and why or why not.
+# 4. See how the eight notebooks are laid out.
+
+# %% [markdown]
+# ## 1. Versions and device
+#
+# `import moe_lab` comes first, always. Without a CUDA GPU it switches on Triton's interpreter
+# (`TRITON_INTERPRET=1`), and that switch only works if it happens before any `@triton.jit` function is
+# defined — including the kernels you write in these notebooks.
+
+# %%
+import moe_lab  # first: picks GPU or interpreter before any kernel is defined
+
+import platform
+import sys
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from moe_lab import workbook
+
+print(f"python {platform.python_version()}")
+print(f"torch {torch.__version__}")
+print(f"triton {triton.__version__}")
+print(f"numpy {np.__version__}")
+print(f"moe_lab {moe_lab.__version__}")
+
+# %%
+device = moe_lab.runtime.default_device()
+print("CUDA GPU visible to PyTorch:", torch.cuda.is_available())
+if torch.cuda.is_available():
+    print("GPU:", torch.cuda.get_device_name(), "compute capability", torch.cuda.get_device_capability())
+print("Triton interpreter on:", moe_lab.interpreter_active())
+print("tensors for kernels live on:", device)
+print("sizes in these notebooks:", "real model shapes" if workbook.on_gpu() else "scaled down for the CPU")
+
+# %% [markdown]
+# The interpreter runs each Triton program one after the other with numpy. It is slow, but every
+# kernel in this workbook gives the same answer there as on a GPU, so you can learn without one. Two
+# known traps, both handled in moe_lab and in these notebooks:
+# - `tl.dot` on **bfloat16** tiles is silently wrong under the interpreter: we use float32 or float16
+#   in the notebook kernels (or upcast tiles to float32 before `tl.dot`).
+# - Triton 3.6 with numpy ≥ 2.4 breaks loops with a runtime bound, so numpy is pinned below 2.4.
+
+# %%
+# Fail loudly on the known-bad combination rather than with a cryptic error three notebooks later.
+np_major_minor = tuple(int(x) for x in np.__version__.split(".")[:2])
+tr_major_minor = tuple(int(x) for x in triton.__version__.split(".")[:2])
+if moe_lab.interpreter_active() and tr_major_minor <= (3, 6) and np_major_minor >= (2, 4):
+    raise RuntimeError(f"numpy {np.__version__} breaks Triton {triton.__version__}'s interpreter on loops: "
+                       "install numpy<2.4 (see requirements-cpu.txt)")
+if tr_major_minor < (3, 4):
+    raise RuntimeError(f"Triton {triton.__version__} is too old: moe_lab needs Triton >= 3.4")
+print("PASS versions: this torch/Triton/numpy combination is supported")
+
+
+# %% [markdown]
+# ## 2. A three-line Triton kernel
+#
+# Each program adds one block of `x` and `y`. The check matters: a misconfigured interpreter can
+# return a buffer of zeros without any error, which would make every later check meaningless.
+
+# %%
+@triton.jit
+def add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) + tl.load(y_ptr + offs, mask=offs < n),
+             mask=offs < n)
+
+
+# %%
+n = 1000
+x = torch.arange(n, dtype=torch.float32, device=device) + 1
+y = torch.full((n,), 0.5, device=device)
+out = torch.zeros(n, device=device)
+add_kernel[(triton.cdiv(n, 256),)](x, y, out, n, BLOCK=256)
+if not out.abs().sum() > 0:
+    raise AssertionError("FAIL: the Triton kernel returned all zeros. Was TRITON_INTERPRET set after a "
+                         "kernel was defined? Restart the kernel and run `import moe_lab` first.")
+err = workbook.check("add_kernel vs torch", out, x + y, tol=1e-6)
+
+# %% [markdown]
+# ## 3. Can this machine use TMA?
+#
+# On Hopper GPUs (compute capability 9.0, e.g. an H200) a kernel can describe a tile with a
+# **tensor descriptor** and let the TMA engine copy it from global to shared memory. moe_lab decides in
+# one place whether that path is allowed, and always says why.
+
+# %%
+support = moe_lab.tma_support()
+print("TMA path available:", support.available)
+print("emulated (interpreter):", support.emulated)
+print("why:", support.reason)
+
+# %% [markdown]
+# Under the interpreter descriptors are *emulated*: the TMA code paths run and give the right numbers,
+# which is enough to learn and test them, but say nothing about speed. On a GPU below capability 9.0
+# the answer is "no" and moe_lab uses ordinary pointer loads. `MOE_LAB_TMA=0` turns the TMA path off.
+
+# %% [markdown]
+# ## 4. How the workbook is laid out
+#
+# Each notebook builds its own small version of one piece, checks it, and then shows the package's.
+
+# %%
+NOTEBOOKS = {
+    "00_start_here": "environment check, interpreter, TMA support (this notebook)",
+    "01_moe_in_pytorch": "router, top-k, the MoE layer in plain PyTorch, why a per-expert loop is slow",
+    "02_align": "from topk_ids to a block schedule: histogram, prefix sum, scatter",
+    "03_grouped_gemm_pointers": "one launch for all experts' matmuls, with pointer loads",
+    "04_tma_basics": "tensor descriptors and TMA loads",
+    "05_grouped_gemm_tma": "the grouped matmul with TMA loads",
+    "06_fused_moe_layer": "the whole layer: align, up GEMM, SiLU-and-mul, down GEMM",
+    "07_performance": "measuring and tuning on an H200",
+}
+for name, what in NOTEBOOKS.items():
+    print(f"{name:<26} {what}")
+
+# %% [markdown]
+# ## Exercise: a masked kernel
+#
+# Write `scale_kernel` so that `out[i] = alpha * x[i]` for every `i < n`. The length `n = 1000` is not
+# a multiple of `BLOCK = 256`, so the last program must mask its loads and stores. Replace the stub's
+# body, then run the check cell. (The solution is in the hidden cell below it.)
+
+# %%
+@triton.jit
+def scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    # TODO: load x (masked), multiply by alpha, store into out (masked)
+    pass
+
+
+# %%
+def check_scale(kernel, strict: bool = False) -> None:
+    """Run `kernel` on n = 1000; print PASS, or say what is wrong (raise AssertionError if `strict`)."""
+    n_ex, block = 1000, 256
+    x_ex = torch.randn(n_ex, device=device)
+    out_ex = torch.zeros(n_ex, device=device)
+    kernel[(triton.cdiv(n_ex, block),)](x_ex, out_ex, 2.5, n_ex, BLOCK=block)
+    want = 2.5 * x_ex
+    problem = None
+    wrong = (out_ex - want).abs() > 1e-5
+    if out_ex.abs().sum() == 0:
+        problem = "out is all zeros: the kernel stores nothing. Load x, multiply by alpha, tl.store."
+    elif wrong.any():
+        first = int(wrong.nonzero()[0])
+        tail = " (in the last block: check the mask `offs < n`)" if first >= 3 * block else ""
+        problem = f"{int(wrong.sum())} of {n_ex} values are wrong, the first at index {first}{tail}"
+    if problem is None:
+        workbook.check("scale_kernel", out_ex, want, tol=1e-6)
+    elif strict:
+        raise AssertionError(f"FAIL scale_kernel: {problem}")
+    else:
+        print(f"NOT YET scale_kernel: {problem}")
+
+
+check_scale(scale_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def scale_kernel_solution(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+check_scale(scale_kernel_solution, strict=True)
+
+# %% [markdown]
+# ## Summary
+#
+# - `import moe_lab` comes first; it switches on the interpreter when there is no GPU.
+# - Kernels run here on the device printed above; a simple kernel computed the right numbers.
+# - `moe_lab.tma_support()` says whether the TMA path is used on this machine, and why.
+# - Next: **01_moe_in_pytorch** — what an MoE layer computes, in plain PyTorch.

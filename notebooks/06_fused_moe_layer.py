@@ -1,0 +1,267 @@
+# %% [markdown]
+# # 06 · The fused MoE layer, stage by stage
+#
+# All the pieces of notebooks 01–05 make one layer: route, align, up GEMM, SiLU-and-mul, down GEMM with
+# the routed weights, and a sum over the k experts of each token.
+#
+# **Goals**
+# 1. Run the layer on a real model's shape (scaled down on the CPU, full size on a GPU).
+# 2. See the data flow: each stage and the shapes it passes on.
+# 3. Write a plain PyTorch MoE layer of your own, and check it against the package's reference.
+# 4. Run each stage with the package's functions and check each one.
+# 5. Ask `fused_moe(..., return_info=True)` which load path each GEMM used, and why.
+
+# %%
+# %matplotlib inline
+import moe_lab  # first: picks GPU or interpreter before any kernel is defined
+
+import torch
+import torch.nn.functional as F
+
+from moe_lab import workbook
+from moe_lab.viz import dataflow
+
+# Change these to override the defaults (None = pick for this machine).
+PRESET_NAME = "mixtral-8x7b"   # any of moe_lab.PRESETS
+NUM_TOKENS = None              # default: 256 on a GPU, 16 on the CPU
+SCALE = None                   # divide H and I by this; default: 1 on a GPU, 64 on the CPU
+
+# %%
+# NBVAL_CHECK_OUTPUT
+device = moe_lab.runtime.default_device()
+scale = workbook.pick(1, 64, SCALE)
+preset = moe_lab.get_preset(PRESET_NAME)
+preset = preset.scaled(scale) if scale > 1 else preset
+num_tokens = workbook.pick(256, 16, NUM_TOKENS)
+dtype = torch.bfloat16
+print(f"{preset.name}{' scaled by 1/' + str(scale) if scale > 1 else ''}: T={num_tokens}, "
+      f"H={preset.hidden_size}, I={preset.intermediate_size}, E={preset.num_experts}, k={preset.top_k}, {dtype}")
+
+hidden_states, w1, w2, (topk_weights, topk_ids) = preset.build(num_tokens, dtype=dtype, device=device, seed=0)
+T, H = hidden_states.shape
+E, TWO_I, _ = w1.shape
+I, K = TWO_I // 2, topk_ids.shape[1]
+print("hidden_states", tuple(hidden_states.shape), " w1", tuple(w1.shape), " w2", tuple(w2.shape))
+print("topk_ids", tuple(topk_ids.shape), topk_ids.dtype, " topk_weights", tuple(topk_weights.shape), topk_weights.dtype)
+
+# %% [markdown]
+# ## 1. The data flow
+#
+# Blue stages are moe-lab's Triton kernels. The sorted buffers (`sorted_token_ids`, `gate_up`, `act`) are
+# sized by a bound on the padded rows, so no stage has to ask the GPU how many rows it needs.
+
+# %%
+config = moe_lab.default_config(T, E, K, H, I, dtype)
+dataflow.plot_dataflow(preset, T, config.block_size_m)
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+dataflow.dataflow_widget(PRESET_NAME, 64, 16)
+
+# %%
+dataflow.plot_dataflow(moe_lab.get_preset("deepseek-v3"), 64, 16)
+
+# %% [markdown]
+# ## 2. Build: a MoE layer in plain PyTorch
+#
+# For each expert: find the (token, slot) pairs routed to it, run its SwiGLU MLP on those tokens, scale
+# by the routed weight, and add into the output. Slow (a Python loop over experts) but easy to read.
+
+# %%
+def my_moe_layer(x, w1, w2, topk_weights, topk_ids):
+    x = x.float()
+    out = torch.zeros(x.shape[0], w2.shape[1], device=x.device)
+    inter = w2.shape[2]
+    for e in range(w1.shape[0]):
+        token, slot = torch.where(topk_ids == e)
+        if len(token) == 0:
+            continue
+        gate_up = x[token] @ w1[e].float().T                   # [n_e, 2I]
+        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]   # [n_e, I]
+        y = act @ w2[e].float().T                               # [n_e, H]
+        out.index_add_(0, token, y * topk_weights[token, slot, None])
+    return out
+
+
+# %%
+# NBVAL_CHECK_OUTPUT
+reference = moe_lab.fused_moe_reference(hidden_states, w1, w2, topk_weights, topk_ids)
+_ = workbook.check("my_moe_layer vs fused_moe_reference", my_moe_layer(hidden_states, w1, w2, topk_weights, topk_ids),
+                   reference, tol=1e-5)
+
+# %% [markdown]
+# ## 3. Stage by stage with moe-lab's functions
+#
+# ### Align
+# `moe_align` sorts the T·k slots by expert and pads each expert to BLOCK_SIZE_M; checked against a
+# host-side stable sort.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+routing = moe_lab.moe_align(topk_ids, E, config.block_size_m)
+want = moe_lab.moe_align_reference(topk_ids, E, config.block_size_m)
+workbook.check_equal("sorted_token_ids", routing.sorted_token_ids, want.sorted_token_ids)
+workbook.check_equal("expert_ids", routing.expert_ids, want.expert_ids)
+workbook.check_equal("num_tokens_post_padded", routing.num_tokens_post_padded, want.num_tokens_post_padded)
+rows_used = routing.num_tokens_post_padded.item()
+print(f"BLOCK_SIZE_M={config.block_size_m}: {T * K} slots -> {rows_used} rows in use "
+      f"(bound {routing.max_num_tokens_padded})")
+
+# %% [markdown]
+# A helper for the checks below: which sorted rows hold a real slot, the token and the expert of each.
+
+# %%
+sid = routing.sorted_token_ids[:rows_used].long()
+real = sid < T * K
+row_token = sid[real] // K
+row_expert = routing.expert_ids.long().repeat_interleave(config.block_size_m)[:rows_used][real]
+x32, w1_32, w2_32 = hidden_states.float(), w1.float(), w2.float()
+
+# %% [markdown]
+# ### Up GEMM: `gate_up = hidden_states[token] @ w1[e].T`, rows gathered
+
+# %%
+gate_up = moe_lab.grouped_matmul(hidden_states, w1, routing, config.up, gather_a=True)
+want_gate_up = torch.einsum("rh,rnh->rn", x32[row_token], w1_32[row_expert])
+_ = workbook.check("up GEMM (real rows)", gate_up[:rows_used][real], want_gate_up)
+
+# %% [markdown]
+# ### SiLU and mul: `act = silu(gate) * up`
+
+# %%
+act = moe_lab.silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
+g = gate_up[:rows_used].float()
+_ = workbook.check("silu_and_mul (rows in use)", act[:rows_used], F.silu(g[:, :I]) * g[:, I:])
+
+# %% [markdown]
+# ### Down GEMM: `act @ w2[e].T`, times `topk_weights`, scattered to the (token, k) slot
+
+# %%
+out_k = moe_lab.grouped_matmul(act, w2, routing, config.down, gather_a=False, scatter=True,
+                               topk_weights=topk_weights)                    # [T*k, H]
+act_real = act[:rows_used][real].float()
+want_rows = torch.einsum("ri,rhi->rh", act_real, w2_32[row_expert]) * topk_weights.reshape(-1)[sid[real], None]
+want_out_k = torch.zeros(T * K, H, device=device)
+want_out_k[sid[real]] = want_rows
+_ = workbook.check("down GEMM with topk_weights, scattered", out_k, want_out_k)
+
+# %% [markdown]
+# ### Sum over k, and the whole layer
+
+# %%
+out_steps = out_k.view(T, K, H).sum(dim=1)
+_ = workbook.check("stage by stage vs fused_moe_reference", out_steps, reference)
+out_fused = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=config)
+_ = workbook.check("fused_moe vs fused_moe_reference", out_fused, reference)
+workbook.check_equal("fused_moe vs stage by stage", out_fused, out_steps)
+
+# %% [markdown]
+# ## 4. Which load path did each GEMM take?
+#
+# `return_info=True` returns a `FusedMoEInfo`: the config used and each GEMM's `LoadPath` with its reason.
+# Expected (notebook 05): up = `a:ptr w:tma` (gathered rows), down = `a:tma w:tma` — where TMA is available.
+
+# %%
+out, info = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, return_info=True)
+print("config:", info.config.up)
+print("up:  ", info.up_path.name, "-", info.up_path.reason)
+print("down:", info.down_path.name, "-", info.down_path.reason)
+
+# %% [markdown]
+# When a tensor breaks a descriptor rule, the GEMM falls back to pointer loads and the reason says which
+# rule. Here `w1_odd` holds the same values as `w1`, but is a view into a buffer whose rows are H + 1
+# elements long, so its row stride is not a multiple of 16 bytes.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+w1_odd = torch.zeros(E, TWO_I, H + 1, dtype=dtype, device=device)[:, :, :H]
+w1_odd.copy_(w1)
+out_odd, info_odd = moe_lab.fused_moe(hidden_states, w1_odd, w2, topk_weights, topk_ids, return_info=True)
+print("up:  ", info_odd.up_path.name, "-", info_odd.up_path.reason.split(" [")[0])
+workbook.check_equal("same result through the pointer path", out_odd, out_fused)
+
+# %% [markdown]
+# `use_tma=False` forces pointer loads; `use_tma=True` raises if TMA cannot be honoured.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+out_ptr, info_ptr = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, use_tma=False,
+                                      return_info=True)
+print("use_tma=False:", info_ptr.up_path.name, "/", info_ptr.down_path.name)
+workbook.check_equal("pointer path = TMA path", out_ptr, out_fused)
+try:
+    moe_lab.fused_moe(hidden_states, w1_odd, w2, topk_weights, topk_ids, use_tma=True)
+except ValueError as err:
+    print("use_tma=True with w1_odd -> ValueError:", str(err).split(":")[-1].strip())
+
+# %% [markdown]
+# ### Exercise: apply the routed weights yourself
+#
+# Run the down GEMM **without** `topk_weights` (below), then write `my_combine(out_k_plain, topk_weights)`
+# that returns the layer output `[T, H]`. The check compares with the reference and recognises common
+# slips.
+
+# %%
+out_k_plain = moe_lab.grouped_matmul(act, w2, routing, config.down, gather_a=False, scatter=True)  # [T*k, H]
+
+
+def my_combine(out_k_plain, topk_weights):
+    return None  # TODO: your code here
+
+
+def check_combine(fn):
+    got = fn(out_k_plain, topk_weights)
+    if got is None:
+        print("not done yet: my_combine returns None (hint: view as [T, k, H], weight each slot, sum over k)")
+        return
+    plain = out_k_plain.float().view(T, K, H)
+    if tuple(got.shape) != (T, H):
+        print(f"FAIL shape {tuple(got.shape)}, expected {(T, H)}: did you sum over the k dimension (dim=1)?")
+    elif moe_lab.relative_error(got, plain.sum(1)) < 1e-2:
+        print("FAIL you summed over k but did not multiply by topk_weights")
+    elif moe_lab.relative_error(got, reference) >= 1e-2:
+        print(f"FAIL relative error {moe_lab.relative_error(got, reference):.1e} vs the reference: check that "
+              "topk_weights [T, k] is broadcast over H ([T, k, 1])")
+    else:
+        workbook.check("my_combine vs fused_moe_reference", got, reference)
+
+
+check_combine(my_combine)
+
+# %% jupyter={"source_hidden": true}
+# Solution
+def my_combine_solution(out_k_plain, topk_weights):
+    y = out_k_plain.float().view(T, K, H) * topk_weights[:, :, None]
+    return y.sum(dim=1)
+
+
+check_combine(my_combine_solution)
+
+# %% [markdown]
+# ## 5. Every preset
+#
+# The same layer on each model preset (scaled on the CPU, T = 8 there to stay quick).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name in moe_lab.PRESETS:
+    p = moe_lab.get_preset(name)
+    p = p.scaled(scale) if scale > 1 else p
+    t = workbook.pick(512, 8, None)
+    hs, a1, a2, (tw, ti) = p.build(t, dtype=dtype, device=device, seed=1)
+    o, inf = moe_lab.fused_moe(hs, a1, a2, tw, ti, return_info=True)
+    err = moe_lab.relative_error(o, moe_lab.fused_moe_reference(hs, a1, a2, tw, ti))
+    print(f"{'PASS' if err < 1e-2 else 'FAIL'} {name:<18} E={p.num_experts:<4} k={p.top_k} "
+          f"up {inf.up_path.name}, down {inf.down_path.name}: relative error {'< 1e-02' if err < 1e-2 else err}")
+
+# %% [markdown]
+# ## Summary
+#
+# - The layer is five launches' worth of stages: align, up GEMM (gathered rows), SiLU-and-mul, down GEMM
+#   (routed weight and scatter in the epilogue), sum over k.
+# - Each stage matches a few lines of PyTorch; the whole layer matches `fused_moe_reference` within bf16
+#   rounding.
+# - `return_info=True` tells which load path each GEMM used: the up GEMM's token rows are gathered by
+#   pointer, everything else goes through descriptors where the device and the tensors allow.
+#
+# Next: notebook 07 asks how fast it is, and how fast it could be.

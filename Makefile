@@ -22,8 +22,11 @@ test: $(STAMP)        ## the whole test suite: unit tests, then every notebook t
 	$(PY) -m pytest tests -p no:cacheprovider
 	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest $(NOTEBOOKS) --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider; fi
 
-notebooks: $(STAMP)   ## re-execute the notebooks from their py:percent scripts and store the outputs
-	cd notebooks && for f in [0-9]*.py; do ../$(VENV)/bin/jupytext --to ipynb --update --execute "$$f" || exit 1; done
+notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execute it, store outputs (no timestamps)
+	cd notebooks && for f in [0-9]*.py; do nb="$${f%.py}.ipynb"; \
+	  ../$(VENV)/bin/jupytext --to ipynb -q "$$f" && \
+	  ../$(VENV)/bin/jupyter execute --inplace --kernel_name=python3 "$$nb" && \
+	  ../$(VENV)/bin/nbstripout --keep-output --keep-count "$$nb" || exit 1; done
 
 test-gpu: $(STAMP)    ## GPU-only tests (on an H200)
 	$(PY) -m pytest tests -m gpu

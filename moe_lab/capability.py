@@ -99,10 +99,14 @@ def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
 
 
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:
-    """None if a tensor descriptor with `block_shape` can be built over `tensor`, else the rule it breaks."""
+    """None if a tensor descriptor with `block_shape` can be built over `tensor`, else the rule it breaks.
+    Checks what Triton's host TensorDescriptor asserts and what the TMA unit needs beyond it (box dims of
+    at most 256 elements, at least 16 bytes in the inner one)."""
     item = tensor.element_size()
     if tensor.dim() != len(block_shape):
         return f"rank {tensor.dim()} does not match block shape {list(block_shape)}"
+    if any(b < 1 or b & (b - 1) or b > 256 for b in block_shape):
+        return f"block shape {list(block_shape)}: each dimension must be a power of two of at most 256 (TMA box limit)"
     if any(s == 0 for s in tensor.shape):
         return f"shape {tuple(tensor.shape)} has an empty dimension"
     if tensor.stride(-1) != 1:

@@ -79,8 +79,10 @@ print("token 0 goes to experts", my_ids[0].tolist(), "with weights", [round(w, 3
 # NBVAL_CHECK_OUTPUT
 topk_weights, topk_ids = moe_lab.topk_routing(router_logits, k, renormalize=True)
 workbook.check_equal("topk_ids vs moe_lab.topk_routing", my_ids.to(torch.int32), topk_ids)
+
+# %%
 err = workbook.check("topk_weights vs moe_lab.topk_routing", my_weights, topk_weights, tol=1e-6)
-workbook.check("renormalized weights sum to 1", topk_weights.sum(-1), torch.ones(T), tol=1e-6);
+err = workbook.check("renormalized weights sum to 1", topk_weights.sum(-1), torch.ones(T), tol=1e-6)
 
 # %% [markdown]
 # ## 3. Picture: who goes where

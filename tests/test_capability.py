@@ -79,4 +79,6 @@ def test_descriptor_rules():
     assert "not a multiple of 16" in descriptor_problem(torch.empty(8, 511, dtype=torch.bfloat16), [8, 64])
     assert "at least 16" in descriptor_problem(x, [16, 4])
     assert "16-byte aligned" in descriptor_problem(torch.empty(4097, dtype=torch.bfloat16)[1:].view(64, 64), [16, 64])
+    assert "power of two" in descriptor_problem(x, [24, 64])
+    assert "at most 256" in descriptor_problem(torch.empty(512, 512, dtype=torch.bfloat16), [512, 64])
     assert "empty" in descriptor_problem(torch.empty(0, 64, dtype=torch.bfloat16), [16, 64])

@@ -134,9 +134,11 @@ def plot_expert_weights_box(num_experts: int, n: int, k: int, block_shape: Tuple
             in_k = max(0, min(k0 + bk, k) - max(k0, 0))
             ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, facecolor=OUTSIDE, alpha=0.4, hatch="//",
                                             lw=0))
-            ax.add_patch(mpatches.Rectangle((x0 + max(k0, 0), max(n0, 0)), in_k, in_n, facecolor=INSIDE,
-                                            alpha=0.8, lw=0))
+            ax.add_patch(mpatches.Rectangle((x0 + max(k0, 0), max(n0, 0)), in_k, in_n, facecolor=INSIDE, lw=0))
             ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, fill=False, edgecolor="black", lw=2))
+    ax.legend(handles=[mpatches.Patch(color=INSIDE, label="box inside w[e]: copied"),
+                       mpatches.Patch(facecolor=OUTSIDE, alpha=0.4, hatch="//", label="past N: loads as 0")],
+              loc="lower right", fontsize=7)
     ax.set_xlim(-gap / 2, num_experts * (k + gap))
     ax.set_ylim(max(n, n0 + bn) + 0.5, -max(2.0, n / 10))
     ax.set_aspect("equal")

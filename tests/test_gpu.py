@@ -127,3 +127,18 @@ def test_torch_compile_on_gpu():
     module = FusedMoE(w1, w2)
     compiled = torch.compile(module, fullgraph=True)
     assert relative_error(compiled(hs, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_expert_parallel_two_gpus():
+    """examples/expert_parallel.py on two GPUs of one host (NCCL), checked against one GPU."""
+    import os
+    import subprocess
+    import sys
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                          os.path.join(root, "examples", "expert_parallel.py"), "--tokens", "256"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    print(run.stdout[-2000:], run.stderr[-2000:])
+    assert run.returncode == 0 and "ok" in run.stdout

@@ -59,3 +59,21 @@ def pick(gpu_value, cpu_value, override: Optional[object] = None):
     if override is not None:
         return override
     return gpu_value if on_gpu() else cpu_value
+
+
+def fp32_dot_tol() -> float:
+    """Tolerance for a float32 Triton `tl.dot` against a float32 PyTorch result. On a GPU a float32 dot
+    runs on the tensor cores in TF32 (10-bit mantissa: relative error near 1e-3); the interpreter
+    multiplies in float32 with numpy (near 1e-6)."""
+    return 5e-3 if on_gpu() else 1e-5
+
+
+def expert_rows_matmul(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+    """Row r of the result is x[r] @ w[experts[r]].T, in float32, computed one expert at a time (a
+    batched einsum over [R, N, K] would not fit in memory at real sizes). x [R, K], w [E, N, K],
+    experts [R] int -> [R, N] float32."""
+    out = torch.empty(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+    for e in experts.unique().tolist():
+        rows = experts == e
+        out[rows] = x[rows].float() @ w[e].float().T
+    return out

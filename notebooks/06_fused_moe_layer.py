@@ -115,14 +115,14 @@ sid = routing.sorted_token_ids[:rows_used].long()
 real = sid < T * K
 row_token = sid[real] // K
 row_expert = routing.expert_ids.long().repeat_interleave(config.block_size_m)[:rows_used][real]
-x32, w1_32, w2_32 = hidden_states.float(), w1.float(), w2.float()
+x32 = hidden_states.float()
 
 # %% [markdown]
 # ### Up GEMM: `gate_up = hidden_states[token] @ w1[e].T`, rows gathered
 
 # %%
 gate_up = moe_lab.grouped_matmul(hidden_states, w1, routing, config.up, gather_a=True)
-want_gate_up = torch.einsum("rh,rnh->rn", x32[row_token], w1_32[row_expert])
+want_gate_up = workbook.expert_rows_matmul(x32[row_token], w1, row_expert)
 _ = workbook.check("up GEMM (real rows)", gate_up[:rows_used][real], want_gate_up)
 
 # %% [markdown]
@@ -140,7 +140,7 @@ _ = workbook.check("silu_and_mul (rows in use)", act[:rows_used], F.silu(g[:, :I
 out_k = moe_lab.grouped_matmul(act, w2, routing, config.down, gather_a=False, scatter=True,
                                topk_weights=topk_weights)                    # [T*k, H]
 act_real = act[:rows_used][real].float()
-want_rows = torch.einsum("ri,rhi->rh", act_real, w2_32[row_expert]) * topk_weights.reshape(-1)[sid[real], None]
+want_rows = workbook.expert_rows_matmul(act_real, w2, row_expert) * topk_weights.reshape(-1)[sid[real], None]
 want_out_k = torch.zeros(T * K, H, device=device)
 want_out_k[sid[real]] = want_rows
 _ = workbook.check("down GEMM with topk_weights, scattered", out_k, want_out_k)

@@ -7,7 +7,8 @@ before each (`graph_ms`):
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
 checks each against the float32 reference, and reports TFLOP/s, weight TB/s and % of the roofline set by
 ceilings measured in the same run (device copy bandwidth, 8192^3 bf16 matmul).
-Refuses to run under the interpreter.
+Routing is uniform: each token picks k distinct experts at random, with softmax weights over its k logits,
+so every implementation sees the same, typical expert load. Refuses to run under the interpreter.
 """
 from __future__ import annotations
 
@@ -135,10 +136,20 @@ def _loop_peer(hs, w1, w2, tw, ti):
     return layer
 
 
+def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, device="cuda", seed: int = 0):
+    """topk_weights [T, k] float32 (softmax over k random logits), topk_ids [T, k] int32 (k distinct
+    experts per token, uniformly at random)."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    topk_ids = torch.rand(num_tokens, num_experts, generator=gen, device=device).topk(top_k, dim=1).indices
+    topk_weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen, device=device), dim=-1)
+    return topk_weights, topk_ids.to(torch.int32)
+
+
 def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfloat16,
                 config: Optional[MoEConfig] = None, peers: bool = True, seed: int = 0) -> List[dict]:
     """Time every implementation at one (preset, T). Returns one row per implementation."""
-    hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=dtype, device="cuda", seed=seed)
+    hs, w1, w2, _ = preset.build(num_tokens, dtype=dtype, device="cuda", seed=seed)
+    tw, ti = uniform_routing(num_tokens, preset.num_experts, preset.top_k, seed=seed + 1)
     cfg = config or default_config(num_tokens, preset.num_experts, preset.top_k, preset.hidden_size,
                                    preset.intermediate_size, dtype)
     ref = fused_moe_reference(hs, w1, w2, tw, ti)

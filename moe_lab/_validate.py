@@ -53,3 +53,14 @@ def check_power_of_two(name: str, value: int, minimum: int = 1) -> int:
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= {minimum}, got {value}")
     return value
+
+
+def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,
+                  layout: str) -> torch.Tensor:
+    """`out` after checking its shape, dtype and last stride (1), or a new empty tensor when it is None."""
+    if out is None:
+        return torch.empty(tuple(shape), dtype=dtype, device=device)
+    check_tensor("out", out, ndim=len(shape), dtypes=(dtype,), shape=tuple(shape), layout=layout)
+    if out.stride(-1) != 1:
+        raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
+    return out

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ._kernels.activation import silu_and_mul_kernel
-from ._validate import FLOAT_DTYPES, check_tensor
+from ._validate import FLOAT_DTYPES, check_tensor, output_buffer
 from .runtime import interpreter_active
 
 BLOCK_SIZE = 1024
@@ -32,12 +32,7 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
     if x.stride(1) != 1:
         x = x.contiguous()
     inter = two_inter // 2
-    if out is None:
-        out = torch.empty((rows, inter), dtype=x.dtype, device=x.device)
-    else:
-        check_tensor("out", out, ndim=2, dtypes=(x.dtype,), shape=(rows, inter), layout="[R, I]")
-        if out.stride(1) != 1:
-            raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
+    out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](

@@ -101,13 +101,20 @@ def cmd_demo(args) -> int:
     return 1 if failures else 0
 
 
-def cmd_bench(args) -> int:
-    from . import bench
+def _refused(what: str) -> bool:
+    """Print why `what` cannot time here (interpreter or no GPU) and return True; False when it can."""
     from .runtime import require_gpu_timing
     try:
-        require_gpu_timing("moe-lab bench")
+        require_gpu_timing(what)
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
+        return True
+    return False
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+    if _refused("moe-lab bench"):
         return 2
     bench.run(args.model or bench.DEFAULT_MODELS, args.tokens or bench.DEFAULT_TOKENS, dtype=DTYPES[args.dtype],
               out_dir=args.out, peers=not args.no_peers)
@@ -116,16 +123,19 @@ def cmd_bench(args) -> int:
 
 def cmd_tune(args) -> int:
     from . import tune
-    from .runtime import require_gpu_timing
-    try:
-        require_gpu_timing("moe-lab tune")
-    except RuntimeError as exc:
-        print(exc, file=sys.stderr)
+    if _refused("moe-lab tune"):
         return 2
     path = tune.run(args.model or sorted(_presets.PRESETS), args.tokens or tune.DEFAULT_TOKENS,
                     dtype=DTYPES[args.dtype], path=args.out)
     print(f"wrote {path}")
     return 0
+
+
+def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME",
+                        help=f"model presets; choices: {', '.join(_presets.PRESETS)}")
+    parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help="token counts")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,16 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--explain", action="store_true", help="print why each load path was chosen")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
-    bench.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME")
-    bench.add_argument("--tokens", nargs="+", type=int, metavar="T")
-    bench.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    _add_shape_arguments(bench)
     bench.add_argument("--out", default="benchmarks/results", help="folder for JSON/CSV results")
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
     tune = sub.add_parser("tune", help="search launch configs per shape on this GPU and save them as JSON")
-    tune.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME")
-    tune.add_argument("--tokens", nargs="+", type=int, metavar="T")
-    tune.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    _add_shape_arguments(tune)
     tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
     tune.set_defaults(func=cmd_tune)
     info = sub.add_parser("info", help="versions, device, interpreter, TMA support")

@@ -28,7 +28,7 @@ import torch
 import triton
 
 from ._kernels.grouped_matmul import grouped_matmul_kernel
-from ._validate import FLOAT_DTYPES, check_same_device, check_tensor
+from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import descriptor_problem, tma_support
 from .configs import GemmConfig, fit_to_shared_memory
@@ -135,10 +135,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES,
                      shape=(routing.num_tokens, routing.top_k), layout="[T, k]")
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
-    if out is None:
-        out = torch.empty((out_rows, n), dtype=a.dtype, device=a.device)
-    else:
-        check_tensor("out", out, ndim=2, dtypes=(a.dtype,), shape=(out_rows, n), layout="[rows, N]")
+    out = output_buffer(out, (out_rows, n), a.dtype, a.device, "[rows, N]")
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
 
     num_m_blocks = routing.max_num_m_blocks

@@ -16,7 +16,8 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor,
+                        output_buffer)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig, as_moe_config, default_config
@@ -97,12 +98,7 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
     num_tokens, hidden = hidden_states.shape
     _check_ids(topk_ids, expert_map.numel() if expert_map is not None else w1.shape[0], check_ids)
-    if out is None:
-        out = torch.empty((num_tokens, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
-    else:
-        check_tensor("out", out, ndim=2, dtypes=(hidden_states.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
-        if out.stride(1) != 1:
-            raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
+    out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
     step = chunk_size or max(num_tokens, 1)

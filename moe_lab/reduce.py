@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ._kernels.reduce import topk_reduce_kernel
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, output_buffer
 from .runtime import interpreter_active
 
 BLOCK_SIZE = 1024
@@ -29,12 +29,7 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
     hidden = out_k.shape[1]
     if out_k.stride(1) != 1:
         out_k = out_k.contiguous()
-    if out is None:
-        out = torch.empty((num_tokens, hidden), dtype=out_k.dtype, device=out_k.device)
-    else:
-        check_tensor("out", out, ndim=2, dtypes=(out_k.dtype,), shape=(num_tokens, hidden), layout="[T, H]")
-        if out.stride(1) != 1:
-            raise ValueError(f"out must have a last stride of 1, got strides {out.stride()}")
+    out = output_buffer(out, (num_tokens, hidden), out_k.dtype, out_k.device, "[T, H]")
     if num_tokens == 0 or hidden == 0:
         return out
     topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](

@@ -21,3 +21,11 @@ def expert_colors(num_experts: int) -> ListedColormap:
     from matplotlib import colormaps
     base = colormaps["tab20"].colors
     return ListedColormap([base[e % len(base)] for e in range(max(num_experts, 1))])
+
+
+def show_figure(output, figure: Figure) -> None:
+    """Make an ipywidgets `Output` show `figure` in place of what it showed before."""
+    from IPython.display import display
+    output.clear_output(wait=True)
+    with output:
+        display(figure)

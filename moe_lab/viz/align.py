@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from ..align import AlignedRouting, moe_align
-from ._common import expert_colors, figure_and_ax
+from ._common import expert_colors, figure_and_ax, show_figure
 
 PADDING_COLOR = (0.85, 0.85, 0.85)
 
@@ -119,7 +119,6 @@ def align_explorer(cases: Mapping[str, torch.Tensor], num_experts: int,
         `summary` (ipywidgets.HTML with one padding line per case), `figure` and `routings`.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     control = widgets.SelectionSlider(options=list(block_sizes), value=value or block_sizes[0],
                                       description="BLOCK_SIZE_M", continuous_update=False,
@@ -134,9 +133,7 @@ def align_explorer(cases: Mapping[str, torch.Tensor], num_experts: int,
         box.figure = plot_alignment_cases(box.routings)
         summary.value = "<pre>" + "\n".join(f"{name:<18} {padding_report(r)}"
                                             for name, r in box.routings.items()) + "</pre>"
-        output.clear_output(wait=True)
-        with output:
-            display(box.figure)
+        show_figure(output, box.figure)
 
     control.observe(redraw, names="value")
     redraw()

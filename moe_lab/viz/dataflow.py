@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 from ..align import max_num_tokens_padded
+from ._common import show_figure
 from ..presets import MoEPreset, get_preset
 
 STAGE_COLORS = {"input": "#EEEEEE", "torch": "#CCB974", "kernel": "#4C72B0", "output": "#55A868"}
@@ -115,7 +116,6 @@ def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, blo
         ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     from ..presets import PRESETS
 
@@ -136,9 +136,7 @@ def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, blo
                          f"{bsm.value}: up to {rows - slots} padding rows ({100 * (rows - slots) / rows:.0f}% of "
                          "the sorted buffer)")
         box.figure = fig
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show_figure(out, fig)
 
     for w in (name, tokens, bsm):
         w.observe(draw, names="value")

@@ -17,6 +17,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..presets import MoEPreset, get_preset
+from ._common import figure_and_ax, show_figure
 
 IMPLS = ("moe-lab pointer", "moe-lab tma", "torch._grouped_mm")
 IMPL_STYLE = {"moe-lab pointer": ("#4C72B0", "o"), "moe-lab tma": ("#DD8452", "s"),
@@ -98,14 +99,11 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
         dict: flops (FLOP), bytes (B: weights of the experts used, tokens read, outputs written),
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     """
+    from ..bench import gemm_costs
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
-    h, i, k = preset.hidden_size, preset.intermediate_size, preset.top_k
-    rows = num_tokens * k
-    flops = 2 * rows * h * 2 * i + 2 * rows * i * h
-    weight_bytes = itemsize * experts_used * 3 * h * i
-    act_bytes = itemsize * (num_tokens * h + rows * 2 * i + rows * i + rows * h)
-    total = weight_bytes + act_bytes
+    up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
+    flops, total = up.flops + down.flops, up.bytes + down.bytes
     return dict(flops=flops, bytes=total, intensity=flops / total, flops_per_token=flops / num_tokens,
                 bytes_per_token=total / num_tokens, experts_used=experts_used)
 
@@ -120,13 +118,6 @@ def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 
             lines.append(f"{name:<18} {t:>6} {c['experts_used']:>11.1f} {c['flops_per_token'] / 1e6:>12.1f} "
                          f"{c['bytes_per_token'] / 1e6:>10.3f} {c['intensity']:>8.1f}")
     return "\n".join(lines)
-
-
-def _new_axes(ax, figsize):
-    if ax is not None:
-        return ax.figure, ax
-    fig = Figure(figsize=figsize, layout="constrained")
-    return fig, fig.add_subplot()
 
 
 def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
@@ -146,7 +137,7 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
     Returns:
         The Figure.
     """
-    fig, ax = _new_axes(ax, (8, 5))
+    fig, ax = figure_and_ax(ax, (8, 5))
     bw, peak = ceilings["copy_tbps"], ceilings["bf16_matmul_tflops"]
     x = np.logspace(-0.5, 4, 200)
     ax.plot(x, np.minimum(peak, x * bw), color="black", lw=2, label="roofline (measured ceilings)")
@@ -206,7 +197,7 @@ def plot_time_vs_tokens(results: dict, model: str, *, metric: str = "gemms_ms", 
     Returns:
         The Figure.
     """
-    fig, ax = _new_axes(ax, (6, 4))
+    fig, ax = figure_and_ax(ax, (6, 4))
     for impl in impls:
         rows = [r for r in select_rows(results, model, impl) if r.get(metric)]
         if rows:
@@ -289,7 +280,7 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
 
 def plot_bars(entries: Sequence[tuple], *, title: str, unit: str = "ms", ax=None) -> Figure:
     """Horizontal bars: entries are (label, value) pairs, value in `unit`. Returns the Figure."""
-    fig, ax = _new_axes(ax, (7, 0.45 * len(entries) + 1.2))
+    fig, ax = figure_and_ax(ax, (7, 0.45 * len(entries) + 1.2))
     labels = [e[0] for e in entries]
     values = [e[1] for e in entries]
     ax.barh(range(len(values)), values, color=["#DD8452" if "live" in l else "#4C72B0" for l in labels])
@@ -318,7 +309,6 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
         (label, ms) for the live runs so far.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     from ..configs import GemmConfig
     from ..presets import PRESETS
@@ -360,9 +350,7 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
             fig = plot_bars([(t[0].split(" ", 2)[2], t[1]) for t in live] + committed,
                             title=f"{name.value}, T={tokens.value}: live configs vs committed whole-layer times")
         box.figure = fig
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show_figure(out, fig)
 
     for w in (name, tokens, bm, bn, bk):
         w.observe(draw, names="value")

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..routing import topk_routing
-from ._common import figure_and_ax
+from ._common import figure_and_ax, show_figure
 
 
 def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *, seed: int = 0) -> torch.Tensor:
@@ -115,7 +115,6 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
         `summary` (ipywidgets.HTML), `figure` (the Figure now shown) and `routing` (the TopKRouting).
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     sliders = {
         "num_experts": widgets.IntSlider(value=num_experts, min=2, max=64, description="E",
@@ -136,9 +135,7 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
         box.routing = topk_routing(logits, k)
         box.figure = plot_routing(box.routing.topk_ids, e, box.routing.topk_weights)
         summary.value = f"<code>{load_summary(box.routing.topk_ids, e)}</code>"
-        output.clear_output(wait=True)
-        with output:
-            display(box.figure)
+        show_figure(output, box.figure)
 
     for slider in sliders.values():
         slider.observe(redraw, names="value")

@@ -21,7 +21,7 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
 from ..align import AlignedRouting, moe_align
-from ._common import expert_colors, figure_and_ax
+from ._common import expert_colors, figure_and_ax, show_figure
 
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
@@ -121,7 +121,6 @@ def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
         `summary` (ipywidgets.HTML with the program count), `figure` and `routing`.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     def slider(name, options, value):
         return widgets.SelectionSlider(options=list(options), value=value, description=name,
@@ -146,9 +145,7 @@ def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
         bn, bk, g = controls["BLOCK_SIZE_N"].value, controls["BLOCK_SIZE_K"].value, controls["GROUP_SIZE_M"].value
         box.figure = plot_tile_map(box.routing, n, bn, g)
         summary.value = f"<code>{tile_report(box.routing, n, k, bn, bk)}</code>"
-        output.clear_output(wait=True)
-        with output:
-            display(box.figure)
+        show_figure(output, box.figure)
 
     for control in controls.values():
         control.observe(redraw, names="value")

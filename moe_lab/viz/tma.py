@@ -14,17 +14,12 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from ._common import figure_and_ax, show_figure
+
 INSIDE = "#4C72B0"     # box part inside the tensor: copied from global memory
 OUTSIDE = "#DD8452"    # box part outside the tensor: zero-filled on load, dropped on store
 PADDING = "#BBBBBB"    # padding rows of the expert-sorted layout
 CROSSING = "#C44E52"   # a tile that spans two experts
-
-
-def _new_axes(ax, figsize):
-    if ax is not None:
-        return ax.figure, ax
-    fig = Figure(figsize=figsize, layout="constrained")
-    return fig, fig.add_subplot()
 
 
 def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Sequence[int]) -> Tuple[int, int]:
@@ -69,7 +64,7 @@ def plot_descriptor_box(shape: Tuple[int, int], block_shape: Tuple[int, int],
     hi_c = max([cols] + [c + bn for _, c in offsets])
     width = hi_c - lo_c
     height = hi_r - lo_r
-    fig, ax = _new_axes(ax, (min(11, 1.2 + 0.32 * width), min(8, 1.0 + 0.32 * height)))
+    fig, ax = figure_and_ax(ax, (min(11, 1.2 + 0.32 * width), min(8, 1.0 + 0.32 * height)))
     ax.add_patch(mpatches.Rectangle((0, 0), cols, rows, facecolor="#EEEEEE", edgecolor="black", lw=1.5))
     for r in range(rows + 1):
         ax.plot([0, cols], [r, r], color="#CCCCCC", lw=0.5)
@@ -123,7 +118,7 @@ def plot_expert_weights_box(num_experts: int, n: int, k: int, block_shape: Tuple
     """
     be, bn, bk = block_shape
     e0, n0, k0 = offsets
-    fig, ax = _new_axes(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
+    fig, ax = figure_and_ax(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
     gap = max(1, k // 4)
     for e in range(num_experts):
         x0 = e * (k + gap)
@@ -192,7 +187,7 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
     """
     rows = sorted_row_experts(counts, block_size_m, packed=packed)
     num_experts = len(counts)
-    fig, ax = _new_axes(ax, (10, 1.9))
+    fig, ax = figure_and_ax(ax, (10, 1.9))
     palette = ["#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#DA8BC3", "#8C8C8C", "#937860"]
     colors = [PADDING] + [palette[e % len(palette)] for e in range(num_experts)]
     ax.imshow((rows + 1)[None, :], aspect="auto", cmap=ListedColormap(colors), vmin=-0.5,
@@ -232,7 +227,6 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
         Figure and `.summary` the HTML line, for tests.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     step = max(1, 16 // itemsize)
     rows, cols = shape
@@ -252,9 +246,7 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
         summary.value = (f"box [{bm.value}, {bn.value}] at [{row.value}, {col.value}]: {inside} element(s) "
                          f"copied, {outside} zero-filled (column step {step} elements = 16 bytes)")
         box.figure = fig
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show_figure(out, fig)
 
     for w in (row, col, bm, bn):
         w.observe(draw, names="value")
@@ -273,7 +265,6 @@ def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: 
         ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
     """
     import ipywidgets as widgets
-    from IPython.display import display
 
     bsm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_size_m, description="BLOCK_SIZE_M")
     layout = widgets.ToggleButtons(options=["padded", "packed"], value="padded", description="layout")
@@ -289,9 +280,7 @@ def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: 
                          f"({int((rows < 0).sum())} padding rows), "
                          f"{len(crossing_tiles(counts, bsm.value, packed=packed))} tile(s) span two experts")
         box.figure = fig
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        show_figure(out, fig)
 
     bsm.observe(draw, names="value")
     layout.observe(draw, names="value")

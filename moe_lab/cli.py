@@ -73,6 +73,7 @@ def cmd_demo(args) -> int:
     print(header)
     print("-" * len(header))
     failures = 0
+    reasons = {}  # model -> why each GEMM took its load path (at its largest T)
     for name in args.model or DEFAULT_MODELS:
         preset = _presets.get_preset(name)
         if scale != 1:
@@ -84,6 +85,8 @@ def cmd_demo(args) -> int:
             err = relative_error(out, ref) if num_tokens else 0.0
             ok = err < TOLERANCE[dtype]  # NaN fails
             failures += not ok
+            if info.up_path:
+                reasons[preset.name] = (info.up_path.reason, info.down_path.reason)
             up = info.up_path.name if info.up_path else "-"
             down = info.down_path.name if info.down_path else "-"
             line = (f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
@@ -94,8 +97,9 @@ def cmd_demo(args) -> int:
                 line += f"  {ms:>9.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
             print(line, flush=True)
             del hidden, w1, w2, out, ref
-    if args.explain:
-        print(f"\nload paths: {info.up_path.reason if info.up_path else '-'}")
+    print("\nWhy these load paths:")
+    for model, (up_reason, down_reason) in reasons.items():
+        print(f"  {model}\n    up:   {up_reason}\n    down: {down_reason}")
     print(f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
           f"reference (relative Frobenius error < {TOLERANCE[dtype]:.0e}).")
     return 1 if failures else 0
@@ -150,7 +154,6 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     demo.add_argument("--use-tma", choices=sorted(TMA_CHOICES), default="auto")
     demo.add_argument("--scale", type=int, help="divide H and I by this (default: 1 on a GPU, 64 on a CPU)")
-    demo.add_argument("--explain", action="store_true", help="print why each load path was chosen")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
     _add_shape_arguments(bench)

@@ -6,7 +6,14 @@ STAMP  := $(VENV)/.installed
 
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
 
-.PHONY: demo test test-gpu lab notebooks info clean
+UI_STAMP := $(VENV)/.installed-ui
+CHROMIUM := /usr/bin/chromium
+# Jupyter refuses to run as root unless told; apt-get needs root.
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
+SUDO       := $(if $(filter 0,$(shell id -u)),,sudo)
+LAB_ARGS   ?=
+
+.PHONY: demo test test-ui test-gpu lab notebooks info clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,6 +21,11 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PY) -m pip install -q -r requirements-cpu.txt
 	$(PY) -m pip install -q -e '.[lab,test]'
 	touch $(STAMP)
+
+# The browser test's extras: playwright (its Python package only: it drives Debian's chromium, no download).
+$(UI_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[lab,test,ui]'
+	touch $(UI_STAMP)
 
 demo: $(STAMP)        ## the main job: the fused MoE layer on real model shapes, checked against PyTorch
 	$(VENV)/bin/moe-lab demo
@@ -28,11 +40,18 @@ notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execu
 	  ../$(VENV)/bin/jupyter execute --inplace --kernel_name=python3 "$$nb" && \
 	  ../$(VENV)/bin/nbstripout --keep-output --keep-count "$$nb" || exit 1; done
 
+test-ui: $(UI_STAMP)  ## browser test: each notebook run in JupyterLab in headless Chromium, widgets live (screenshots in tests/ui/artifacts/)
+	@test -x $(CHROMIUM) || { echo "installing Debian's chromium"; \
+	  $(SUDO) apt-get update -qq && \
+	  $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	MOE_LAB_CHROMIUM=$(CHROMIUM) $(PY) -m pytest tests/ui --run-ui -p no:cacheprovider
+
 test-gpu: $(STAMP)    ## GPU-only tests (on an H200)
 	$(PY) -m pytest tests -m gpu
 
-lab: $(STAMP)         ## JupyterLab on notebooks/
-	$(VENV)/bin/jupyter lab notebooks/
+lab: $(STAMP)         ## JupyterLab on notebooks/ (ipywidgets included); open the URL it prints. LAB_ARGS="--port=8890" etc.
+	@echo "JupyterLab on notebooks/: open the http://localhost:...?token=... URL printed below; Ctrl-C stops it."
+	$(VENV)/bin/jupyter lab --no-browser --ServerApp.root_dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
 info: $(STAMP)
 	$(VENV)/bin/moe-lab info

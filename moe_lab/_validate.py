@@ -48,10 +48,11 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
     return value
 
 
-def check_power_of_two(name: str, value: int, minimum: int = 1) -> int:
+def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optional[int] = None) -> int:
     check_positive_int(name, value, minimum)
-    if value & (value - 1):
-        raise ValueError(f"{name} must be a power of two >= {minimum}, got {value}")
+    if value & (value - 1) or (maximum is not None and value > maximum):
+        bound = f" and <= {maximum}" if maximum is not None else ""
+        raise ValueError(f"{name} must be a power of two >= {minimum}{bound}, got {value}")
     return value
 
 
@@ -63,4 +64,7 @@ def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torc
     check_tensor("out", out, ndim=len(shape), dtypes=(dtype,), shape=tuple(shape), layout=layout)
     if out.stride(-1) != 1:
         raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
+    if out.dim() == 2 and out.shape[0] > 1 and out.stride(0) < out.shape[1]:
+        raise ValueError(f"out rows overlap in memory (strides {tuple(out.stride())} for shape "
+                         f"{tuple(out.shape)}): pass a buffer where each row has its own memory")
     return out

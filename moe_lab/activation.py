@@ -26,6 +26,8 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
     `out`), so the layer's bound-sized buffers cost only the rows in use. Raises TypeError/ValueError
     for a wrong dtype, rank or an odd last dimension."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
+    if num_rows is not None:
+        check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     rows, two_inter = x.shape
     if two_inter % 2:
         raise ValueError(f"x must have an even last dimension [R, 2I], got {tuple(x.shape)}")

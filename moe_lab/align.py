@@ -23,9 +23,10 @@ import torch
 import triton
 
 from ._kernels.align import count_kernel, prefix_kernel, scatter_kernel
-from ._validate import INDEX_DTYPES, check_positive_int, check_same_device, check_tensor
+from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
+MAX_EXPERTS = 4096        # the block map holds one row of all experts per program
 BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
 
 
@@ -74,9 +75,11 @@ def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -
 def _check(topk_ids, num_experts, block_size_m, expert_map):
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
     check_positive_int("num_experts", num_experts)
-    check_positive_int("block_size_m", block_size_m)
-    if block_size_m & (block_size_m - 1):
-        raise ValueError(f"block_size_m must be a power of two, got {block_size_m}")
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts must be <= {MAX_EXPERTS}, got {num_experts}")
+    check_power_of_two("block_size_m", block_size_m, minimum=1)
+    if block_size_m > 256:
+        raise ValueError(f"block_size_m must be <= 256, got {block_size_m}")
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
         check_same_device(topk_ids=topk_ids, expert_map=expert_map)
@@ -88,8 +91,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
 
     Args:
         topk_ids: [T, k] int32/int64 expert of each slot, values in [0, E) (or [0, E_global) with
-            `expert_map`). Values outside are dropped (counted nowhere), never written out of bounds.
-        num_experts: E, the experts this call computes (local experts with `expert_map`).
+            `expert_map`). Values outside are dropped (counted nowhere), never read or written out of bounds.
+        num_experts: E, the experts this call computes (local experts with `expert_map`), 1 to 4096.
         block_size_m: BLOCK_SIZE_M of the grouped matmul that reads the result, a power of two.
         expert_map: optional [E_global] int: global expert -> local index, -1 for experts not here
             (expert parallelism); such slots are left out.
@@ -112,18 +115,17 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     sorted_token_ids = torch.empty(padded_len, **i32)
     expert_ids = torch.empty(num_m_blocks, **i32)
 
-    flat_ids = topk_ids.reshape(-1)
-    if not flat_ids.is_contiguous():
-        flat_ids = flat_ids.contiguous()
+    flat_ids = topk_ids.reshape(-1).contiguous()
+    num_ids = expert_map.numel() if expert_map is not None else num_experts
     num_chunks = triton.cdiv(numel, CHUNK)
     num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)
     has_map = expert_map is not None
-    emap = expert_map if has_map else flat_ids  # placeholder pointer, never read
+    emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
     if num_chunks:
-        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, numel, num_experts,
+        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, numel, num_ids, num_experts,
                                     HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
     prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                         num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
@@ -131,7 +133,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
         scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
-                                sorted_token_ids, expert_ids, numel, num_experts, num_chunks, num_m_blocks,
+                                sorted_token_ids, expert_ids, numel, num_ids, num_experts, num_chunks, num_m_blocks,
                                 HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
                                 BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
     return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,

@@ -58,7 +58,7 @@ def cmd_demo(args) -> int:
     on_gpu = device.type == "cuda"
     dtype = DTYPES[args.dtype]
     tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS)
-    scale = args.scale or (1 if on_gpu else CPU_SCALE)
+    scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
     use_tma = TMA_CHOICES[args.use_tma]
     print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
     if not on_gpu:
@@ -172,6 +172,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "tokens", None) and any(t < 0 for t in args.tokens):
         print("moe-lab: --tokens must be >= 0", file=sys.stderr)
+        return 2
+    if getattr(args, "scale", None) is not None and args.scale < 1:
+        print(f"moe-lab: --scale must be >= 1, got {args.scale}", file=sys.stderr)
         return 2
     return args.func(args)
 

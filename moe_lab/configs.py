@@ -15,7 +15,7 @@ from typing import Mapping, Union
 
 import torch
 
-from ._validate import check_power_of_two
+from ._validate import check_positive_int, check_power_of_two
 from .runtime import interpreter_active
 
 
@@ -33,12 +33,12 @@ class GemmConfig:
     tma: bool = True
 
     def __post_init__(self):
+        # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
         for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-            check_power_of_two(f"config.{name}", getattr(self, name), minimum=16)
+            check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
         check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
-        check_power_of_two("config.num_warps", self.num_warps, minimum=1)
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or self.num_stages < 1:
-            raise ValueError(f"config.num_stages must be an int >= 1, got {self.num_stages!r}")
+        check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
+        check_positive_int("config.num_stages", self.num_stages)
         if not isinstance(self.tma, bool):
             raise TypeError(f"config.tma must be a bool, got {self.tma!r}")
 
@@ -58,6 +58,9 @@ class MoEConfig:
     down: GemmConfig
 
     def __post_init__(self):
+        for name in ("up", "down"):
+            if not isinstance(getattr(self, name), GemmConfig):
+                raise TypeError(f"MoEConfig.{name} must be a GemmConfig, got {type(getattr(self, name)).__name__}")
         if self.up.BLOCK_SIZE_M != self.down.BLOCK_SIZE_M:
             raise ValueError("config: up and down must share BLOCK_SIZE_M, got "
                              f"{self.up.BLOCK_SIZE_M} and {self.down.BLOCK_SIZE_M}")
@@ -81,9 +84,22 @@ def fit_to_shared_memory(config: GemmConfig, itemsize: int, limit: int) -> GemmC
 ConfigLike = Union[GemmConfig, MoEConfig, Mapping, None]
 
 
+def _merged(base: GemmConfig, changes, where: str) -> GemmConfig:
+    """`base` with the fields in `changes` (a GemmConfig replaces it whole; a dict changes some fields)."""
+    if isinstance(changes, GemmConfig):
+        return changes
+    if not isinstance(changes, Mapping):
+        raise TypeError(f"{where} must be a GemmConfig or a dict, got {type(changes).__name__}")
+    unknown = sorted(set(changes) - set(GemmConfig.__dataclass_fields__))
+    if unknown:
+        raise TypeError(f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}")
+    return replace(base, **changes)
+
+
 def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
-    """Accept a MoEConfig, one GemmConfig for both GEMMs, a dict of GemmConfig fields (optionally with
-    "up"/"down" sub-dicts), or None for `default`. Raises TypeError/ValueError on anything else."""
+    """Accept a MoEConfig, one GemmConfig for both GEMMs, a dict of GemmConfig fields changed on top of
+    `default` (for both GEMMs, or per GEMM under "up" / "down"), or None for `default`.
+    Raises TypeError/ValueError naming the key or field at fault."""
     if config is None:
         return default
     if isinstance(config, MoEConfig):
@@ -91,14 +107,13 @@ def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
     if isinstance(config, GemmConfig):
         return MoEConfig(config, config)
     if isinstance(config, Mapping):
-        try:
-            if "up" in config or "down" in config:
-                return MoEConfig(GemmConfig(**config.get("up", default.up.to_dict())),
-                                 GemmConfig(**config.get("down", default.down.to_dict())))
-            return MoEConfig(replace(default.up, **config), replace(default.down, **config))
-        except TypeError as err:
-            raise TypeError(f"config has an unknown key: {err}; expected keys "
-                            f"{sorted(GemmConfig().to_dict())}") from None
+        if "up" in config or "down" in config:
+            extra = sorted(set(config) - {"up", "down"})
+            if extra:
+                raise TypeError(f"config with 'up'/'down' entries takes no other keys, got {extra}")
+            return MoEConfig(_merged(default.up, config.get("up", {}), "config['up']"),
+                             _merged(default.down, config.get("down", {}), "config['down']"))
+        return MoEConfig(_merged(default.up, config, "config"), _merged(default.down, config, "config"))
     raise TypeError(f"config must be a MoEConfig, GemmConfig, dict or None, got {type(config).__name__}")
 
 

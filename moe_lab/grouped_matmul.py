@@ -53,8 +53,9 @@ class LoadPath:
         return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
 
 
-def _check_use_tma(use_tma: UseTma) -> None:
-    if use_tma not in (True, False, "auto"):
+def check_use_tma(use_tma: UseTma) -> None:
+    """Raise ValueError unless use_tma is the bool True or False or the string "auto" (not 0, 1, ...)."""
+    if not (isinstance(use_tma, bool) or (isinstance(use_tma, str) and use_tma == "auto")):
         raise ValueError(f"use_tma must be True, False or 'auto', got {use_tma!r}")
 
 
@@ -64,7 +65,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     tensors allow it (unless the config says pointer loads are faster for this shape) and records why not
     elsewhere; `True` raises ValueError if it cannot be honoured for w (or for a sorted-layout a);
     `False` always takes pointer loads."""
-    _check_use_tma(use_tma)
+    check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
     if use_tma == "auto" and not config.tma:

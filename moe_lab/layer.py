@@ -21,7 +21,7 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig, as_moe_config, default_config
-from .grouped_matmul import LoadPath, UseTma, grouped_matmul, select_load_path
+from .grouped_matmul import LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
 from .reduce import topk_reduce
 
 
@@ -46,11 +46,14 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
                  layout="[T, k] (same as topk_ids)")
+    if expert_map is not None:
+        check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
     num_global = expert_map.numel() if expert_map is not None else num_experts
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
-    if expert_map is not None:
-        check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, w1, w2, topk_weights)):
+        raise ValueError("fused_moe is inference-only (no backward): call it under torch.no_grad() or "
+                         "torch.inference_mode(), or pass tensors that do not require grad")
     check_same_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights,
                       topk_ids=topk_ids, expert_map=expert_map)
 
@@ -96,6 +99,9 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
     """
     _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
+    check_use_tma(use_tma)
+    if check_ids is not None and not isinstance(check_ids, bool):
+        raise TypeError(f"check_ids must be None, True or False, got {check_ids!r}")
     num_tokens, hidden = hidden_states.shape
     _check_ids(topk_ids, expert_map.numel() if expert_map is not None else w1.shape[0], check_ids)
     out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
@@ -141,7 +147,7 @@ def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
     if use_tma not in _TMA_CHOICES:
         raise ValueError(f"use_tma must be 'auto', 'on' or 'off', got {use_tma!r}")
     return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=expert_map,
-                     use_tma=_TMA_CHOICES[use_tma], check_ids=False)
+                     use_tma=_TMA_CHOICES[use_tma])
 
 
 @fused_moe_op.register_fake
@@ -152,15 +158,22 @@ def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma="a
 class FusedMoE(torch.nn.Module):
     """The experts of a MoE layer as a module: holds w1 [E, 2I, H] and w2 [E, H, I] as parameters and
     calls `torch.ops.moe_lab.fused_moe`, so `torch.compile(fullgraph=True)` keeps it as one node.
-    The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k])."""
+    The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k]).
+    use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad)."""
 
     def __init__(self, w1: torch.Tensor, w2: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
-                 use_tma: str = "auto"):
+                 use_tma: UseTma = "auto"):
         super().__init__()
+        check_tensor("w1", w1, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, 2I, H]")
+        check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(w1.shape[0], w1.shape[2], w1.shape[1] // 2),
+                     layout="[E, H, I]")
+        if expert_map is not None:
+            check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+        check_use_tma(use_tma)
         self.w1 = torch.nn.Parameter(w1, requires_grad=False)
         self.w2 = torch.nn.Parameter(w2, requires_grad=False)
         self.register_buffer("expert_map", expert_map)
-        self.use_tma = use_tma
+        self.use_tma = {True: "on", False: "off", "auto": "auto"}[use_tma]
 
     def forward(self, hidden_states, topk_weights, topk_ids):
         return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,

@@ -30,7 +30,10 @@ class MoEPreset:
     source: str = ""
 
     def scaled(self, divisor: int) -> "MoEPreset":
-        """The same routing (E, k, scoring) with H and I divided by `divisor` (rounded up to 16)."""
+        """The same routing (E, k, scoring) with H and I divided by `divisor` (rounded up to 16).
+        Raises ValueError unless divisor is an int >= 1."""
+        if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
+            raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
         def shrink(x: int) -> int:
             return max(16, -(-(x // divisor) // 16) * 16)
         return replace(self, hidden_size=shrink(self.hidden_size), intermediate_size=shrink(self.intermediate_size))

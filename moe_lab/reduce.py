@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ._kernels.reduce import topk_reduce_kernel
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, output_buffer
 from .runtime import interpreter_active
 
 BLOCK_SIZE = 1024
@@ -22,8 +22,13 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
                 expert_map: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_k [T*k, H] float (last stride 1), topk_ids [T, k] int -> out [T, H] (float32 accumulation).
 
-    Slots whose expert (after `expert_map`) lies outside [0, num_experts) contribute zero."""
+    Slots whose id lies outside [0, E_global) (E_global = len(expert_map), or num_experts without a map),
+    or whose local expert is -1, contribute zero. Raises TypeError/ValueError for bad arguments."""
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
+    check_positive_int("num_experts", num_experts)
+    if expert_map is not None:
+        check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+        expert_map = expert_map.contiguous()
     num_tokens, top_k = topk_ids.shape
     check_tensor("out_k", out_k, ndim=2, dtypes=FLOAT_DTYPES, shape=(num_tokens * top_k, None), layout="[T*k, H]")
     hidden = out_k.shape[1]
@@ -33,7 +38,8 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
     if num_tokens == 0 or hidden == 0:
         return out
     topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](
-        out_k, topk_ids, expert_map, out, hidden, num_experts,
+        out_k, topk_ids, expert_map, out, hidden,
+        expert_map.numel() if expert_map is not None else num_experts, num_experts,
         out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0),
         TOP_K=top_k, HAS_EXPERT_MAP=expert_map is not None,
         EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)

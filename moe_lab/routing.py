@@ -57,6 +57,9 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     if correction_bias is not None:
         check_tensor("correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES,
                      shape=(num_experts,), layout="[E]")
+    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
+            or not routed_scaling_factor > 0:
+        raise ValueError(f"routed_scaling_factor must be a number > 0, got {routed_scaling_factor!r}")
     if (num_expert_group is None) != (topk_group is None):
         raise ValueError("num_expert_group and topk_group go together: give both or neither, got "
                          f"num_expert_group={num_expert_group}, topk_group={topk_group}")

@@ -9,13 +9,20 @@ DEVICE = default_device()
 ON_GPU = DEVICE.type == "cuda"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-ui", action="store_true",
+                     help="run the browser tests (tests/ui: JupyterLab in headless Chromium; `make test-ui`)")
+
+
 def pytest_collection_modifyitems(config, items):
-    if ON_GPU:
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on an H200)")
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run `pytest -m gpu` on an H200)")
+    # The browser tests need playwright and Chromium and take minutes: only on request.
+    skip_ui = pytest.mark.skip(reason="browser test: run `make test-ui` (pytest --run-ui)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "gpu" in item.keywords and not ON_GPU:
+            item.add_marker(skip_gpu)
+        if "ui" in item.keywords and not config.getoption("--run-ui"):
+            item.add_marker(skip_ui)
 
 
 @pytest.fixture

@@ -15,22 +15,25 @@ import triton.language as tl
 
 
 @triton.jit
-def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_experts, HAS_EXPERT_MAP: tl.constexpr):
-    """Expert index of each slot, or `num_experts` (a spare bin) for padding lanes and non-local experts."""
-    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=0).to(tl.int32)
+def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr):
+    """Expert index of each slot, or `num_experts` (a spare bin) for padding lanes, ids outside
+    [0, num_ids) and non-local experts. Ranges are checked in the ids' own dtype, before any narrowing,
+    so no id (int64 ones past 2^31 included) is read through the map out of bounds or wraps around."""
+    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=-1)
+    keep = mask & (ids >= 0) & (ids < num_ids)
     if HAS_EXPERT_MAP:
-        ids = tl.load(expert_map_ptr + ids, mask=mask, other=-1).to(tl.int32)
-    keep = mask & (ids >= 0) & (ids < num_experts)
-    return tl.where(keep, ids, num_experts), keep
+        ids = tl.load(expert_map_ptr + tl.where(keep, ids, 0), mask=keep, other=-1)
+        keep = keep & (ids >= 0) & (ids < num_experts)
+    return tl.where(keep, ids, num_experts).to(tl.int32), keep
 
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["numel"])
-def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_experts,
+def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_ids, num_experts,
                  HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_experts, HAS_EXPERT_MAP)
+    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_ids, num_experts, HAS_EXPERT_MAP)
     hist = tl.histogram(ids, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
     tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
@@ -68,7 +71,7 @@ def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_
 @triton.jit(do_not_specialize=["numel", "num_chunks", "num_m_blocks"])
 def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                    num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-                   numel, num_experts, num_chunks, num_m_blocks,
+                   numel, num_ids, num_experts, num_chunks, num_m_blocks,
                    HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
                    BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
@@ -76,7 +79,8 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
         # Scatter: position = the chunk's first free slot of this expert + rank among equal ids before it.
         lane = tl.arange(0, CHUNK)
         offs = pid * CHUNK + lane
-        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_experts, HAS_EXPERT_MAP)
+        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_ids, num_experts,
+                                  HAS_EXPERT_MAP)
         earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
         rank = tl.sum(earlier_same.to(tl.int32), axis=1)
         base = tl.load(chunk_offsets_ptr + pid * num_experts + ids, mask=keep, other=0)

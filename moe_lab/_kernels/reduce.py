@@ -7,7 +7,7 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def topk_reduce_kernel(out_k_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, hidden, num_experts,
+def topk_reduce_kernel(out_k_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, hidden, num_ids, num_experts,
                        stride_km, stride_ids_t, stride_ids_k, stride_om,
                        TOP_K: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
                        BLOCK_SIZE: tl.constexpr):
@@ -16,10 +16,11 @@ def topk_reduce_kernel(out_k_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, hidden,
     mask = cols < hidden
     acc = tl.zeros([BLOCK_SIZE], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        expert = tl.load(topk_ids_ptr + token * stride_ids_t + j * stride_ids_k).to(tl.int32)
+        expert = tl.load(topk_ids_ptr + token * stride_ids_t + j * stride_ids_k)
+        routed = (expert >= 0) & (expert < num_ids)  # checked before any narrowing or map lookup
         if HAS_EXPERT_MAP:
-            expert = tl.load(expert_map_ptr + expert).to(tl.int32)
-        if (expert >= 0) & (expert < num_experts):
+            expert = tl.load(expert_map_ptr + tl.where(routed, expert, 0), mask=routed, other=-1)
+        if routed & (expert >= 0) & (expert < num_experts):
             row = out_k_ptr + (token * TOP_K + j) * stride_km
             acc += tl.load(row + cols, mask=mask, other=0.0).to(tl.float32)
     if EMULATE_BF16:

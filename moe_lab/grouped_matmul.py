@@ -14,6 +14,9 @@ BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, 
 pointer loads otherwise. Gathered A rows always use pointer loads: Hopper's TMA copies boxes, and gathering
 scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100).
 
+float32 operands follow PyTorch's float32 matmul precision: full float32 by default ("highest"), TF32
+tensor cores after `torch.set_float32_matmul_precision("high")`.
+
 The kernel follows Triton's grouped-ordering matmul tutorial (python/tutorials/03-matrix-multiplication.py)
 and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fused_moe).
 """
@@ -183,6 +186,7 @@ def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_block
         TOP_K=routing.top_k, GATHER_A=gather_a, SCATTER_C=scatter, MUL_ROUTED_WEIGHT=weights is not None,
         A_TMA=path.a_tma, W_TMA=path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
+        FP32_IEEE=a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest",
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -25,7 +25,7 @@ def grouped_matmul_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
 ):
@@ -85,7 +85,10 @@ def grouped_matmul_kernel(
         if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        acc = tl.dot(a, w, acc)
+        if FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
+            acc = tl.dot(a, w, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, w, acc)
 
     if MUL_ROUTED_WEIGHT:
         routed = tl.load(topk_weights_ptr + token_ids, mask=token_valid, other=0.0)

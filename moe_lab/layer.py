@@ -112,11 +112,12 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     for t0 in range(0, max(num_tokens, 1), step):
         rows = slice(t0, min(t0 + step, num_tokens))
         info = _fused_moe_chunk(hidden_states[rows], w1, w2, topk_weights[rows], topk_ids[rows], out[rows],
-                                config, use_tma, expert_map)
+                                config, use_tma, expert_map, return_info)
     return (out, info) if return_info else out
 
 
-def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map) -> FusedMoEInfo:
+def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map,
+                     with_info: bool) -> Optional[FusedMoEInfo]:
     num_tokens, hidden = hidden_states.shape
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
@@ -131,6 +132,8 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=topk_weights,
                    out=out_k, use_tma=use_tma)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
+    if not with_info:  # asking again costs host time on every call
+        return None
     return FusedMoEInfo(cfg, select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
                         select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma), routing)
 

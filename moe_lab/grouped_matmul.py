@@ -127,6 +127,9 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, shape=(routing.num_experts, None, None), layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded

@@ -58,14 +58,23 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
                       topk_ids=topk_ids, expert_map=expert_map)
 
 
-def _check_ids(topk_ids: torch.Tensor, num_global: int, check_ids: Optional[bool]) -> None:
-    """Raise ValueError for experts outside [0, E). On a GPU this reads the min and max back to the host
-    (a sync that CUDA-graph capture forbids), so there it runs only when asked (check_ids=True)."""
-    if check_ids is False or (check_ids is None and topk_ids.device.type != "cpu") or topk_ids.numel() == 0:
+def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int,
+               check_ids: Optional[bool]) -> None:
+    """Raise ValueError for experts outside [0, E) (or E_global), and for expert_map entries outside
+    [-1, E). On a GPU this reads min and max back to the host (a sync that CUDA-graph capture forbids),
+    so there it runs only when asked (check_ids=True)."""
+    if check_ids is False or (check_ids is None and topk_ids.device.type != "cpu"):
         return
-    low, high = int(topk_ids.min()), int(topk_ids.max())
-    if low < 0 or high >= num_global:
-        raise ValueError(f"topk_ids must hold experts in [0, {num_global}), got values from {low} to {high}")
+    num_global = expert_map.numel() if expert_map is not None else num_experts
+    if topk_ids.numel():
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= num_global:
+            raise ValueError(f"topk_ids must hold experts in [0, {num_global}), got values from {low} to {high}")
+    if expert_map is not None and expert_map.numel():
+        low, high = int(expert_map.min()), int(expert_map.max())
+        if low < -1 or high >= num_experts:
+            raise ValueError(f"expert_map must hold local experts in [0, {num_experts}) or -1, got values "
+                             f"from {low} to {high}")
 
 
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -90,8 +99,9 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         out: optional [T, H] output buffer (last stride 1), dtype of hidden_states.
         chunk_size: process at most this many tokens at a time, bounding the intermediate buffers
             (about chunk_size*k*(3I + H) elements) for very large T.
-        check_ids: raise ValueError for topk_ids outside [0, E). Default: on CPU tensors only, since on a
-            GPU it costs a device-to-host sync; unchecked out-of-range ids contribute zero.
+        check_ids: raise ValueError for topk_ids outside [0, E) and expert_map entries outside [-1, E).
+            Default: on CPU tensors only, since on a GPU it costs a device-to-host sync; unchecked
+            out-of-range ids (and map entries) contribute zero.
         return_info: also return a FusedMoEInfo (config and load paths used, for the last chunk).
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
@@ -103,7 +113,9 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     if check_ids is not None and not isinstance(check_ids, bool):
         raise TypeError(f"check_ids must be None, True or False, got {check_ids!r}")
     num_tokens, hidden = hidden_states.shape
-    _check_ids(topk_ids, expert_map.numel() if expert_map is not None else w1.shape[0], check_ids)
+    _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
+    if out is not None and out.requires_grad and torch.is_grad_enabled():
+        raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
     out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)

@@ -52,6 +52,8 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     check_positive_int("top_k", top_k)
     if top_k > num_experts:
         raise ValueError(f"top_k must be <= the number of experts E={num_experts}, got {top_k}")
+    if not isinstance(renormalize, bool):
+        raise TypeError(f"renormalize must be a bool, got {renormalize!r}")
     if scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
     if correction_bias is not None:

@@ -196,3 +196,16 @@ def test_config_errors_name_the_key():
         GemmConfig(16, 2 ** 20, 16)
     out = fused_moe(hs, w1, w2, tw, ti, config={"up": {"BLOCK_SIZE_N": 32}})  # merged onto the default
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+
+
+def test_bad_expert_map_entries_and_flags():
+    hs, w1, w2, tw, ti = _layer()
+    with pytest.raises(ValueError, match=r"expert_map must hold local experts in \[0, 2\) or -1"):
+        fused_moe(hs, w1[:2], w2[:2], tw, ti, expert_map=torch.tensor([0, -1, 5, -1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="out requires grad"):
+        fused_moe(hs, w1, w2, tw, ti, out=torch.zeros(8, 32, requires_grad=True))
+    from moe_lab import grouped_matmul, moe_align, topk_routing
+    with pytest.raises(TypeError, match="gather_a must be a bool"):
+        grouped_matmul(hs, w1, moe_align(ti, 4, 16), GemmConfig(16, 32, 32), gather_a="no")
+    with pytest.raises(TypeError, match="renormalize must be a bool"):
+        topk_routing(torch.randn(4, 8), 2, renormalize="no")

@@ -88,16 +88,20 @@ def gemm_costs(preset: MoEPreset, num_tokens: int, experts_used: int, itemsize: 
     return up, down
 
 
+def _sort_by_expert(topk_ids, num_experts):
+    """Slots in expert order (stable) and the cumulative row ends per expert, as torch._grouped_mm takes them."""
+    flat = topk_ids.reshape(-1).long()
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat, dtype=torch.int32))
+    return flat.argsort(stable=True), counts.cumsum(0, dtype=torch.int32)
+
+
 def _grouped_mm_peer(hs, w1, w2, tw, ti):
     """torch._grouped_mm on the same routing: returns (gemms_fn, layer_fn)."""
     num_tokens, top_k = ti.shape
     num_experts, two_i, _ = w1.shape
-    flat = ti.reshape(-1).long()
-    order = flat.argsort(stable=True)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=hs.device).scatter_add_(
-        0, flat, torch.ones_like(flat, dtype=torch.int32))
-    offs = counts.cumsum(0, dtype=torch.int32)
     w1_t, w2_t = w1.transpose(1, 2), w2.transpose(1, 2)
+    order, offs = _sort_by_expert(ti, num_experts)
     x_sorted = hs[order // top_k]
     act = F.silu(torch._grouped_mm(x_sorted, w1_t, offs=offs)[:, : two_i // 2])
 
@@ -106,11 +110,7 @@ def _grouped_mm_peer(hs, w1, w2, tw, ti):
         return torch._grouped_mm(act, w2_t, offs=offs), gu
 
     def layer():
-        flat_ids = ti.reshape(-1).long()
-        order_ = flat_ids.argsort(stable=True)
-        counts_ = torch.zeros(num_experts, dtype=torch.int32, device=hs.device).scatter_add_(
-            0, flat_ids, torch.ones_like(flat_ids, dtype=torch.int32))
-        offs_ = counts_.cumsum(0, dtype=torch.int32)
+        order_, offs_ = _sort_by_expert(ti, num_experts)  # the sort is part of the layer's glue
         gu = torch._grouped_mm(hs[order_ // top_k], w1_t, offs=offs_)
         a = F.silu(gu[:, : two_i // 2]) * gu[:, two_i // 2:]
         y = torch._grouped_mm(a, w2_t, offs=offs_) * tw.reshape(-1)[order_, None].to(a.dtype)

@@ -119,3 +119,12 @@ def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Opti
     if block_shape[-1] * item < 16:
         return f"inner block dimension is {block_shape[-1] * item} bytes, must be at least 16"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
+    """Bytes of shared memory one program may use on a CUDA device (default: the current one)."""
+    import triton
+    device = torch.device(device if device is not None else "cuda")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])

@@ -22,7 +22,6 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 """
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass, replace
 from typing import Optional, Union
@@ -33,7 +32,7 @@ import triton
 from ._kernels.grouped_matmul import grouped_matmul_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import descriptor_problem, tma_support
+from .capability import descriptor_problem, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory
 from .runtime import interpreter_active
 
@@ -150,7 +149,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if grid == 0 or n == 0:
         return out
     if a.device.type == "cuda" and not interpreter_active():
-        config = fit_to_shared_memory(config, a.element_size(), _shared_memory_limit(a.device))
+        config = fit_to_shared_memory(config, a.element_size(), shared_memory_limit(a.device))
     path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
     a_desc = w_desc = None
     if path.a_tma or path.w_tma:
@@ -172,12 +171,6 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             if config.num_stages == 1:
                 raise ValueError(f"config {config} does not fit this device: {exc}") from None
             config = replace(config, num_stages=config.num_stages - 1)
-
-
-@functools.lru_cache(maxsize=None)
-def _shared_memory_limit(device: torch.device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
 
 
 def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_blocks, config, path, gather_a, scatter):

@@ -21,6 +21,7 @@ import triton
 from .activation import silu_and_mul
 from .align import moe_align
 from .bench import graph_ms
+from .capability import shared_memory_limit
 from .configs import GemmConfig, MoEConfig, default_config
 from .grouped_matmul import grouped_matmul
 from .presets import get_preset
@@ -28,12 +29,6 @@ from .runtime import require_gpu_timing
 from .tuned import config_path, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
-
-
-def shared_memory_limit() -> int:
-    """Bytes of shared memory one program may use on the current device."""
-    props = triton.runtime.driver.active.utils.get_device_properties(torch.cuda.current_device())
-    return int(props["max_shared_mem"])
 
 
 def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Dict[int, List[GemmConfig]]:

@@ -35,6 +35,12 @@ def _load(path: str) -> Optional[dict]:
         return json.load(f)
 
 
+@functools.lru_cache(maxsize=None)
+def _device_table(device_index: int) -> Optional[dict]:
+    import triton
+    return _load(config_path(torch.cuda.get_device_name(device_index), triton.__version__))
+
+
 def nearest_bucket(num_tokens: int, buckets) -> str:
     return min(buckets, key=lambda b: abs(math.log(max(num_tokens, 1)) - math.log(max(int(b), 1))))
 
@@ -45,9 +51,8 @@ def lookup(num_tokens: int, num_experts: int, top_k: int, hidden_size: int, inte
     from .runtime import interpreter_active
     if interpreter_active() or not torch.cuda.is_available():
         return None
-    import triton
     from .configs import GemmConfig, MoEConfig
-    table = _load(config_path(torch.cuda.get_device_name(), triton.__version__))
+    table = _device_table(torch.cuda.current_device())
     if not table:
         return None
     by_tokens = table["shapes"].get(shape_key(num_experts, top_k, hidden_size, intermediate_size, dtype))

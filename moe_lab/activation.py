@@ -13,19 +13,31 @@ import triton
 
 from ._kernels.activation import silu_and_mul_kernel
 from ._validate import FLOAT_DTYPES, check_tensor, output_buffer
+from .align import AlignedRouting
 from .runtime import interpreter_active
 
 BLOCK_SIZE = 1024
 
 
 def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
-                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+                 routing: Optional[AlignedRouting] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [R, 2I] float16/bfloat16/float32 (last stride 1) -> [R, I] in x's dtype.
 
     num_rows: optional [1] int32 device tensor; rows at or past it are skipped (left as they were in
-    `out`), so the layer's bound-sized buffers cost only the rows in use. Raises TypeError/ValueError
-    for a wrong dtype, rank or an odd last dimension."""
+    `out`), so the layer's bound-sized buffers cost only the rows in use.
+    routing: optional AlignedRouting whose padded order x is in (R = routing.max_num_tokens_padded):
+    rows past its num_tokens_post_padded are skipped, and padding rows are set to zero without being read
+    (the grouped matmul leaves padding rows of tail tiles unwritten). Raises TypeError/ValueError for a wrong dtype, rank, an odd last
+    dimension, or x's rows not matching the routing."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
+    if routing is not None:
+        if not isinstance(routing, AlignedRouting):
+            raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+        if num_rows is not None:
+            raise ValueError("pass num_rows or routing, not both (routing carries num_tokens_post_padded)")
+        check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.max_num_tokens_padded, None),
+                     layout="[max_num_tokens_padded, 2I]")
+        num_rows = routing.num_tokens_post_padded
     if num_rows is not None:
         check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     rows, two_inter = x.shape
@@ -38,7 +50,8 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](
-        x, out, num_rows, inter, x.stride(0), out.stride(0),
-        HAS_NUM_ROWS=num_rows is not None,
+        x, out, num_rows, routing.sorted_token_ids if routing is not None else None,
+        routing.num_slots if routing is not None else 0, inter, x.stride(0), out.stride(0),
+        HAS_NUM_ROWS=num_rows is not None, SKIP_PADDING=routing is not None,
         EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
     return out

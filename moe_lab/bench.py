@@ -174,7 +174,7 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
     for impl, use_tma in (("moe-lab pointer", False), ("moe-lab tma", True)):
         try:
             gate_up = grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
-            act = silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
+            act = silu_and_mul(gate_up, routing=routing)
             out_k = torch.empty(num_tokens * preset.top_k, preset.hidden_size, dtype=dtype, device="cuda")
             up = lambda: grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, out=gate_up, use_tma=use_tma)  # noqa: E731
             down = lambda: grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,  # noqa: E731

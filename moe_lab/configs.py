@@ -23,7 +23,12 @@ from .runtime import interpreter_active
 class GemmConfig:
     """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16.
     `tma`: with use_tma="auto", take the TMA path where it is available (tuning may find pointer loads
-    faster for a shape)."""
+    faster for a shape).
+    `tail_tiles`: run an expert's last M-block as a half or quarter tile (not below 16 rows) when its
+    valid rows fit, instead of multiplying padding rows (see `moe_lab/_kernels/grouped_matmul.py`).
+    `prepermute`: for a GEMM that gathers token rows (the up projection), copy them into expert order
+    first and read them like sorted rows, through a tensor descriptor where TMA is on (see
+    `moe_lab.permute`); pays off when N is wide."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -31,6 +36,8 @@ class GemmConfig:
     num_warps: int = 4
     num_stages: int = 3
     tma: bool = True
+    tail_tiles: bool = True
+    prepermute: bool = False
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
@@ -39,8 +46,16 @@ class GemmConfig:
         check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
         check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
         check_positive_int("config.num_stages", self.num_stages)
-        if not isinstance(self.tma, bool):
-            raise TypeError(f"config.tma must be a bool, got {self.tma!r}")
+        for name in ("tma", "tail_tiles", "prepermute"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def tail_splits(self) -> int:
+        """How many times the kernel may halve BLOCK_SIZE_M for a tail block: at most twice, not below 16."""
+        if not self.tail_tiles:
+            return 0
+        return min(2, (self.BLOCK_SIZE_M // 16).bit_length() - 1)
 
     def shared_memory_bytes(self, itemsize: int) -> int:
         """Shared memory the software pipeline needs for A and W tiles (Triton's estimate, roughly)."""

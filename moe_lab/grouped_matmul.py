@@ -11,8 +11,9 @@ to flat (token, k) slots ([T*k, N], scatter=True).
 
 Load paths (see `select_load_path`): weights through a 3-D tensor descriptor (block [1, BLOCK_SIZE_N,
 BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, BLOCK_SIZE_K]) on Hopper;
-pointer loads otherwise. Gathered A rows always use pointer loads: Hopper's TMA copies boxes, and gathering
-scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100).
+pointer loads otherwise. Gathered A rows use pointer loads: Hopper's TMA copies boxes, and gathering
+scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100). With
+`config.prepermute` the rows are first copied into expert order (`moe_lab.permute`) and read as sorted rows.
 
 float32 operands follow PyTorch's float32 matmul precision: full float32 by default ("highest"), TF32
 tensor cores after `torch.set_float32_matmul_precision("high")`.
@@ -34,6 +35,7 @@ from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buf
 from .align import AlignedRouting
 from .capability import descriptor_problem, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory
+from .permute import permute_tokens
 from .runtime import interpreter_active
 
 log = logging.getLogger(__name__)
@@ -83,16 +85,23 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
         raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}) cannot be read through a tensor "
                          f"descriptor: {w_problem}")
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
-    if gather_a:
+    if gather_a and config.prepermute:  # rows copied into a new contiguous [rows, K] buffer first
+        a_problem = descriptor_problem(torch.empty((1, a.shape[1]), dtype=a.dtype, device="meta"),
+                                       [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
+        if a_problem and use_tma is True:
+            raise ValueError(f"use_tma=True but the permuted rows of a {tuple(a.shape)} ({a.dtype}) cannot be "
+                             f"read through a tensor descriptor: {a_problem}")
+    elif gather_a:
         a_problem = "gathered token rows (TMA gather needs Blackwell)"
     else:
         a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
         if a_problem and use_tma is True:
             raise ValueError(f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
                              f"tensor descriptor: {a_problem}")
-    reasons.append(f"a: {'pointer (' + a_problem + ')' if a_problem else 'tma'}")
+    permuted = "permuted to expert order, then " if gather_a and config.prepermute else ""
+    reasons.append(f"a: {permuted}{'pointer (' + a_problem + ')' if a_problem else 'tma'}")
     path = LoadPath(not a_problem, not w_problem, "; ".join(reasons) + f" [{support.reason}]")
-    fallback = (w_problem, None if gather_a else a_problem)
+    fallback = (w_problem, None if gather_a and not config.prepermute else a_problem)
     if any(fallback) and fallback not in _logged_fallbacks:
         _logged_fallbacks.add(fallback)
         log.debug("grouped_matmul falls back to pointer loads: %s", path.reason)
@@ -151,6 +160,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if a.device.type == "cuda" and not interpreter_active():
         config = fit_to_shared_memory(config, a.element_size(), shared_memory_limit(a.device))
     path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
+    if gather_a and config.prepermute:
+        a, gather_a = permute_tokens(a, routing), False
     a_desc = w_desc = None
     if path.a_tma or path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -183,6 +194,7 @@ def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_block
         A_TMA=path.a_tma, W_TMA=path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
         FP32_IEEE=a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest",
+        TAIL_SPLITS=config.tail_splits,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -139,7 +139,7 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         return FusedMoEInfo(cfg, None, None, None)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
-    act = silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
+    act = silu_and_mul(gate_up, routing=routing)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=topk_weights,
                    out=out_k, use_tma=use_tma)

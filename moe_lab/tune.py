@@ -2,18 +2,22 @@
 
 For each preset and T it times (CUDA-graph replays, L2 flushed before each, median) the up and the down
 GEMM over a candidate set that depends on the expected rows per expert (T*k/E): BLOCK_SIZE_M shared by
-both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages and the load path (TMA or pointer)
-per GEMM. Candidates whose pipeline would not fit the device's shared memory (read from the device) are
-pruned; any that still fail to compile are skipped. The heuristic default is timed too, so the table
+both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load path (TMA or pointer),
+tail tiles on or off, and for the up GEMM whether to permute token rows first. Candidates whose pipeline
+would not fit the device's shared memory (read from the device) are pruned; any that still fail to
+compile are skipped. Kernels are compiled ahead in parallel worker processes (Triton's on-disk cache is
+shared), so the search costs timing, not compiling. The heuristic default is timed too, so the table
 shows how far it is from tuned. Results go to moe_lab/configs/<device>__triton-<version>.json (see
 `moe_lab.tuned`). GPU only.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import json
+import multiprocessing
 import os
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 import triton
@@ -29,74 +33,146 @@ from .runtime import require_gpu_timing
 from .tuned import config_path, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+Candidates = Dict[int, Tuple[List[GemmConfig], List[GemmConfig]]]
 
 
-def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Dict[int, List[GemmConfig]]:
-    """Candidate configs by BLOCK_SIZE_M for a shape with this many rows per expert."""
-    if rows_per_expert <= 8:
-        space = dict(M=[16], NK=[(32, 256), (64, 128), (64, 256), (128, 128)], G=[1], W=[4], S=[3, 4, 5], T=[True, False])
+def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candidates:
+    """(up, down) candidate configs by BLOCK_SIZE_M for a shape with this many rows per expert.
+    Block shapes (M, N, K, num_warps) are the ones that won somewhere on an H200; tiles of 128 x 256 want
+    8 warps (the fp32 accumulator alone is 256 registers per thread with 4)."""
+    if rows_per_expert <= 8:      # decode: stream the weights, many small-M programs
+        shapes = [(16, n, k, 4) for n, k in ((32, 256), (64, 128), (64, 256), (128, 128))]
+        space = dict(G=[1], S=[3, 4, 5], T=[True, False], tail=[True], pre=[False])
     elif rows_per_expert <= 48:
-        space = dict(M=[16, 32], NK=[(64, 128), (128, 64), (128, 128)], G=[1], W=[4], S=[3, 4], T=[True, False])
+        shapes = [(m, n, k, 4) for m in (16, 32, 64) for n, k in ((64, 128), (128, 64), (128, 128), (64, 256))]
+        space = dict(G=[1], S=[3, 4], T=[True], tail=[True, False], pre=[False])
     elif rows_per_expert <= 512:
-        space = dict(M=[64, 128], NK=[(64, 128), (128, 64), (128, 128), (256, 64)], G=[8], W=[4, 8], S=[3, 4], T=[True])
-    else:
-        space = dict(M=[64, 128], NK=[(128, 64), (256, 64), (128, 128)], G=[8, 16], W=[8], S=[3, 4], T=[True])
-    out: Dict[int, List[GemmConfig]] = {}
-    for m, (n, k), g, w, s, t in itertools.product(space["M"], space["NK"], space["G"], space["W"], space["S"], space["T"]):
-        cfg = GemmConfig(m, n, k, g, w, s, t)
+        shapes = [(128, 128, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8), (128, 128, 128, 4), (128, 128, 128, 8)]
+        space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], pre=[False, True])
+    else:                         # prefill: matrix-bound, large tiles
+        shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
+        space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True])
+    out: Candidates = {}
+    for (m, n, k, w), g, s, t, tail, pre in itertools.product(
+            shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"]):
+        if m == 16 and not tail:  # no tail tiles below 16 rows: the same kernel either way
+            continue
+        cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre)
         if cfg.shared_memory_bytes(itemsize) <= smem_limit:
-            out.setdefault(m, []).append(cfg)
+            ups, downs = out.setdefault(m, ([], []))
+            ups.append(cfg)
+            if not pre:  # the down GEMM reads sorted rows already
+                downs.append(cfg)
     return out
 
 
-def _time(fn) -> Optional[float]:
+def _time(fn, rep_ms: int) -> Optional[float]:
     try:
-        return graph_ms(fn, rep_ms=20)
+        return graph_ms(fn, rep_ms=rep_ms)
     except (RuntimeError, ValueError, triton.runtime.errors.OutOfResources) as exc:  # e.g. too many registers
         print(f"    skipped a config: {type(exc).__name__}: {str(exc)[:100]}")
         return None
 
 
+class _Problem:
+    """One (preset, T) on the GPU: inputs, and the up/down GEMM launches for a config."""
+
+    def __init__(self, preset, num_tokens: int, dtype, num_experts: Optional[int] = None):
+        from .bench import uniform_routing
+        e = num_experts or preset.num_experts
+        self.k, self.h, self.i = preset.top_k, preset.hidden_size, preset.intermediate_size
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        self.hs = torch.randn(num_tokens, self.h, generator=gen, device="cuda").to(dtype)
+        self.w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(dtype) * self.h ** -0.5
+        self.w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(dtype) * self.i ** -0.5
+        self.tw, self.ti = uniform_routing(num_tokens, e, self.k, seed=1)
+        self.e = e
+        self.out_k = torch.empty(num_tokens * self.k, self.h, dtype=dtype, device="cuda")
+        self._buffers = {}
+
+    def buffers(self, block_m: int):
+        if block_m not in self._buffers:
+            routing = moe_align(self.ti, self.e, block_m)
+            gate_up = grouped_matmul(self.hs, self.w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3), gather_a=True)
+            self._buffers[block_m] = routing, gate_up, silu_and_mul(gate_up, routing=routing)
+        return self._buffers[block_m]
+
+    def up(self, cfg: GemmConfig):
+        routing, gate_up, _ = self.buffers(cfg.BLOCK_SIZE_M)
+        return lambda: grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, out=gate_up, use_tma=cfg.tma)
+
+    def down(self, cfg: GemmConfig):
+        routing, _, act = self.buffers(cfg.BLOCK_SIZE_M)
+        return lambda: grouped_matmul(act, self.w2, routing, cfg, gather_a=False, scatter=True,
+                                      topk_weights=self.tw, out=self.out_k, use_tma=cfg.tma)
+
+
 def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Optional[int] = None) -> dict:
     """Best MoEConfig for one (preset, T), with its time and the heuristic default's time (ms)."""
     smem_limit = smem_limit or shared_memory_limit()
-    hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=dtype, device="cuda")
-    e, k, h, i = preset.num_experts, preset.top_k, preset.hidden_size, preset.intermediate_size
-    out_k = torch.empty(num_tokens * k, h, dtype=dtype, device="cuda")
-
-    def gemm_times(up: GemmConfig, down: GemmConfig, routing, gate_up, act):
-        t_up = _time(lambda: grouped_matmul(hs, w1, routing, up, gather_a=True, out=gate_up, use_tma=up.tma))
-        t_down = _time(lambda: grouped_matmul(act, w2, routing, down, gather_a=False, scatter=True,
-                                              topk_weights=tw, out=out_k, use_tma=down.tma))
-        return t_up, t_down
-
-    def buffers(block_m):
-        routing = moe_align(ti, e, block_m)
-        gate_up = grouped_matmul(hs, w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3), gather_a=True)
-        return routing, gate_up, silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
-
-    heuristic = default_config(num_tokens, e, k, h, i, dtype, tuned=False)
-    h_up, h_down = gemm_times(heuristic.up, heuristic.down, *buffers(heuristic.block_size_m))
+    problem = _Problem(preset, num_tokens, dtype)
+    e, k = preset.num_experts, preset.top_k
+    rep_ms = 20 if num_tokens * k / e <= 512 else 60  # several replays even of a 15 ms GEMM
+    heuristic = default_config(num_tokens, e, k, preset.hidden_size, preset.intermediate_size, dtype, tuned=False)
+    h_up, h_down = _time(problem.up(heuristic.up), rep_ms), _time(problem.down(heuristic.down), rep_ms)
     best = None
-    space = candidates(num_tokens * k / e, hs.element_size(), smem_limit)
-    space.setdefault(heuristic.block_size_m, []).extend([heuristic.up, heuristic.down])  # never worse than it
-    for block_m, cfgs in space.items():
-        routing, gate_up, act = buffers(block_m)
-        ups, downs = [], []
-        for cfg in cfgs:
-            t_up, t_down = gemm_times(cfg, cfg, routing, gate_up, act)
-            if t_up is not None:
-                ups.append((t_up, cfg))
-            if t_down is not None:
-                downs.append((t_down, cfg))
+    space = candidates(num_tokens * k / e, problem.hs.element_size(), smem_limit)
+    ups, downs = space.setdefault(heuristic.block_size_m, ([], []))
+    ups.append(heuristic.up)  # never worse than the heuristic
+    downs.append(heuristic.down)
+    for block_m, (up_cfgs, down_cfgs) in space.items():
+        ups = [(t, c) for c in up_cfgs if (t := _time(problem.up(c), rep_ms)) is not None]
+        downs = [(t, c) for c in down_cfgs if (t := _time(problem.down(c), rep_ms)) is not None]
         if ups and downs:
             (t_up, up), (t_down, down) = min(ups, key=lambda x: x[0]), min(downs, key=lambda x: x[0])
             if best is None or t_up + t_down < best["ms"]:
                 best = dict(ms=t_up + t_down, up_ms=t_up, down_ms=t_down, config=MoEConfig(up, down))
-    del hs, w1, w2
+    del problem
     torch.cuda.empty_cache()
     heuristic_ms = (h_up or float("nan")) + (h_down or float("nan"))
     return dict(best, heuristic_ms=heuristic_ms, heuristic=heuristic)
+
+
+def _compile_configs(model: str, dtype_name: str, up_cfgs: List[dict], down_cfgs: List[dict]) -> int:
+    """Worker process: launch each config once on a small problem of the model's shape, which compiles
+    it into Triton's on-disk cache. Returns how many compiled."""
+    preset, dtype = get_preset(model), getattr(torch, dtype_name)
+    problem = _Problem(preset, 64, dtype, num_experts=preset.top_k)
+    done = 0
+    for cfgs, launch in ((up_cfgs, problem.up), (down_cfgs, problem.down)):
+        for c in cfgs:
+            try:
+                launch(GemmConfig(**c))()
+                done += 1
+            except Exception:  # noqa: BLE001 - the timing pass reports configs that fail
+                pass
+    torch.cuda.synchronize()
+    return done
+
+
+def precompile(points: List[Tuple[str, int]], dtype=torch.bfloat16, workers: Optional[int] = None) -> int:
+    """Compile every candidate of `points` in parallel processes. Kernels are specialized on shapes only
+    through divisibility, so a small problem with the model's N and K compiles what the real one runs."""
+    smem = shared_memory_limit()
+    jobs = {}
+    for model, num_tokens in points:
+        preset = get_preset(model)
+        space = candidates(num_tokens * preset.top_k / preset.num_experts, dtype.itemsize, smem)
+        ups, downs = jobs.setdefault(model, ({}, {}))
+        for up_cfgs, down_cfgs in space.values():
+            ups.update({c: None for c in up_cfgs})
+            downs.update({c: None for c in down_cfgs})
+    workers = workers or max(1, min(16, (os.cpu_count() or 2) - 1))
+    tasks = []
+    for model, (ups, downs) in jobs.items():
+        for part in range(workers):
+            u = [c.to_dict() for c in list(ups)[part::workers]]
+            d = [c.to_dict() for c in list(downs)[part::workers]]
+            if u or d:
+                tasks.append((model, str(dtype).replace("torch.", ""), u, d))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as pool:
+        return sum(pool.map(_compile_configs, *zip(*tasks)))
 
 
 def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, path: Optional[str] = None) -> str:
@@ -112,6 +188,7 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
     smem = shared_memory_limit()
     points = [(m, t) for m in models for t in tokens]
     print(f"tuning {len(points)} points on {device} (shared memory per program: {smem} bytes)")
+    print(f"compiled {precompile(points, dtype)} kernels ahead, in parallel", flush=True)
     for model, num_tokens in tqdm(points, desc="moe-lab tune"):
         preset = get_preset(model)
         r = tune_point(preset, num_tokens, dtype, smem)

@@ -132,3 +132,71 @@ def test_bad_input():
         grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma="yes")
     with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
         grouped_matmul(a, w, ids, CFG, gather_a=True)
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("block_m", [32, 64])
+def test_tail_tiles_write_every_valid_row(use_tma, block_m):
+    # Expert sizes chosen so that last blocks hold <= 1/4, <= 1/2 and > 1/2 of BLOCK_SIZE_M valid rows.
+    sizes = [1, block_m // 4, block_m // 4 + 1, block_m // 2 + 3, block_m + 2, 0, 2 * block_m]
+    ids = torch.cat([torch.full((s,), e, dtype=torch.int32) for e, s in enumerate(sizes)])
+    ids = ids[torch.randperm(ids.numel())].reshape(-1, 1).to(DEVICE)
+    routing = moe_align(ids, len(sizes), block_m)
+    n, k = 32, 48
+    a = torch.randn(ids.shape[0], k, device=DEVICE)
+    w = torch.randn(len(sizes), n, k, device=DEVICE)
+    ref = per_expert_reference(a, w, routing, gather_a=True)
+    valid = routing.sorted_token_ids.cpu() < routing.num_slots
+    a_sorted = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE)
+    down_ref = torch.zeros(routing.num_slots, n, dtype=torch.float64)
+    down_ref[routing.sorted_token_ids.cpu()[valid].long()] = per_expert_reference(a_sorted, w, routing, gather_a=False)[valid]
+    for tail in (True, False):
+        cfg = GemmConfig(block_m, 32, 32, 2, 4, 1, tail_tiles=tail)
+        out = torch.full((routing.max_num_tokens_padded, n), float("nan"), device=DEVICE)
+        grouped_matmul(a, w, routing, cfg, gather_a=True, out=out, use_tma=use_tma)
+        assert not out.cpu()[valid].isnan().any(), f"tail_tiles={tail} left valid rows unwritten"
+        assert relative_error(out.cpu()[valid], ref[valid]) < TOL[torch.float32]
+        out_k = torch.full((routing.num_slots, n), float("nan"), device=DEVICE)  # the down projection
+        grouped_matmul(a_sorted, w, routing, cfg, gather_a=False, scatter=True, out=out_k, use_tma=use_tma)
+        assert relative_error(out_k.cpu(), down_ref) < TOL[torch.float32], f"tail_tiles={tail}"
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_prepermute_matches_in_kernel_gather(use_tma):
+    from moe_lab.permute import permute_tokens
+    ids = random_topk_ids(23, 5, 2)
+    routing = moe_align(ids, 5, 32)
+    a = torch.randn(23, 48, device=DEVICE)
+    w = torch.randn(5, 64, 48, device=DEVICE)
+    gathered = grouped_matmul(a, w, routing, GemmConfig(32, 32, 16, 1, 4, 1), gather_a=True, use_tma=use_tma)
+    cfg = GemmConfig(32, 32, 16, 1, 4, 1, prepermute=True)
+    permuted = grouped_matmul(a, w, routing, cfg, gather_a=True, use_tma=use_tma)
+    used = routing.num_tokens_post_padded.item()
+    real = (routing.sorted_token_ids < routing.num_slots)[:used]  # tail tiles leave padding rows unwritten
+    assert torch.allclose(permuted[:used][real], gathered[:used][real], rtol=1e-5, atol=1e-5)
+    path = select_load_path(a, w, cfg, gather_a=True, use_tma=use_tma)
+    assert ("permuted" in path.reason) == (use_tma != False)  # noqa: E712 - the reason is given where TMA is considered
+    rows = permute_tokens(a, routing)[:used].cpu()
+    slot = routing.sorted_token_ids[:used].long().cpu()
+    real = real.cpu()
+    assert torch.equal(rows[real], a.cpu()[slot[real] // 2]) and not rows[~real].any()
+    with pytest.raises(ValueError, match="hidden_states must have shape"):
+        permute_tokens(a[:5], routing)
+    with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
+        permute_tokens(a, ids)
+
+
+def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
+    from moe_lab import silu_and_mul
+    ids = random_topk_ids(11, 4, 2)
+    routing = moe_align(ids, 4, 16)
+    x = torch.randn(routing.max_num_tokens_padded, 24, device=DEVICE)
+    x[routing.sorted_token_ids >= routing.num_slots] = float("nan")  # padding rows were never written
+    out = silu_and_mul(x, routing=routing)
+    used = routing.num_tokens_post_padded.item()
+    real = (routing.sorted_token_ids < routing.num_slots)[:used]
+    g, u = x[:used, :12], x[:used, 12:]
+    assert torch.allclose(out[:used][real], (torch.nn.functional.silu(g) * u)[real], rtol=1e-5, atol=1e-6)
+    assert not out[:used][~real].any()
+    with pytest.raises(ValueError, match="not both"):
+        silu_and_mul(x, routing=routing, num_rows=routing.num_tokens_post_padded)

@@ -1,4 +1,6 @@
-"""SiLU-and-mul: out[r, j] = silu(x[r, j]) * x[r, I + j], in float32, for rows r < num_tokens_post_padded."""
+"""SiLU-and-mul: out[r, j] = silu(x[r, j]) * x[r, I + j], in float32, for rows r < num_tokens_post_padded
+that hold a routed slot. Padding rows get zeros without reading x: the grouped matmul may not have written
+them, and whatever they held must not reach the next GEMM's tensor cores as NaN or Inf."""
 import triton
 import triton.language as tl
 
@@ -6,17 +8,22 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def silu_and_mul_kernel(x_ptr, out_ptr, num_rows_ptr, inter_size, stride_xm, stride_om,
-                        HAS_NUM_ROWS: tl.constexpr, EMULATE_BF16: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def silu_and_mul_kernel(x_ptr, out_ptr, num_rows_ptr, sorted_token_ids_ptr, num_valid_tokens, inter_size,
+                        stride_xm, stride_om, HAS_NUM_ROWS: tl.constexpr, SKIP_PADDING: tl.constexpr,
+                        EMULATE_BF16: tl.constexpr, BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0)
     if HAS_NUM_ROWS:
         if row >= tl.load(num_rows_ptr):
             return
     cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < inter_size
+    if SKIP_PADDING:
+        mask_x = mask & (tl.load(sorted_token_ids_ptr + row) < num_valid_tokens)
+    else:
+        mask_x = mask
     x_row = x_ptr + row.to(tl.int64) * stride_xm
-    gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_row + inter_size + cols, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(x_row + cols, mask=mask_x, other=0.0).to(tl.float32)
+    up = tl.load(x_row + inter_size + cols, mask=mask_x, other=0.0).to(tl.float32)
     out = gate * tl.sigmoid(gate) * up
     if EMULATE_BF16:
         out = round_to_bf16_grid(out)

@@ -9,6 +9,11 @@ load path chosen at launch (constexpr):
      (W_TMA).
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
 to their flat (token, k) slot (SCATTER_C).
+
+Tail tiles (TAIL_SPLITS): an expert's last M-block is mostly padding when its row count is not a multiple
+of BLOCK_SIZE_M, and padding rows cost as much tensor-core work as real ones. Valid rows come first in a
+block, so one look at the row halfway (a quarter of the way) in tells whether a half (quarter) tile
+holds them all; such blocks run a smaller tile. Rows the smaller tile skips are padding: never written.
 """
 import triton
 import triton.language as tl
@@ -25,7 +30,7 @@ def grouped_matmul_kernel(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
+    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
 ):
@@ -39,13 +44,53 @@ def grouped_matmul_kernel(
     pid_n = (pid % programs_per_group) // group_rows
 
     # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do.
-    if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
+    row0 = pid_m * BLOCK_SIZE_M
+    if row0 >= tl.load(num_tokens_post_padded_ptr):
         return
     expert = tl.load(expert_ids_ptr + pid_m)
     if expert < 0:
         return
 
-    offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    # A tail block holds its valid rows first: if the row halfway (a quarter of the way) in is padding,
+    # a half (quarter) tile covers them all. Smaller tiles read A by pointer (the descriptor box is
+    # BLOCK_SIZE_M rows).
+    half_pad = False
+    quarter_pad = False
+    if TAIL_SPLITS >= 1:
+        half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_valid_tokens
+    if TAIL_SPLITS >= 2:
+        quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_valid_tokens
+    if quarter_pad:
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+              row0, expert, pid_n, N, K, num_valid_tokens,
+              stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    elif half_pad:
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+              row0, expert, pid_n, N, K, num_valid_tokens,
+              stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    else:
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+              row0, expert, pid_n, N, K, num_valid_tokens,
+              stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+@triton.jit
+def _tile(
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+    row0, expert, pid_n, N, K, num_valid_tokens,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+    A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule."""
+    offs_m = row0 + tl.arange(0, TILE_M)
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
     token_valid = token_ids < num_valid_tokens
     # int64 only where it matters: token rows (T*k*H can pass 2^31) and the expert's weight offset.
@@ -64,15 +109,15 @@ def grouped_matmul_kernel(
     if GATHER_A:
         row_ok = token_valid
     else:
-        row_ok = tl.full([BLOCK_SIZE_M], 1, tl.int1)
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+        row_ok = tl.full([TILE_M], 1, tl.int1)
+    acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
         if EVEN_K:
             k_ok = tl.full([BLOCK_SIZE_K], 1, tl.int1)
         else:
             k_ok = offs_k < K - kb * BLOCK_SIZE_K
         if A_TMA:
-            a = a_desc.load([pid_m * BLOCK_SIZE_M, kb * BLOCK_SIZE_K])
+            a = a_desc.load([row0, kb * BLOCK_SIZE_K])
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             a_ptrs += BLOCK_SIZE_K * stride_ak
@@ -99,7 +144,7 @@ def grouped_matmul_kernel(
         row_mask = token_valid
     else:
         c_rows = offs_m.to(tl.int64)
-        row_mask = tl.full([BLOCK_SIZE_M], 1, tl.int1)
+        row_mask = tl.full([TILE_M], 1, tl.int1)
     if EMULATE_BF16:
         acc = round_to_bf16_grid(acc)
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn

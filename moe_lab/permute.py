@@ -1,0 +1,43 @@
+"""Permute token rows into the padded expert order of an `AlignedRouting` (vLLM calls this moe_permute).
+
+The up projection normally gathers its A rows inside the GEMM (row = sorted_token_id // top_k), with
+pointer loads: Hopper's TMA copies boxes and cannot gather. When N is wide the GEMM re-reads every A tile
+once per N-tile, so for prefill of wide experts (Mixtral: 2I = 28672) it pays to copy the rows into
+expert order once (T*k*H elements written) and read them through a tensor descriptor; `GemmConfig.
+prepermute` asks for it, and `moe-lab tune` decides per shape.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from ._kernels.permute import permute_tokens_kernel
+from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
+from .align import AlignedRouting
+
+BLOCK_ROWS = 16
+BLOCK_K = 256
+
+
+def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
+                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """hidden_states [T, K] (float16/bfloat16/float32, any strides) -> [routing.max_num_tokens_padded, K]
+    in the routing's padded expert order: row r holds hidden_states[sorted_token_ids[r] // top_k], padding
+    rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
+    Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device."""
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None),
+                 layout="[T, K]")
+    rows, k = routing.max_num_tokens_padded, hidden_states.shape[1]
+    out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")
+    check_same_device(hidden_states=hidden_states, sorted_token_ids=routing.sorted_token_ids, out=out)
+    if rows == 0 or k == 0:
+        return out
+    permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](
+        hidden_states, out, routing.sorted_token_ids, routing.num_tokens_post_padded, routing.num_slots,
+        k, hidden_states.stride(0), hidden_states.stride(1), out.stride(0),
+        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K)
+    return out

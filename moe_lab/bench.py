@@ -225,6 +225,20 @@ def print_table(rows: List[dict]) -> None:
               + (f"  ERROR {r['error'][:60]}" if r.get("error") else ""), flush=True)
 
 
+def _write(result: dict, out_dir: str, tag: str, env: dict) -> str:
+    os.makedirs(out_dir, exist_ok=True)
+    stem = os.path.join(out_dir, f"{tag}-{env['device'].replace(' ', '_')}-{env['date']}")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    rows = result["rows"]
+    keys = sorted({k for r in rows for k in r if k != "config"})
+    with open(stem + ".csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    return stem
+
+
 def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, out_dir: Optional[str] = None,
         peers: bool = True, tag: str = "bench") -> dict:
     """Run the benchmark, print the table, and write JSON and CSV to `out_dir` (if given)."""
@@ -236,22 +250,15 @@ def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, o
     print(f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, read {ceilings['read_tbps']:.2f} TB/s, "
           f"bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s")
     rows: List[dict] = []
+    result = dict(environment=env, ceilings=ceilings, rows=rows)
     for name in models:
         preset = get_preset(name)
         for num_tokens in tokens:
             point = bench_point(preset, num_tokens, ceilings, dtype=dtype, peers=peers)
             print_table(point)
             rows += point
-    result = dict(environment=env, ceilings=ceilings, rows=rows)
+            if out_dir:  # after every point: a stopped run keeps what it measured
+                _write(result, out_dir, tag, env)
     if out_dir:
-        os.makedirs(out_dir, exist_ok=True)
-        stem = os.path.join(out_dir, f"{tag}-{env['device'].replace(' ', '_')}-{env['date']}")
-        with open(stem + ".json", "w") as f:
-            json.dump(result, f, indent=1)
-        keys = sorted({k for r in rows for k in r if k != "config"})
-        with open(stem + ".csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(rows)
-        print(f"wrote {stem}.json and .csv")
+        print(f"wrote {_write(result, out_dir, tag, env)}.json and .csv")
     return result

@@ -212,7 +212,7 @@ if workbook.timing_allowed("the pointer vs TMA timing"):
                                      preset.intermediate_size)
     r = moe_lab.moe_align(ti, preset.num_experts, gpu_cfg.block_size_m)
     gate_up = moe_lab.grouped_matmul(hs, g1, r, gpu_cfg.up, gather_a=True)
-    act = moe_lab.silu_and_mul(gate_up, num_rows=r.num_tokens_post_padded)
+    act = moe_lab.silu_and_mul(gate_up, routing=r)
     for use_tma in (False, True):
         up_ms = median_ms(lambda: moe_lab.grouped_matmul(hs, g1, r, gpu_cfg.up, gather_a=True, out=gate_up,
                                                          use_tma=use_tma))

@@ -129,9 +129,11 @@ _ = workbook.check("up GEMM (real rows)", gate_up[:rows_used][real], want_gate_u
 # ### SiLU and mul: `act = silu(gate) * up`
 
 # %%
-act = moe_lab.silu_and_mul(gate_up, num_rows=routing.num_tokens_post_padded)
-g = gate_up[:rows_used].float()
-_ = workbook.check("silu_and_mul (rows in use)", act[:rows_used], F.silu(g[:, :I]) * g[:, I:])
+act = moe_lab.silu_and_mul(gate_up, routing=routing)   # padding rows become zeros, never read
+g = gate_up[:rows_used][real].float()
+_ = workbook.check("silu_and_mul (real rows)", act[:rows_used][real], F.silu(g[:, :I]) * g[:, I:])
+padding_rows = act[:rows_used][~real]
+_ = workbook.check_equal("silu_and_mul (padding rows are zero)", padding_rows, torch.zeros_like(padding_rows))
 
 # %% [markdown]
 # ### Down GEMM: `act @ w2[e].T`, times `topk_weights`, scattered to the (token, k) slot

@@ -42,16 +42,22 @@ def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
 
 
-def graph_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
+def graph_ms(fn: Callable[[], object], rep_ms: int = 100, min_replays: int = 10) -> float:
     """Median time (ms) of CUDA-graph replays of `fn`, L2 flushed before each replay: what a serving
-    engine that captures the layer sees, without Python launch overhead."""
+    engine that captures the layer sees, without Python launch overhead. At least `min_replays` replays:
+    a 30 ms layer gets only three in 100 ms, and one slow replay (a clock dip) could then set the median."""
     fn()  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
     try:
-        return median_ms(graph.replay, rep_ms)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return median_ms(graph.replay, max(rep_ms, int(min_replays * start.elapsed_time(end)) + 1))
     finally:
         del graph
 

@@ -1,7 +1,7 @@
 """Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
 
 For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
-before each (`graph_ms`):
+before each (`graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
   - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
@@ -35,6 +35,7 @@ from .runtime import require_gpu_timing
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+ROUNDS = 3  # rounds of replays for the compared figures (both GEMMs, the layer), same for every implementation
 
 
 def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
@@ -42,10 +43,11 @@ def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
     return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
 
 
-def graph_ms(fn: Callable[[], object], rep_ms: int = 100, min_replays: int = 10) -> float:
+def graph_ms(fn: Callable[[], object], rep_ms: int = 100, min_replays: int = 10, rounds: int = 1) -> float:
     """Median time (ms) of CUDA-graph replays of `fn`, L2 flushed before each replay: what a serving
     engine that captures the layer sees, without Python launch overhead. At least `min_replays` replays:
-    a 30 ms layer gets only three in 100 ms, and one slow replay (a clock dip) could then set the median."""
+    a 30 ms layer gets only three in 100 ms, and one slow replay (a clock dip) could then set the median.
+    With `rounds` > 1, the least of that many medians: a clock dip only ever makes a round slower."""
     fn()  # compile and warm up outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -57,7 +59,8 @@ def graph_ms(fn: Callable[[], object], rep_ms: int = 100, min_replays: int = 10)
         graph.replay()
         end.record()
         end.synchronize()
-        return median_ms(graph.replay, max(rep_ms, int(min_replays * start.elapsed_time(end)) + 1))
+        rep = max(rep_ms, int(min_replays * start.elapsed_time(end)) + 1)
+        return min(median_ms(graph.replay, rep) for _ in range(rounds))
     finally:
         del graph
 
@@ -191,15 +194,16 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
             def both():
                 up()
                 down()
-            row(impl, graph_ms(up), graph_ms(down), graph_ms(both),
-                graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)), err,
+            row(impl, graph_ms(up), graph_ms(down), graph_ms(both, rounds=ROUNDS),
+                graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma), rounds=ROUNDS), err,
                 config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()))
         except (ValueError, RuntimeError) as exc:  # e.g. TMA refused on this device
             row(impl, None, None, None, None, None, error=str(exc))
     if peers and hasattr(torch, "_grouped_mm"):
         try:
             gemms, layer = _grouped_mm_peer(hs, w1, w2, tw, ti)
-            row("torch._grouped_mm", None, None, graph_ms(gemms), graph_ms(layer), relative_error(layer(), ref))
+            row("torch._grouped_mm", None, None, graph_ms(gemms, rounds=ROUNDS), graph_ms(layer, rounds=ROUNDS),
+                relative_error(layer(), ref))
         except RuntimeError as exc:
             row("torch._grouped_mm", None, None, None, None, None, error=str(exc)[:200])
     if peers and preset.num_experts * max(1, num_tokens // 4096) <= 256:

@@ -17,6 +17,7 @@ from .capability import TmaSupport, descriptor_problem, tma_support  # noqa: E40
 from .configs import GemmConfig, MoEConfig, default_config  # noqa: E402
 from .grouped_matmul import LoadPath, grouped_matmul, select_load_path  # noqa: E402
 from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
+from .permute import permute_tokens  # noqa: E402
 from .reduce import topk_reduce  # noqa: E402
 from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
 from .reference import fused_moe_reference, moe_align_reference, relative_error  # noqa: E402
@@ -28,6 +29,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AlignedRouting", "FusedMoE", "FusedMoEInfo", "GemmConfig", "LoadPath", "MoEConfig", "MoEPreset", "PRESETS",
     "TmaSupport", "TopKRouting", "default_config", "descriptor_problem", "fused_moe", "fused_moe_reference",
-    "get_preset", "grouped_matmul", "interpreter_active", "moe_align", "moe_align_reference",
+    "get_preset", "grouped_matmul", "interpreter_active", "moe_align", "moe_align_reference", "permute_tokens",
     "relative_error", "select_load_path", "silu_and_mul", "tma_support", "topk_reduce", "topk_routing",
 ]

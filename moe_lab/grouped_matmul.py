@@ -124,7 +124,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         topk_weights: [T, k] routed weights; when given, each row is multiplied by its slot's weight.
         out: optional output buffer of the shape above, dtype of a. Rows of blocks past
             `num_tokens_post_padded` (sorted layout), or of slots not routed here (scatter with an
-            expert_map), are left as they were.
+            expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
+            mostly padded block as a smaller tile (`silu_and_mul(..., routing=)` zeroes them).
         use_tma: "auto", True or False, see `select_load_path`.
     Returns:
         `out`.

@@ -235,9 +235,9 @@ perf_viz.plot_time_grid(results, metric="down_ms", impls=("moe-lab pointer", "mo
 
 # %% [markdown]
 # How to read it: at T = 1 there is one token per expert in use, every tile is mostly padding and the
-# GEMMs only stream weights; setting up descriptor loads costs more than it saves, and the pointer path
-# wins. From a few hundred tokens on, tiles are full and the TMA path is faster, most of all in the down
-# projection, where both operands come through descriptors (up to about 20 % at T = 4096–16384 in the committed H200 run).
+# GEMMs only stream weights: both paths take the same time. From a few hundred tokens on, tiles are full
+# and the TMA path is faster, most of all in the down projection, where both operands come through
+# descriptors (11 to 17 % at T = 4096–16384 in the committed H200 run).
 
 # %% [markdown]
 # ### Exercise: how many padding rows?
@@ -277,6 +277,22 @@ def padding_rows_solution(counts, block_size_m):
 check_padding_rows(padding_rows_solution)
 
 # %% [markdown]
+# ### Taking back part of the padding price
+#
+# Padding rows cost tensor-core work like real ones. Two switches of `GemmConfig`, which `moe-lab tune`
+# sets per shape, win some of it back:
+#
+# - **`tail_tiles`**: valid rows come first in every M-block, so the kernel loads the slot id halfway
+#   (and a quarter of the way) into the block; if it is padding, the block runs as a half (quarter) tile.
+#   Look for `TAIL_SPLITS` in `moe_lab/_kernels/grouped_matmul.py`. On the H200 it made the down GEMM
+#   3–8 % faster at 64–4096 rows per expert; less than the padding share, because a half tile still reads
+#   the whole weight tile.
+# - **`prepermute`**: the up projection copies its gathered rows into expert order once
+#   (`moe_lab.permute.permute_tokens`), then reads them through a descriptor like the down projection.
+#   The copy pays where N is wide and each A tile is read once per N-tile: Mixtral's up GEMM got 6–8 %
+#   faster, Qwen3's (N = 1536) slower.
+
+# %% [markdown]
 # ## Summary
 #
 # - Weights: a 3-D descriptor, block `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`, for both GEMMs.
@@ -286,5 +302,6 @@ check_padding_rows(padding_rows_solution)
 # - Padding each expert to BLOCK_SIZE_M keeps every box inside one expert; a packed layout would need tiles
 #   per expert and masked stores.
 # - Both paths give the same numbers; on the H200 TMA pays off once tiles are full (T ≥ a few hundred).
+# - Tail tiles and prepermute win back part of the padding and gather costs; the tuner decides per shape.
 #
 # Next: notebook 06 puts all stages together into the fused MoE layer.

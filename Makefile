@@ -37,7 +37,7 @@ test: $(STAMP)        ## the whole test suite: unit tests, then every notebook t
 notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execute it, store outputs (no timestamps)
 	cd notebooks && for f in [0-9]*.py; do nb="$${f%.py}.ipynb"; \
 	  ../$(VENV)/bin/jupytext --to ipynb -q "$$f" && \
-	  ../$(VENV)/bin/jupyter execute --inplace --kernel_name=python3 "$$nb" && \
+	  ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 "$$nb" && \
 	  ../$(VENV)/bin/nbstripout --keep-output --keep-count "$$nb" || exit 1; done
 
 test-ui: $(UI_STAMP)  ## browser test: each notebook run in JupyterLab in headless Chromium, widgets live (screenshots in tests/ui/artifacts/)

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ._kernels.activation import silu_and_mul_kernel
-from ._validate import FLOAT_DTYPES, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .runtime import interpreter_active
 
@@ -47,6 +47,8 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
         x = x.contiguous()
     inter = two_inter // 2
     out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
+    check_same_device(x=x, out=out, num_rows=num_rows,
+                      sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](

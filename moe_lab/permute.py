@@ -26,14 +26,19 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     """hidden_states [T, K] (float16/bfloat16/float32, any strides) -> [routing.max_num_tokens_padded, K]
     in the routing's padded expert order: row r holds hidden_states[sorted_token_ids[r] // top_k], padding
     rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
-    Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device."""
+    Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device, or an `out`
+    that shares memory with hidden_states."""
     if not isinstance(routing, AlignedRouting):
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None),
                  layout="[T, K]")
     rows, k = routing.max_num_tokens_padded, hidden_states.shape[1]
     out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")
-    check_same_device(hidden_states=hidden_states, sorted_token_ids=routing.sorted_token_ids, out=out)
+    check_same_device(hidden_states=hidden_states, sorted_token_ids=routing.sorted_token_ids,
+                      num_tokens_post_padded=routing.num_tokens_post_padded, out=out)
+    if out.untyped_storage().data_ptr() == hidden_states.untyped_storage().data_ptr():
+        raise ValueError("out shares memory with hidden_states: rows would be read after being overwritten; "
+                         "pass a separate buffer")
     if rows == 0 or k == 0:
         return out
     permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](

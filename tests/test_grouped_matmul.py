@@ -184,6 +184,9 @@ def test_prepermute_matches_in_kernel_gather(use_tma):
         permute_tokens(a[:5], routing)
     with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
         permute_tokens(a, ids)
+    buf = torch.randn(routing.max_num_tokens_padded, 48, device=DEVICE)
+    with pytest.raises(ValueError, match="shares memory with hidden_states"):
+        permute_tokens(buf[:23], routing, out=buf)
 
 
 def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
@@ -200,3 +203,5 @@ def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
     assert not out[:used][~real].any()
     with pytest.raises(ValueError, match="not both"):
         silu_and_mul(x, routing=routing, num_rows=routing.num_tokens_post_padded)
+    with pytest.raises(ValueError, match="one device"):
+        silu_and_mul(x, routing=routing, out=torch.empty(x.shape[0], 12, device="meta"))

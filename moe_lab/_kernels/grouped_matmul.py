@@ -51,9 +51,7 @@ def grouped_matmul_kernel(
     if expert < 0:
         return
 
-    # A tail block holds its valid rows first: if the row halfway (a quarter of the way) in is padding,
-    # a half (quarter) tile covers them all. Smaller tiles read A by pointer (the descriptor box is
-    # BLOCK_SIZE_M rows).
+    # Tail tiles (see above). Smaller tiles read A by pointer: the descriptor's box is BLOCK_SIZE_M rows.
     half_pad = False
     quarter_pad = False
     if TAIL_SPLITS >= 1:

@@ -27,8 +27,9 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
     `out`), so the layer's bound-sized buffers cost only the rows in use.
     routing: optional AlignedRouting whose padded order x is in (R = routing.max_num_tokens_padded):
     rows past its num_tokens_post_padded are skipped, and padding rows are set to zero without being read
-    (the grouped matmul leaves padding rows of tail tiles unwritten). Raises TypeError/ValueError for a wrong dtype, rank, an odd last
-    dimension, or x's rows not matching the routing."""
+    (the grouped matmul leaves padding rows of tail tiles unwritten).
+    Raises TypeError/ValueError for a wrong dtype, rank, an odd last dimension, x's rows not matching the
+    routing, or tensors on different devices."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
     if routing is not None:
         if not isinstance(routing, AlignedRouting):

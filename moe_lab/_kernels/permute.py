@@ -7,10 +7,11 @@ import triton.language as tl
 def permute_tokens_kernel(a_ptr, out_ptr, sorted_token_ids_ptr, num_tokens_post_padded_ptr, num_valid_tokens,
                           K, stride_am, stride_ak, stride_om,
                           TOP_K: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    if tl.program_id(0) * BLOCK_ROWS >= tl.load(num_tokens_post_padded_ptr):
+    rows_in_use = tl.load(num_tokens_post_padded_ptr)
+    if tl.program_id(0) * BLOCK_ROWS >= rows_in_use:
         return
-    in_use = rows < tl.load(num_tokens_post_padded_ptr)
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    in_use = rows < rows_in_use
     token_ids = tl.load(sorted_token_ids_ptr + rows, mask=in_use, other=num_valid_tokens)
     valid = token_ids < num_valid_tokens
     src = (token_ids // TOP_K).to(tl.int64)

@@ -14,15 +14,17 @@ def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
 
 
 def check_tensor(name: str, t, *, ndim: int, dtypes: Sequence[torch.dtype],
-                 shape: Optional[Sequence[Optional[int]]] = None, layout: str = "") -> None:
+                 shape: Optional[Sequence[Optional[int]]] = None, layout: str = "", dtype_of: str = "") -> None:
     """Raise TypeError/ValueError unless `t` is a tensor of rank `ndim`, one of `dtypes`, and `shape`
-    (None entries are free). `layout` names the dimensions for the message, e.g. "[T, H]"."""
+    (None entries are free). `layout` names the dimensions for the message, e.g. "[T, H]"; `dtype_of`
+    names the tensor whose dtype `t` must match, if any."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {_dtype_names(dtypes)}, got {str(t.dtype).replace('torch.', '')}")
+        same = f" (the dtype of {dtype_of})" if dtype_of else ""
+        raise TypeError(f"{name} must be {_dtype_names(dtypes)}{same}, got {str(t.dtype).replace('torch.', '')}")
     if shape is not None:
         for got, want in zip(t.shape, shape):
             if want is not None and got != want:

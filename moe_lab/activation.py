@@ -21,7 +21,8 @@ BLOCK_SIZE = 1024
 
 def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
                  routing: Optional[AlignedRouting] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x [R, 2I] float16/bfloat16/float32 (last stride 1) -> [R, I] in x's dtype.
+    """x [R, 2I] float16/bfloat16/float32 (any strides; copied first if the last is not 1) -> [R, I] in
+    x's dtype. Source: Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202.
 
     num_rows: optional [1] int32 device tensor; rows at or past it are skipped (left as they were in
     `out`), so the layer's bound-sized buffers cost only the rows in use.

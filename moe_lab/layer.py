@@ -38,11 +38,13 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
     dt = (hidden_states.dtype,)
-    check_tensor("w1", w1, ndim=3, dtypes=dt, shape=(None, None, hidden), layout="[E, 2I, H]")
+    check_tensor("w1", w1, ndim=3, dtypes=dt, shape=(None, None, hidden), layout="[E, 2I, H]",
+                 dtype_of="hidden_states")
     num_experts, two_inter, _ = w1.shape
     if two_inter % 2 or two_inter == 0:
         raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
-    check_tensor("w2", w2, ndim=3, dtypes=dt, shape=(num_experts, hidden, two_inter // 2), layout="[E, H, I]")
+    check_tensor("w2", w2, ndim=3, dtypes=dt, shape=(num_experts, hidden, two_inter // 2), layout="[E, H, I]",
+                 dtype_of="hidden_states")
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
                  layout="[T, k] (same as topk_ids)")
@@ -106,12 +108,17 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
     Raises:
-        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs;
+        ValueError for inputs or an `out` that require grad while grad is on (inference only).
+    Source: the fused-MoE design of vLLM (vllm-project/vllm, model_executor/layers/fused_moe); TMA loads
+    as in Triton's tensor-descriptor tutorials.
     """
     _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
     check_use_tma(use_tma)
     if check_ids is not None and not isinstance(check_ids, bool):
         raise TypeError(f"check_ids must be None, True or False, got {check_ids!r}")
+    if not isinstance(return_info, bool):
+        raise TypeError(f"return_info must be True or False, got {return_info!r}")
     num_tokens, hidden = hidden_states.shape
     _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
     if out is not None and out.requires_grad and torch.is_grad_enabled():

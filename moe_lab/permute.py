@@ -27,7 +27,7 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     in the routing's padded expert order: row r holds hidden_states[sorted_token_ids[r] // top_k], padding
     rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
     Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device, or an `out`
-    that shares memory with hidden_states."""
+    that shares memory with hidden_states. Source: vLLM's moe_permute (vllm-project/vllm, fused_moe)."""
     if not isinstance(routing, AlignedRouting):
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None),

@@ -66,7 +66,11 @@ def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check)."""
+    """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check).
+    Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped result
+    must not pass as a match)."""
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"out and ref must have the same shape, got {tuple(out.shape)} and {tuple(ref.shape)}")
     out64, ref64 = out.double().cpu(), ref.double().cpu()
     denom = ref64.norm()
     diff = (out64 - ref64).norm()

@@ -6,7 +6,9 @@ it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either w
 """
 from __future__ import annotations
 
+import itertools
 import os
+from typing import Optional
 
 import torch
 
@@ -17,9 +19,39 @@ def interpreter_active() -> bool:
 
 
 def select_backend() -> None:
-    """Switch the interpreter on when no CUDA device exists and the user has not chosen."""
+    """Switch the interpreter on when no CUDA device exists and the user has not chosen.
+    Raises RuntimeError where the interpreter would then fail inside every kernel with a loop
+    (see `interpreter_numpy_problem`)."""
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
+    if interpreter_active():
+        import numpy
+        import triton
+        problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
+        if problem:
+            raise RuntimeError(problem)
+
+
+def _version(text: str) -> tuple:
+    """"3.6.0+git1a2b" -> (3, 6, 0): the leading numeric release parts."""
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Optional[str]:
+    """None, or what to install: Triton <= 3.6's interpreter fails on every loop with a run-time bound
+    under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars"; fixed in Triton
+    3.7). Only the interpreter needs numpy at all, so numpy is not pinned: this check says it instead."""
+    if _version(triton_version)[:2] <= (3, 6) and _version(numpy_version)[:2] >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
+                f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
+                "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12).")
+    return None
 
 
 def default_device() -> torch.device:

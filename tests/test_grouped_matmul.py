@@ -190,6 +190,8 @@ def test_prepermute_matches_in_kernel_gather(use_tma):
 
 
 def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
+    # Also the regression test of a Triton 3.9 interpreter trap: a block mask `&` a loaded scalar
+    # comparison raised "mask has unsupported dtype" (the kernel uses tl.where instead).
     from moe_lab import silu_and_mul
     ids = random_topk_ids(11, 4, 2)
     routing = moe_align(ids, 4, 16)

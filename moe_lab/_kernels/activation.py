@@ -18,7 +18,9 @@ def silu_and_mul_kernel(x_ptr, out_ptr, num_rows_ptr, sorted_token_ids_ptr, num_
     cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < inter_size
     if SKIP_PADDING:
-        mask_x = mask & (tl.load(sorted_token_ids_ptr + row) < num_valid_tokens)
+        # tl.where, not `mask & scalar`: Triton 3.9's interpreter rejects a block mask `&` a scalar bool
+        # ("mask has unsupported dtype"); both lower to the same select on a GPU.
+        mask_x = tl.where(tl.load(sorted_token_ids_ptr + row) < num_valid_tokens, mask, False)
     else:
         mask_x = mask
     x_row = x_ptr + row.to(tl.int64) * stride_xm

@@ -13,7 +13,13 @@ ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 SUDO       := $(if $(filter 0,$(shell id -u)),,sudo)
 LAB_ARGS   ?=
 
-.PHONY: demo test test-ui test-gpu lab notebooks info clean
+# Other supported Triton versions, each in an overlay venv over .venv (.ci/overlay-venv): the unit tests
+# run under each of them, and `make compile-check` builds every kernel variant for GPU targets with all four.
+# Triton 3.6's interpreter needs numpy < 2.4 (moe_lab.runtime checks it).
+OTHER_TRITONS := 3.6.0 3.8.0 3.9.0
+OVERLAY_TRITON = .ci/overlay-venv .venv-triton-$$v triton==$$v $$(case $$v in 3.6.*) echo 'numpy<2.4';; esac)
+
+.PHONY: demo test test-matrix test-ui test-gpu lab notebooks info doctor clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +39,12 @@ demo: $(STAMP)        ## the main job: the fused MoE layer on real model shapes,
 test: $(STAMP)        ## the whole test suite: unit tests, then every notebook through nbval (interpreter on a CPU)
 	$(PY) -m pytest tests -p no:cacheprovider
 	@if [ -n "$(NOTEBOOKS)" ]; then $(PY) -m pytest $(NOTEBOOKS) --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider; fi
+
+test-matrix: $(STAMP) ## the unit tests under each other supported Triton (3.6.0, 3.8.0, 3.9.0; .venv has 3.7.1)
+	@for v in $(OTHER_TRITONS); do \
+	  $(OVERLAY_TRITON) || exit 1; \
+	  echo "== unit tests under Triton $$v"; \
+	  .venv-triton-$$v/bin/python -m pytest tests -q -p no:cacheprovider || exit 1; done
 
 notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execute it, store outputs (no timestamps)
 	cd notebooks && for f in [0-9]*.py; do nb="$${f%.py}.ipynb"; \
@@ -56,5 +68,8 @@ lab: $(STAMP)         ## JupyterLab on notebooks/ (ipywidgets included); open th
 info: $(STAMP)
 	$(VENV)/bin/moe-lab info
 
+doctor: $(STAMP)      ## check this environment for moe-lab and the notebooks, and say what to fix
+	$(VENV)/bin/moe-lab doctor
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-* build *.egg-info

@@ -1,7 +1,8 @@
-"""The `moe-lab` command: `demo` (the main job), `info`, `bench` and `tune` (GPU only).
+"""The `moe-lab` command: `demo` (the main job), `info`, `doctor`, `bench` and `tune` (GPU only).
 
     moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32] [--use-tma auto|on|off]
-    moe-lab info
+    moe-lab info      versions, device, TMA support
+    moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def cmd_info(_args) -> int:
     print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
     print(f"TMA path: {'available' if support.available else 'not available'}: {support.reason}")
     return 0
+
+
+def cmd_doctor(_args) -> int:
+    from .doctor import main as doctor_main
+    return doctor_main()
 
 
 def cmd_demo(args) -> int:
@@ -165,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.set_defaults(func=cmd_tune)
     info = sub.add_parser("info", help="versions, device, interpreter, TMA support")
     info.set_defaults(func=cmd_info)
+    doctor = sub.add_parser("doctor", help="check this environment for moe-lab and the notebooks; say what to fix")
+    doctor.set_defaults(func=cmd_doctor)
     return parser
 
 

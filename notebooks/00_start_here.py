@@ -11,6 +11,37 @@
 # 4. See how the eight notebooks are laid out.
 
 # %% [markdown]
+# ## 0. On a hosted notebook: install moe-lab
+#
+# On your own machine (`make lab`) moe-lab is installed already and the next cell only says so. On a
+# hosted notebook (a GPU runtime, or a CPU one: the interpreter needs no GPU) it installs moe-lab with
+# its notebook extras from the clone this notebook sits in, or from `MOE_LAB_SOURCE` (a path or
+# `git+https://...` address; `docs/hosted.md`). It hands pip the host's torch, Triton, numpy and
+# ipywidgets versions as constraints, so none of them is replaced.
+
+# %%
+import importlib.metadata, importlib.util, os, subprocess, sys, tempfile  # noqa: E401
+
+if importlib.util.find_spec("moe_lab") is None:
+    source = os.environ.get("MOE_LAB_SOURCE") or (".." if os.path.exists("../moe_lab/__init__.py") else None)
+    if source is None:
+        raise RuntimeError("moe-lab is not installed and no source was found: clone the repository and open "
+                           "notebooks/ from it, or set MOE_LAB_SOURCE (see docs/hosted.md)")
+    keep = []
+    for dist in ("torch", "triton", "numpy", "ipywidgets"):
+        try:
+            keep.append(f"{dist}=={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
+        pins.write("\n".join(keep))
+    print("installing moe-lab from", source, "keeping", ", ".join(keep))
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name,
+                           f"moe-lab[notebook] @ {os.path.abspath(source) if os.path.exists(source) else source}"])
+    importlib.invalidate_caches()
+print("moe-lab is installed:", importlib.metadata.version("moe-lab"))
+
+# %% [markdown]
 # ## 1. Versions and device
 #
 # `import moe_lab` comes first, always. Without a CUDA GPU it switches on Triton's interpreter
@@ -51,17 +82,19 @@ print("sizes in these notebooks:", "real model shapes" if workbook.on_gpu() else
 # known traps, both handled in moe_lab and in these notebooks:
 # - `tl.dot` on **bfloat16** tiles is silently wrong under the interpreter: we use float32 or float16
 #   in the notebook kernels (or upcast tiles to float32 before `tl.dot`).
-# - Triton 3.6 with numpy ≥ 2.4 breaks loops with a runtime bound, so numpy is pinned below 2.4.
+# - Triton 3.6's interpreter breaks loops with a runtime bound under numpy ≥ 2.4: `import moe_lab`
+#   refuses that pair with an error that says what to install.
+#
+# `moe-lab doctor` (here as a function) checks the rest: versions that belong together, the notebook
+# extras, the front end, the tuned launch table, and what to fix.
 
 # %%
-# Fail loudly on the known-bad combination rather than with a cryptic error three notebooks later.
-np_major_minor = tuple(int(x) for x in np.__version__.split(".")[:2])
-tr_major_minor = tuple(int(x) for x in triton.__version__.split(".")[:2])
-if moe_lab.interpreter_active() and tr_major_minor <= (3, 6) and np_major_minor >= (2, 4):
-    raise RuntimeError(f"numpy {np.__version__} breaks Triton {triton.__version__}'s interpreter on loops: "
-                       "install numpy<2.4 (see requirements-cpu.txt)")
-if tr_major_minor < (3, 4):
-    raise RuntimeError(f"Triton {triton.__version__} is too old: moe_lab needs Triton >= 3.4")
+from moe_lab import doctor
+
+environment = doctor.report()
+print(environment.text())
+if environment.problems:
+    raise RuntimeError("FAIL environment: fix the problems listed above, then restart the kernel")
 print("PASS versions: this torch/Triton/numpy combination is supported")
 
 

@@ -63,6 +63,7 @@ test-gpu: $(STAMP)    ## GPU-only tests (on an H200)
 
 lab: $(STAMP)         ## JupyterLab on notebooks/ (ipywidgets included); open the URL it prints. LAB_ARGS="--port=8890" etc.
 	@echo "JupyterLab on notebooks/: open the http://localhost:...?token=... URL printed below; Ctrl-C stops it."
+	@echo "On a remote machine: ssh -N -L 8888:localhost:8888 you@host from your laptop first (LAB_ARGS=--port=8888)."
 	$(VENV)/bin/jupyter lab --no-browser --ServerApp.root_dir=notebooks $(ALLOW_ROOT) $(LAB_ARGS)
 
 info: $(STAMP)

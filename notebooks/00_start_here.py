@@ -20,7 +20,7 @@
 # ipywidgets versions as constraints, so none of them is replaced.
 
 # %%
-import importlib.metadata, importlib.util, os, subprocess, sys, tempfile  # noqa: E401
+import importlib.metadata, importlib.util, os, pathlib, subprocess, sys, tempfile  # noqa: E401
 
 if importlib.util.find_spec("moe_lab") is None:
     source = os.environ.get("MOE_LAB_SOURCE") or (".." if os.path.exists("../moe_lab/__init__.py") else None)
@@ -36,8 +36,8 @@ if importlib.util.find_spec("moe_lab") is None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
         pins.write("\n".join(keep))
     print("installing moe-lab from", source, "keeping", ", ".join(keep))
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name,
-                           f"moe-lab[notebook] @ {os.path.abspath(source) if os.path.exists(source) else source}"])
+    url = pathlib.Path(source).resolve().as_uri() if os.path.exists(source) else source
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, f"moe-lab[notebook] @ {url}"])
     importlib.invalidate_caches()
 print("moe-lab is installed:", importlib.metadata.version("moe-lab"))
 

@@ -22,6 +22,7 @@ from .capability import tma_support  # noqa: E402
 from .layer import fused_moe  # noqa: E402
 from .reference import fused_moe_reference, relative_error  # noqa: E402
 from .runtime import default_device, interpreter_active  # noqa: E402
+from .tuned import table_for_device  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative Frobenius error allowed against the float32 reference.
@@ -51,6 +52,7 @@ def cmd_info(_args) -> int:
     print(f"device  {_device_name(device)}")
     print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
     print(f"TMA path: {'available' if support.available else 'not available'}: {support.reason}")
+    print(f"tuned table: {table_for_device(device).reason}")
     return 0
 
 

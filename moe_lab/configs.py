@@ -4,9 +4,11 @@ A `GemmConfig` holds the block shape (BLOCK_SIZE_M/N/K), the tile order (GROUP_S
 `num_warps` / `num_stages`. A fused layer runs two GEMMs (up: N = 2I, K = H; down: N = H, K = I) that
 share one BLOCK_SIZE_M, because both read the same aligned schedule; `MoEConfig` holds the pair.
 
-`default_config` picks by the expected rows per expert, T*k/E: few rows (decode) means the GEMMs stream
+`heuristic_config` picks by the expected rows per expert, T*k/E: few rows (decode) means the GEMMs stream
 weights and want many small-M programs; many rows (prefill) means they are matrix-bound and want large
-tiles. Tuned tables (`moe-lab tune`) take precedence where one exists for the device and shape.
+tiles. `default_config` is what a layer runs with: a tuned table's entry, else the heuristic. Tuned tables (`moe-lab tune`, `moe_lab.tuned`) take precedence where one
+serves the device and has the shape; `moe_lab.tuned` builds on this module, and this module reaches it
+only through the late import in `default_config`.
 """
 from __future__ import annotations
 
@@ -134,13 +136,21 @@ def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
 
 def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
                    intermediate_size: int, dtype: torch.dtype = torch.bfloat16, *, tuned: bool = True) -> MoEConfig:
-    """The config a layer runs with by default: a tuned table entry for this device and shape if one
-    exists (and `tuned`), else rules by rows per expert."""
+    """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
+    that serves the current CUDA device for this shape and the nearest token bucket if there is one
+    (`moe_lab.tuned.choose_config` decides, and says which), else `heuristic_config`. Raises nothing
+    of its own; a malformed tuned table raises ValueError naming its file."""
     if tuned:
-        from .tuned import lookup  # late import: tuned tables are optional data
-        table_entry = lookup(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
-        if table_entry is not None:
-            return table_entry
+        from .tuned import choose_config  # late import: tuned tables build on this module, not the reverse
+        return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
+    return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
+
+
+def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
+                     intermediate_size: int, dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
+    """Rules by expected rows per expert (T*k/E), no table: the config where no tuned entry applies.
+    Under Triton's interpreter: one small config for every shape. `dtype` is accepted for symmetry
+    with `default_config` and not used by the rules."""
     if interpreter_active():
         # The interpreter runs one program at a time: few, wide tiles; M small to keep padding cheap.
         cfg = GemmConfig(16, 64, 64, 1, 4, 1)

@@ -19,7 +19,8 @@ import torch
 import triton
 
 from .capability import tma_support
-from .runtime import _version, default_device, interpreter_active
+from .runtime import default_device, interpreter_active, version_tuple
+from .tuned import table_for_device
 
 SUPPORTED_TRITON = ((3, 6), (3, 9))  # inclusive, major.minor; CI tests each of them
 
@@ -95,7 +96,7 @@ def report() -> Report:
 
     # Versions.
     low, high = SUPPORTED_TRITON
-    if not low <= _version(triton.__version__)[:2] <= high:
+    if not low <= version_tuple(triton.__version__)[:2] <= high:
         find(Finding("note", f"Triton {triton.__version__} is outside the tested range 3.6 to 3.9",
                      "use the Triton your torch pins (torch 2.10/2.11 -> 3.6, 2.12/2.13 -> 3.7, 2.14 -> 3.8, 2.15 -> 3.9)"))
     wanted = _torch_wants_triton()
@@ -119,6 +120,11 @@ def report() -> Report:
     fact(("TMA path", f"{'available' if support.available else 'not available'}: {support.reason}"))
     if device.type == "cuda" and torch.version.cuda and not support.available:
         find(Finding("note", "this GPU runs the pointer path only (TMA needs compute capability >= 9.0)"))
+    table = table_for_device(device)
+    fact(("tuned table", table.reason))
+    if device.type == "cuda" and not table:
+        find(Finding("note", "no tuned launch table for this GPU's architecture: heuristic configs are used",
+                     "moe-lab tune writes one (docs/tuning.md)"))
 
     # Workbook extras and front end.
     widgets, lab = _installed("ipywidgets"), _installed("jupyterlab")
@@ -129,7 +135,7 @@ def report() -> Report:
     if not widgets or not _installed("matplotlib"):
         find(Finding("problem", "the notebooks' pictures and widgets need ipywidgets and matplotlib",
                      "pip install 'moe-lab[notebook]' (keeps a host's ipywidgets 7.7 or 8)"))
-    elif lab and _version(lab)[:1] >= (4,) and _version(widgets)[:1] < (8,):
+    elif lab and version_tuple(lab)[:1] >= (4,) and version_tuple(widgets)[:1] < (8,):
         find(Finding("note", f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed "
                              "beside it", "in this JupyterLab: pip install 'ipywidgets>=8' (a hosted notebook "
                                           "with its own front end is fine with 7.7)"))

@@ -20,18 +20,25 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
                         output_buffer)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
-from .configs import ConfigLike, MoEConfig, as_moe_config, default_config
+from .configs import ConfigLike, MoEConfig
 from .grouped_matmul import LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
 from .reduce import topk_reduce
+from .tuned import choose_config
 
 
 @dataclass(frozen=True)
 class FusedMoEInfo:
-    """What a `fused_moe` call did: the config, each GEMM's load path (with the reason), the schedule."""
+    """What a `fused_moe` call did: the config, each GEMM's load path (with the reason), the schedule,
+    and `config_source`, where the config came from (`moe_lab.tuned.choose_config` decides):
+    "user config", "user config (dict) over <default source>", "tuned: <table>, T bucket <n>" (e.g.
+    "tuned: NVIDIA H200, Triton 3.6.0 (exact), T bucket 64"; `moe_lab.tuned.table_for_device()` says
+    why that table), "heuristic (no tuned table for this device)" or "heuristic (no tuned entry for
+    this shape: ...)". The config is before any shared-memory clamp (fewer stages) at launch."""
     config: MoEConfig
     up_path: Optional[LoadPath]
     down_path: Optional[LoadPath]
     routing: Optional[AlignedRouting]
+    config_source: str = ""
 
 
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
@@ -104,7 +111,8 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         check_ids: raise ValueError for topk_ids outside [0, E) and expert_map entries outside [-1, E).
             Default: on CPU tensors only, since on a GPU it costs a device-to-host sync; unchecked
             out-of-range ids (and map entries) contribute zero.
-        return_info: also return a FusedMoEInfo (config and load paths used, for the last chunk).
+        return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for
+            the last chunk).
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
     Raises:
@@ -140,10 +148,11 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     num_tokens, hidden = hidden_states.shape
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
-    cfg = as_moe_config(config, default_config(num_tokens, num_experts, top_k, hidden, two_inter // 2,
-                                                hidden_states.dtype))
+    choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, hidden_states.dtype,
+                           config=config, device=hidden_states.device)
+    cfg = choice.config
     if num_tokens == 0:  # an idle rank: nothing to launch
-        return FusedMoEInfo(cfg, None, None, None)
+        return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
     act = silu_and_mul(gate_up, routing=routing)
@@ -154,7 +163,8 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     if not with_info:  # asking again costs host time on every call
         return None
     return FusedMoEInfo(cfg, select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
-                        select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma), routing)
+                        select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma), routing,
+                        choice.source)
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---

@@ -32,8 +32,8 @@ def select_backend() -> None:
             raise RuntimeError(problem)
 
 
-def _version(text: str) -> tuple:
-    """"3.6.0+git1a2b" -> (3, 6, 0): the leading numeric release parts."""
+def version_tuple(text: str) -> tuple:
+    """"3.6.0+git1a2b" -> (3, 6, 0), "2.4.0rc1" -> (2, 4, 0): the leading numeric release parts."""
     parts = []
     for piece in text.split("+")[0].split("."):
         digits = "".join(itertools.takewhile(str.isdigit, piece))
@@ -47,7 +47,7 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Option
     """None, or what to install: Triton <= 3.6's interpreter fails on every loop with a run-time bound
     under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars"; fixed in Triton
     3.7). Only the interpreter needs numpy at all, so numpy is not pinned: this check says it instead."""
-    if _version(triton_version)[:2] <= (3, 6) and _version(numpy_version)[:2] >= (2, 4):
+    if version_tuple(triton_version)[:2] <= (3, 6) and version_tuple(numpy_version)[:2] >= (2, 4):
         return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
                 f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
                 "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12).")

@@ -7,8 +7,8 @@ tail tiles on or off, and for the up GEMM whether to permute token rows first. C
 would not fit the device's shared memory (read from the device) are pruned; any that still fail to
 compile are skipped. Kernels are compiled ahead in parallel worker processes (Triton's on-disk cache is
 shared), so the search costs timing, not compiling. The heuristic default is timed too, so the table
-shows how far it is from tuned. Results go to moe_lab/configs/<device>__triton-<version>.json (see
-`moe_lab.tuned`). GPU only.
+shows how far it is from tuned. Results go to moe_lab/configs/<device>__triton-<version>.json, with the
+device's compute capability (see `moe_lab.tuned`). GPU only.
 """
 from __future__ import annotations
 
@@ -187,10 +187,14 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
     from tqdm.auto import tqdm
     device, version = torch.cuda.get_device_name(), triton.__version__
     path = path or config_path(device, version)
+    # The compute capability lets devices of the same architecture fall back to this table (moe_lab.tuned);
+    # null on ROCm/HIP, whose numbers are not CUDA capabilities (those tables match by device name only).
+    capability = None if getattr(torch.version, "hip", None) else list(torch.cuda.get_device_capability())
     table = {"device": device, "triton": version, "shapes": {}}
     if os.path.exists(path):
         with open(path) as f:
             table = json.load(f)
+    table["capability"] = capability
     smem = shared_memory_limit()
     points = [(m, t) for m in models for t in tokens]
     print(f"tuning {len(points)} points on {device} (shared memory per program: {smem} bytes)")

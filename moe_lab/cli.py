@@ -28,6 +28,8 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative Frobenius error allowed against the float32 reference.
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 2e-3}
 CPU_SCALE = 64  # H and I are divided by this under the interpreter; E and k stay real
+# Under the interpreter about 4 s per 500 routed slots (T*top_k) at the CPU scale: past this, ask first.
+CPU_MAX_SLOTS = 4096
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 GPU_TOKENS = (1, 64, 4096)
 CPU_TOKENS = (1, 16, 64)
@@ -68,18 +70,32 @@ def cmd_demo(args) -> int:
     tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS)
     scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
     use_tma = TMA_CHOICES[args.use_tma]
+    models = [_presets.get_preset(name) for name in args.model or DEFAULT_MODELS]
+    if not on_gpu and not args.force:
+        slots = max(tokens) * max(p.top_k for p in models)
+        if slots > CPU_MAX_SLOTS:
+            print(f"moe-lab demo: T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
+                  f"that takes minutes per model (about 4 s per 500 slots). Pass --force to run it anyway, or "
+                  f"use token counts up to {CPU_MAX_SLOTS // max(p.top_k for p in models)}.", file=sys.stderr)
+            return 2
     print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
+    support = tma_support(device)
     if not on_gpu:
         print(f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
               "(E and top_k are the real model's). Timings are not taken.")
+    for preset in models:
+        rounded = [f"{what} {size}/{scale} -> {new}" for what, size, new in (
+            ("H", preset.hidden_size, preset.scaled(scale).hidden_size),
+            ("I", preset.intermediate_size, preset.scaled(scale).intermediate_size)) if size != new * scale]
+        if scale != 1 and rounded:
+            print(f"note: {preset.name}: --scale {scale} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)")
     header = f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} " \
              f"{'rel err':>9}  {'result':<6}" + ("  graph ms  TFLOP/s" if on_gpu else "")
     print(header)
     print("-" * len(header))
     failures = 0
     reasons = {}  # model -> why each GEMM took its load path (at its largest T)
-    for name in args.model or DEFAULT_MODELS:
-        preset = _presets.get_preset(name)
+    for preset in models:
         if scale != 1:
             preset = preset.scaled(scale)
         for num_tokens in tokens:
@@ -89,8 +105,9 @@ def cmd_demo(args) -> int:
             err = relative_error(out, ref) if num_tokens else 0.0
             ok = err < TOLERANCE[dtype]  # NaN fails
             failures += not ok
-            if info.up_path:
-                reasons[preset.name] = (info.up_path.reason, info.down_path.reason)
+            if info.up_path:  # the device's TMA note is printed once, below, not in every reason
+                reasons[preset.name] = tuple(path.reason.replace(f" [{support.reason}]", "")
+                                             for path in (info.up_path, info.down_path))
             up = info.up_path.name if info.up_path else "-"
             down = info.down_path.name if info.down_path else "-"
             line = (f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
@@ -102,9 +119,10 @@ def cmd_demo(args) -> int:
                 line += f"  {ms:>8.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
             print(line, flush=True)
             del hidden, w1, w2, out, ref
-    print("\nWhy these load paths:")
-    for model, (up_reason, down_reason) in reasons.items():
-        print(f"  {model}\n    up:   {up_reason}\n    down: {down_reason}")
+    if reasons:
+        print(f"\nWhy these load paths (TMA on this device: {support.reason}):")
+        for model, (up_reason, down_reason) in reasons.items():
+            print(f"  {model}\n    up:   {up_reason}\n    down: {down_reason}")
     if on_gpu:
         print("\ngraph ms: median time of the whole layer replayed as a CUDA graph, L2 flushed before each run.")
     print(f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
@@ -153,14 +171,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run fused_moe on real model shapes and check it against PyTorch")
-    demo.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME",
-                      help=f"model presets (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(_presets.PRESETS)}")
+    demo = sub.add_parser(
+        "demo", help="run fused_moe on real model shapes and check it against PyTorch",
+        description="Run the fused MoE layer on real models' shapes with random weights and routing, compare "
+                    "each result with the float32 PyTorch reference (relative Frobenius error), and say which "
+                    "load path (pointer or TMA) each GEMM took and why. On a GPU it also times the layer.")
+    demo.add_argument("--model", nargs="+", type=str.lower, choices=sorted(_presets.PRESETS), metavar="NAME",
+                      help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: "
+                           f"{', '.join(_presets.PRESETS)}")
     demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
-                      help=f"token counts (default: {GPU_TOKENS} on a GPU, {CPU_TOKENS} on a CPU)")
-    demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    demo.add_argument("--use-tma", choices=sorted(TMA_CHOICES), default="auto")
-    demo.add_argument("--scale", type=int, help="divide H and I by this (default: 1 on a GPU, 64 on a CPU)")
+                      help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
+                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU)")
+    demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
+                      help="element type of hidden states and weights (default: bf16); allowed error against "
+                           "the float32 reference: " + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items()))
+    demo.add_argument("--use-tma", choices=sorted(TMA_CHOICES), default="auto",
+                      help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
+                           "on: TMA, or an error naming the tensor and rule; off: pointer loads only")
+    demo.add_argument("--scale", type=int, help="divide H and I by this, rounding up to a multiple of 16 "
+                                                 f"(default: 1 on a GPU, {CPU_SCALE} on a CPU)")
+    demo.add_argument("--force", action="store_true",
+                      help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
     _add_shape_arguments(bench)

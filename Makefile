@@ -19,7 +19,7 @@ LAB_ARGS   ?=
 OTHER_TRITONS := 3.6.0 3.8.0 3.9.0
 OVERLAY_TRITON = .ci/overlay-venv .venv-triton-$$v triton==$$v $$(case $$v in 3.6.*) echo 'numpy<2.4';; esac)
 
-.PHONY: demo test test-matrix test-ui test-gpu lab notebooks info doctor clean
+.PHONY: demo test test-matrix test-widgets7 test-ui test-gpu lab notebooks info doctor clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +50,18 @@ notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execu
 	cd notebooks && for f in [0-9]*.py; do nb="$${f%.py}.ipynb"; \
 	  ../$(VENV)/bin/jupytext --to ipynb -q "$$f" && \
 	  ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=600 "$$nb" && \
-	  ../$(VENV)/bin/nbstripout --keep-output --keep-count "$$nb" || exit 1; done
+	  ../$(VENV)/bin/nbstripout --keep-output --keep-count --keep-metadata-keys metadata.widgets "$$nb" || exit 1; done
+
+# The kernel side of the widgets under ipywidgets 7.7.1 (what hosted notebooks run with their own front end):
+# an overlay venv over .venv swaps in ipywidgets 7.7.1 and the companions it requires, then the widget tests
+# (builders, and a kernel driven as a front end drives it) and every notebook through nbval.
+WIDGETS7_VENV := .venv-ipywidgets-7.7.1
+WIDGETS7_PKGS := ipywidgets==7.7.1 widgetsnbextension==3.6.10 jupyterlab-widgets==1.1.11 ipython-genutils==0.2.0
+test-widgets7: $(STAMP)   ## widget tests and every notebook (nbval) with ipywidgets 7.7.1 instead of 8
+	.ci/overlay-venv $(WIDGETS7_VENV) $(WIDGETS7_PKGS)
+	$(WIDGETS7_VENV)/bin/python -m pytest tests/test_viz_*.py -p no:cacheprovider \
+	  -W 'ignore:The `ipykernel.comm.Comm` class has been deprecated:DeprecationWarning'
+	@if [ -n "$(NOTEBOOKS)" ]; then $(WIDGETS7_VENV)/bin/python -m pytest $(NOTEBOOKS) --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider; fi
 
 test-ui: $(UI_STAMP)  ## browser test: each notebook run in JupyterLab in headless Chromium, widgets live (screenshots in tests/ui/artifacts/)
 	@test -x $(CHROMIUM) || { echo "installing Debian's chromium"; \

@@ -24,8 +24,27 @@ def expert_colors(num_experts: int) -> ListedColormap:
 
 
 def show_figure(output, figure: Figure) -> None:
-    """Make an ipywidgets `Output` show `figure` in place of what it showed before."""
-    from IPython.display import display
-    output.clear_output(wait=True)
+    """Make an ipywidgets `Output` show `figure` in place of what it showed before.
+
+    The same under ipywidgets 7.7 and 8: one `with output:` block clears (wait=True: the old picture stays
+    until the new one arrives) and displays. The figure goes out as an image even in a kernel where no
+    `%matplotlib inline` has run (no image formatter for Figures there, only the text repr): then as a PNG
+    drawn here, with the same settings as the inline backend. So the widget state a notebook stores holds
+    the picture, and static viewers (GitHub, nbviewer, nbconvert) draw it.
+    """
+    from IPython import get_ipython
+    from IPython.display import clear_output, display
+
+    shell = get_ipython()
     with output:
-        display(figure)
+        clear_output(wait=True)
+        if shell is None:  # plain Python: nothing to draw into (display prints the repr)
+            display(figure)
+            return
+        data, metadata = shell.display_formatter.format(figure)
+        if not any(key.startswith("image/") for key in data):
+            from IPython.core.pylabtools import print_figure
+            data = {"image/png": print_figure(figure, "png", base64=True),
+                    "text/plain": data.get("text/plain", repr(figure))}
+            metadata = {}
+        display(data, metadata=metadata, raw=True)

@@ -15,8 +15,8 @@
 #
 # On your own machine (`make lab`) moe-lab is installed already and the next cell only says so. On a
 # hosted notebook (a GPU runtime, or a CPU one: the interpreter needs no GPU) it installs moe-lab with
-# its notebook extras from the clone this notebook sits in, or from `MOE_LAB_SOURCE` (a path or
-# `git+https://...` address; `docs/hosted.md`). It hands pip the host's torch, Triton, numpy and
+# its notebook extras from the clone this notebook sits in (editable), or from `MOE_LAB_SOURCE` (a clone's
+# path or a `git+https://...` address; `docs/hosted.md`). It hands pip the host's torch, Triton, numpy and
 # ipywidgets versions as constraints, so none of them is replaced.
 
 # %%
@@ -36,8 +36,12 @@ if importlib.util.find_spec("moe_lab") is None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
         pins.write("\n".join(keep))
     print("installing moe-lab from", source, "keeping", ", ".join(keep))
-    url = pathlib.Path(source).resolve().as_uri() if os.path.exists(source) else source
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, f"moe-lab[notebook] @ {url}"])
+    if os.path.exists(source):  # a clone: editable, so notebooks find its benchmarks/ data too
+        clone = str(pathlib.Path(source).resolve())
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, "-e", f"{clone}[notebook]"])
+        sys.path.insert(0, clone)  # new kernels see the editable install; this one needs the path now
+    else:
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, f"moe-lab[notebook] @ {source}"])
     importlib.invalidate_caches()
 print("moe-lab is installed:", importlib.metadata.version("moe-lab"))
 

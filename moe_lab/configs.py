@@ -146,16 +146,28 @@ def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: i
     return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
 
 
+def full_precision_fp32(dtype: torch.dtype) -> bool:
+    """True when float32 operands multiply at full precision (PyTorch's "highest" float32 matmul precision,
+    its default): `tl.dot(..., input_precision="ieee")`, on the CUDA cores. "high" allows TF32 tensor cores."""
+    return dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
+
+
 def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
                      intermediate_size: int, dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
     """Rules by expected rows per expert (T*k/E), no table: the config where no tuned entry applies.
-    Under Triton's interpreter: one small config for every shape. `dtype` is accepted for symmetry
-    with `default_config` and not used by the rules."""
+    Under Triton's interpreter: one small config for every shape. `dtype` matters for float32 at full
+    precision (`full_precision_fp32`), whose dots need smaller tiles."""
     if interpreter_active():
         # The interpreter runs one program at a time: few, wide tiles; M small to keep padding cheap.
         cfg = GemmConfig(16, 64, 64, 1, 4, 1)
         return MoEConfig(cfg, cfg)
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
+    if full_precision_fp32(dtype) and rows_per_expert > 4:
+        # Full-precision float32 dots run on the CUDA cores, not the tensor cores: the bf16 prefill tile's
+        # 128x256 accumulator spills. 64x128x32 was fastest on an H200 at 16 and 1024 rows per expert
+        # (benchmarks/experiments/fp32_tiles-H200-2026-11-30.txt: Mixtral T=4096 133 ms, the bf16 tile 332).
+        cfg = GemmConfig(64, 128, 32, 4, 4, 3)
+        return MoEConfig(cfg, cfg)
     if rows_per_expert <= 4:
         up = GemmConfig(16, 64, 128, 1, 4, 4)
         down = GemmConfig(16, 64, 128, 1, 4, 4)

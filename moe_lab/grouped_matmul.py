@@ -34,7 +34,7 @@ from ._kernels.grouped_matmul import grouped_matmul_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import descriptor_problem, shared_memory_limit, tma_support
-from .configs import GemmConfig, fit_to_shared_memory
+from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
 from .runtime import interpreter_active
 
@@ -194,7 +194,7 @@ def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_block
         TOP_K=routing.top_k, GATHER_A=gather_a, SCATTER_C=scatter, MUL_ROUTED_WEIGHT=weights is not None,
         A_TMA=path.a_tma, W_TMA=path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
-        FP32_IEEE=a.dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest",
+        FP32_IEEE=full_precision_fp32(a.dtype),
         TAIL_SPLITS=config.tail_splits,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,

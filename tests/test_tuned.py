@@ -253,3 +253,16 @@ def test_fused_moe_info_says_where_the_config_came_from():
     assert info.config_source == "user config"
     _, info = moe_lab.fused_moe(hs[:0], w1, w2, tw[:0], ti[:0], return_info=True)
     assert info.config_source == "heuristic (no tuned table for this device)" and info.up_path is None
+
+
+def test_heuristic_gives_full_precision_float32_tiles_that_fit_the_cuda_cores(monkeypatch):
+    import moe_lab.configs as configs
+    monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the GPU rules
+    big = configs.heuristic_config(4096, 8, 2, 4096, 14336, torch.float32)
+    assert (big.up.BLOCK_SIZE_M, big.up.BLOCK_SIZE_N, big.up.BLOCK_SIZE_K) == (64, 128, 32)
+    assert configs.heuristic_config(4096, 8, 2, 4096, 14336, torch.bfloat16).up.BLOCK_SIZE_N == 256
+    torch.set_float32_matmul_precision("high")  # TF32 tensor cores: the bf16 tiles again
+    try:
+        assert configs.heuristic_config(4096, 8, 2, 4096, 14336, torch.float32).up.BLOCK_SIZE_N == 256
+    finally:
+        torch.set_float32_matmul_precision("highest")

@@ -100,6 +100,19 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
         AlignedRouting (see its docstring). No device-to-host synchronization.
     Raises:
         TypeError / ValueError naming the argument for a wrong type, dtype, rank or value.
+
+    Example: two tokens, top_k = 2, three experts, blocks of 4 rows (a GemmConfig needs at least 16; 4
+    keeps the example short). The slots are token*top_k + j: slot 0 (token 0) and slot 2 (token 1) chose
+    expert 1, slot 1 expert 0, slot 3 expert 2. Each expert's slots come out in slot order, padded to a
+    whole block with the sentinel T*k = 4; each block names its expert:
+
+    >>> import torch, moe_lab
+    >>> topk_ids = torch.tensor([[1, 0], [1, 2]], dtype=torch.int32, device=moe_lab.runtime.default_device())
+    >>> r = moe_lab.moe_align(topk_ids, num_experts=3, block_size_m=4)
+    >>> r.sorted_token_ids.tolist()
+    [1, 4, 4, 4, 0, 2, 4, 4, 3, 4, 4, 4]
+    >>> r.expert_ids.tolist(), r.num_tokens_post_padded.item(), r.counts.tolist()
+    ([0, 1, 2], 12, [1, 2, 1])
     """
     _check(topk_ids, num_experts, block_size_m, expert_map)
     device = topk_ids.device

@@ -1,7 +1,7 @@
 """Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
 
 For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
-before each (`graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
+before each (`moe_lab.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
   - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
@@ -17,8 +17,7 @@ import datetime
 import json
 import os
 import platform
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import List, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,70 +30,13 @@ from .grouped_matmul import grouped_matmul
 from .layer import fused_moe
 from .presets import MoEPreset, get_preset
 from .reference import fused_moe_reference, relative_error
+from .routing import uniform_routing
 from .runtime import require_gpu_timing
+from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 ROUNDS = 3  # rounds of replays for the compared figures (both GEMMs, the layer), same for every implementation
-
-
-def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:
-    """Median time of `fn` in milliseconds; L2 is flushed before each run."""
-    return float(triton.testing.do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-
-
-def graph_ms(fn: Callable[[], object], rep_ms: int = 100, min_replays: int = 10, rounds: int = 1) -> float:
-    """Median time (ms) of CUDA-graph replays of `fn`, L2 flushed before each replay: what a serving
-    engine that captures the layer sees, without Python launch overhead. At least `min_replays` replays:
-    a 30 ms layer gets only three in 100 ms, and one slow replay (a clock dip) could then set the median.
-    With `rounds` > 1, the least of that many medians: a clock dip only ever makes a round slower."""
-    fn()  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    try:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        rep = max(rep_ms, int(min_replays * start.elapsed_time(end)) + 1)
-        return min(median_ms(graph.replay, rep) for _ in range(rounds))
-    finally:
-        del graph
-
-
-def measure_ceilings(device="cuda") -> Dict[str, float]:
-    """Copy bandwidth (TB/s, bytes read + written), read-only bandwidth (TB/s) and bf16 matmul TFLOP/s."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    copy_ms = median_ms(lambda: dst.copy_(src))
-    as_f32 = src.view(torch.float32)
-    read_ms = median_ms(lambda: as_f32.sum())
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    mm_ms = median_ms(lambda: a @ b)
-    del src, dst, a, b
-    return {"copy_tbps": 2 * (1 << 30) / copy_ms / 1e9, "read_tbps": (1 << 30) / read_ms / 1e9,
-            "bf16_matmul_tflops": 2 * 8192 ** 3 / mm_ms / 1e9}
-
-
-@dataclass
-class GemmCost:
-    flops: float
-    bytes: float  # fewest bytes: weights of the experts in use, A read once, C written once
-
-    def roofline_ms(self, ceilings) -> float:
-        return max(self.flops / ceilings["bf16_matmul_tflops"] / 1e9, self.bytes / ceilings["copy_tbps"] / 1e9)
-
-
-def gemm_costs(preset: MoEPreset, num_tokens: int, experts_used: int, itemsize: int):
-    h, i, k = preset.hidden_size, preset.intermediate_size, preset.top_k
-    rows = num_tokens * k
-    up = GemmCost(2 * rows * h * 2 * i, itemsize * (experts_used * 2 * i * h + num_tokens * h + rows * 2 * i))
-    down = GemmCost(2 * rows * i * h, itemsize * (experts_used * h * i + rows * i + rows * h))
-    return up, down
 
 
 def _sort_by_expert(topk_ids, num_experts):
@@ -143,15 +85,6 @@ def _loop_peer(hs, w1, w2, tw, ti):
             out.index_add_(0, tok, y.float() * tw[tok, slot, None])
         return out.to(hs.dtype)
     return layer
-
-
-def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, device="cuda", seed: int = 0):
-    """topk_weights [T, k] float32 (softmax over k random logits), topk_ids [T, k] int32 (k distinct
-    experts per token, uniformly at random)."""
-    gen = torch.Generator(device=device).manual_seed(seed)
-    topk_ids = torch.rand(num_tokens, num_experts, generator=gen, device=device).topk(top_k, dim=1).indices
-    topk_weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen, device=device), dim=-1)
-    return topk_weights, topk_ids.to(torch.int32)
 
 
 def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfloat16,

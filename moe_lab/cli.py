@@ -114,7 +114,7 @@ def cmd_demo(args) -> int:
                     f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
                     f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}")
             if on_gpu and num_tokens:
-                from .bench import graph_ms  # median of CUDA-graph replays of the whole layer, L2 flushed
+                from .timing import graph_ms  # median of CUDA-graph replays of the whole layer, L2 flushed
                 ms = graph_ms(lambda: fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma))
                 line += f"  {ms:>8.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
             print(line, flush=True)

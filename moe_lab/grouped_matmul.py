@@ -119,6 +119,12 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         w: [E, N, K] expert weights, same dtype as a; any strides (TMA needs the last one to be 1).
         routing: the schedule from `moe_align`, built with BLOCK_SIZE_M = config.BLOCK_SIZE_M.
         config: the GemmConfig to launch with.
+        gather_a: True for the up projection: row r of each block reads token row
+            a[sorted_token_ids[r] // top_k] (each token feeds its top_k slots; padding rows read nothing),
+            so `a` is hidden_states in token order. False for the down projection: row r reads a[r], rows
+            already in padded sorted order (the up projection's activation), which a 2-D tensor
+            descriptor can load as one box. Gathered rows use pointer loads (TMA gather is Blackwell-only)
+            unless `config.prepermute` copies them into sorted order first (`moe_lab.permute_tokens`).
         scatter: write row r of each block to out[sorted_token_ids[r]] ([T*k, N]) instead of out[r]
             ([max_num_tokens_padded, N]); padding rows are then dropped.
         topk_weights: [T, k] routed weights; when given, each row is multiplied by its slot's weight.

@@ -93,3 +93,13 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     if routed_scaling_factor != 1.0:
         topk_weights = topk_weights * routed_scaling_factor
     return TopKRouting(topk_weights.contiguous(), topk_ids.to(torch.int32).contiguous())
+
+
+def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, device="cuda", seed: int = 0):
+    """The routing benchmarks use: topk_weights [T, k] float32 (softmax over k random logits), topk_ids
+    [T, k] int32 (k distinct experts per token, uniformly at random), from a seeded generator on `device`,
+    so every implementation timed sees the same, typical expert load."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    topk_ids = torch.rand(num_tokens, num_experts, generator=gen, device=device).topk(top_k, dim=1).indices
+    topk_weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen, device=device), dim=-1)
+    return topk_weights, topk_ids.to(torch.int32)

@@ -24,12 +24,13 @@ import triton
 
 from .activation import silu_and_mul
 from .align import moe_align
-from .bench import graph_ms
 from .capability import shared_memory_limit
 from .configs import GemmConfig, MoEConfig, default_config
 from .grouped_matmul import grouped_matmul
 from .presets import get_preset
+from .routing import uniform_routing
 from .runtime import require_gpu_timing
+from .timing import graph_ms
 from .tuned import config_path, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
@@ -78,7 +79,6 @@ class _Problem:
     """One (preset, T) on the GPU: inputs, and the up/down GEMM launches for a config."""
 
     def __init__(self, preset, num_tokens: int, dtype, num_experts: Optional[int] = None):
-        from .bench import uniform_routing
         e = num_experts or preset.num_experts
         self.k, self.h, self.i = preset.top_k, preset.hidden_size, preset.intermediate_size
         gen = torch.Generator(device="cuda").manual_seed(0)

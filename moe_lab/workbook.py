@@ -62,9 +62,10 @@ def pick(gpu_value, cpu_value, override: Optional[object] = None):
 
 
 def fp32_dot_tol() -> float:
-    """Tolerance for a float32 Triton `tl.dot` against a float32 PyTorch result. On a GPU a float32 dot
-    runs on the tensor cores in TF32 (10-bit mantissa: relative error near 1e-3); the interpreter
-    multiplies in float32 with numpy (near 1e-6)."""
+    """Tolerance for a float32 Triton `tl.dot` in a notebook kernel against a float32 PyTorch result. A
+    notebook's own `tl.dot` on a GPU uses Triton's default, TF32 on the tensor cores (10-bit mantissa:
+    relative error near 1e-3); moe_lab's kernels instead follow `torch.get_float32_matmul_precision()`
+    (full float32 by default). The interpreter multiplies in float32 with numpy (near 1e-6)."""
     return 5e-3 if on_gpu() else 1e-5
 
 

@@ -204,7 +204,7 @@ workbook.check_equal("moe-lab up, TMA weights vs pointer weights", up_tma[:used_
 # %%
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the pointer vs TMA timing"):
-    from moe_lab.bench import median_ms
+    from moe_lab.timing import median_ms
 
     preset = moe_lab.get_preset("qwen3-30b-a3b")
     hs, g1, g2, (tw, ti) = preset.build(4096, dtype=torch.bfloat16, device="cuda")

@@ -23,7 +23,16 @@ def test_matches_reference(num_tokens, num_experts, top_k, block_size_m):
     assert_same(moe_align(ids, num_experts, block_size_m), moe_align_reference(ids, num_experts, block_size_m))
 
 
-def test_documented_example():
+def test_docstring_example():
+    """The worked example in moe_align's docstring runs and prints what it says."""
+    import doctest
+    runner = doctest.DocTestRunner()
+    for test in doctest.DocTestFinder().find(moe_align, "moe_align"):
+        runner.run(test)
+    assert runner.summarize(verbose=False).attempted >= 4 and runner.failures == 0
+
+
+def test_one_expert_pads_to_a_block():
     ids = torch.zeros(4, 1, dtype=torch.int32, device=DEVICE)
     r = moe_align(ids, 1, 8)
     assert r.sorted_token_ids.tolist() == [0, 1, 2, 3, 4, 4, 4, 4]

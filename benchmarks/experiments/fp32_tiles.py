@@ -12,7 +12,7 @@ Usage: python benchmarks/experiments/fp32_tiles.py
 import torch
 
 from moe_lab import fused_moe, fused_moe_reference
-from moe_lab.bench import uniform_routing
+from moe_lab.routing import uniform_routing
 from moe_lab.configs import GemmConfig, MoEConfig, heuristic_config
 from moe_lab.presets import get_preset
 

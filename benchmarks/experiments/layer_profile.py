@@ -10,7 +10,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from moe_lab import fused_moe
-from moe_lab.bench import graph_ms, uniform_routing
+from moe_lab.routing import uniform_routing
+from moe_lab.timing import graph_ms
 from moe_lab.configs import default_config
 from moe_lab.presets import get_preset
 

@@ -14,7 +14,8 @@ from dataclasses import replace
 import torch
 
 from moe_lab import fused_moe, moe_align, silu_and_mul
-from moe_lab.bench import graph_ms, uniform_routing
+from moe_lab.routing import uniform_routing
+from moe_lab.timing import graph_ms
 from moe_lab.configs import GemmConfig, MoEConfig, default_config
 from moe_lab.grouped_matmul import grouped_matmul
 from moe_lab.presets import get_preset

@@ -99,7 +99,7 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
         dict: flops (FLOP), bytes (B: weights of the experts used, tokens read, outputs written),
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     """
-    from ..bench import gemm_costs
+    from ..timing import gemm_costs
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
@@ -271,7 +271,7 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
     require_gpu_timing("time_layer")
     import torch
 
-    from ..bench import median_ms
+    from ..timing import median_ms
     from ..layer import fused_moe
     hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=torch.bfloat16, device="cuda", seed=seed)
     fused_moe(hs, w1, w2, tw, ti, config=config, use_tma=use_tma)  # compile outside the timed runs

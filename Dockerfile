@@ -11,11 +11,15 @@ ARG PIP_EXTRA_INDEX_URL=
 RUN apt-get update && apt-get install -y --no-install-recommends make git \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /moe-lab
-# Dependencies first, so that editing a notebook does not reinstall torch.
+# Dependencies first, so that editing a notebook does not reinstall torch. The same .venv and stamp as the
+# Makefile's, so `make test` in the container finds everything installed.
 COPY requirements-cpu.txt pyproject.toml README.md LICENSE ./
 COPY moe_lab/__init__.py moe_lab/__init__.py
-RUN pip install --no-cache-dir -r requirements-cpu.txt && pip install --no-cache-dir -e '.[lab,test]'
+RUN python3 -m venv .venv && .venv/bin/pip install --no-cache-dir -r requirements-cpu.txt \
+    && .venv/bin/pip install --no-cache-dir -e '.[lab,test]' && touch .venv/.installed
+ENV PATH=/moe-lab/.venv/bin:$PATH
 COPY . .
+RUN touch .venv/.installed
 # Check the environment at build time, not in the workshop.
 RUN moe-lab doctor
 EXPOSE 8888

@@ -14,11 +14,12 @@ import triton
 from ._kernels.activation import silu_and_mul_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .runtime import interpreter_active
+from .runtime import interpreter_active, interpreter_serialized
 
 BLOCK_SIZE = 1024
 
 
+@interpreter_serialized
 def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
                  routing: Optional[AlignedRouting] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [R, 2I] float16/bfloat16/float32 (any strides; copied first if the last is not 1) -> [R, I] in

@@ -24,6 +24,7 @@ import triton
 
 from ._kernels.align import count_kernel, prefix_kernel, scatter_kernel
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
+from .runtime import interpreter_serialized
 
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
 MAX_EXPERTS = 4096        # the block map holds one row of all experts per program
@@ -85,6 +86,7 @@ def _check(topk_ids, num_experts, block_size_m, expert_map):
         check_same_device(topk_ids=topk_ids, expert_map=expert_map)
 
 
+@interpreter_serialized
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
               expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
     """Sort (token, k) slots by expert and pad each expert to a multiple of `block_size_m`.

@@ -39,7 +39,8 @@ TMA_CHOICES = {"auto": "auto", "on": True, "off": False}
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}), Triton interpreter"
+    where = "Triton interpreter" if interpreter_active() else "no GPU and interpreter off: kernels cannot run (moe-lab doctor)"
+    return f"CPU ({platform.processor() or platform.machine()}), {where}"
 
 
 def cmd_info(_args) -> int:

@@ -84,6 +84,19 @@ def front_end() -> str:
     return "terminal (no Jupyter kernel)"
 
 
+def cache_problem(path: str) -> Optional[str]:
+    """None if Triton can write its cache at `path` (the folder, or the nearest existing folder above it
+    where the rest would be created), else what stands in the way."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.path.isdir(probe):
+        return f"cannot be created: {probe} is a file"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return "is not writable" if probe == os.path.abspath(path) else f"cannot be created: {probe} is not writable"
+    return None
+
+
 def report() -> Report:
     rep = Report()
     fact, find = rep.facts.append, rep.findings.append
@@ -116,9 +129,18 @@ def report() -> Report:
             find(Finding("note", "a CUDA GPU is visible but TRITON_INTERPRET=1 keeps kernels on the CPU",
                          "unset TRITON_INTERPRET (before importing moe_lab) to run on the GPU"))
     fact(("interpreter", "on (TRITON_INTERPRET=1)" if interpreter_active() else "off"))
-    support = tma_support(device)
-    fact(("TMA path", f"{'available' if support.available else 'not available'}: {support.reason}"))
-    if device.type == "cuda" and torch.version.cuda and not support.available:
+    if device.type == "cpu" and not interpreter_active():
+        find(Finding("problem", f"no CUDA GPU and TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}: "
+                                "every kernel launch fails (Triton finds no driver)",
+                     "unset TRITON_INTERPRET (moe_lab then switches the interpreter on) or set it to 1"))
+    try:
+        support = tma_support(device)
+    except ValueError as exc:  # a bad MOE_LAB_TMA
+        find(Finding("problem", str(exc), "export MOE_LAB_TMA=auto (or 0, or 1)"))
+        support = None
+    if support is not None:
+        fact(("TMA path", f"{'available' if support.available else 'not available'}: {support.reason}"))
+    if device.type == "cuda" and torch.version.cuda and support is not None and not support.available:
         find(Finding("note", "this GPU runs the pointer path only (TMA needs compute capability >= 9.0)"))
     table = table_for_device(device)
     fact(("tuned table", table.reason))
@@ -132,8 +154,9 @@ def report() -> Report:
     fact(("matplotlib", _installed("matplotlib") or "not installed"))
     fact(("jupyterlab", lab or "not installed"))
     fact(("front end", front_end()))
-    if not widgets or not _installed("matplotlib"):
-        find(Finding("problem", "the notebooks' pictures and widgets need ipywidgets and matplotlib",
+    missing = [dist for dist in ("ipywidgets", "matplotlib") if not _installed(dist)]
+    if missing:
+        find(Finding("problem", f"the notebooks' pictures and widgets need {' and '.join(missing)}, not installed",
                      "pip install 'moe-lab[notebook]' (keeps a host's ipywidgets 7.7 or 8)"))
     elif lab and version_tuple(lab)[:1] >= (4,) and version_tuple(widgets)[:1] < (8,):
         find(Finding("note", f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed "
@@ -143,10 +166,10 @@ def report() -> Report:
     # Triton's compile cache must be writable, or every kernel compiles again in every process.
     cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
         os.environ.get("TRITON_HOME") or os.path.expanduser("~"), ".triton", "cache")
-    probe = cache if os.path.isdir(cache) else os.path.dirname(os.path.dirname(cache))
     fact(("triton cache", cache))
-    if not interpreter_active() and not os.access(probe, os.W_OK):
-        find(Finding("problem", f"Triton's cache folder {cache} is not writable",
+    problem = cache_problem(cache)
+    if problem and not interpreter_active():
+        find(Finding("problem", f"Triton's cache folder {cache} {problem}",
                      "export TRITON_CACHE_DIR=/tmp/triton-cache (or another writable folder)"))
     return rep
 

@@ -36,7 +36,7 @@ from .align import AlignedRouting
 from .capability import descriptor_problem, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
-from .runtime import interpreter_active
+from .runtime import interpreter_active, interpreter_serialized
 
 log = logging.getLogger(__name__)
 _logged_fallbacks: set = set()
@@ -108,6 +108,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     return path
 
 
+@interpreter_serialized
 def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
                    out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto") -> torch.Tensor:

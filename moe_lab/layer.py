@@ -24,6 +24,7 @@ from .configs import ConfigLike, MoEConfig
 from .grouped_matmul import LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
 from .reduce import topk_reduce
 from .tuned import choose_config
+from .runtime import interpreter_serialized
 
 
 @dataclass(frozen=True)
@@ -41,17 +42,22 @@ class FusedMoEInfo:
     config_source: str = ""
 
 
+def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
+    """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE)."""
+    check_tensor("w1", w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]",
+                 dtype_of=dtype_of)
+    num_experts, two_inter, hidden = w1.shape
+    if two_inter % 2 or two_inter == 0:
+        raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
+    check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(num_experts, hidden, two_inter // 2),
+                 layout="[E, H, I]", dtype_of=dtype_of or "w1")
+
+
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
-    dt = (hidden_states.dtype,)
-    check_tensor("w1", w1, ndim=3, dtypes=dt, shape=(None, None, hidden), layout="[E, 2I, H]",
-                 dtype_of="hidden_states")
-    num_experts, two_inter, _ = w1.shape
-    if two_inter % 2 or two_inter == 0:
-        raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
-    check_tensor("w2", w2, ndim=3, dtypes=dt, shape=(num_experts, hidden, two_inter // 2), layout="[E, H, I]",
-                 dtype_of="hidden_states")
+    _check_weights(w1, w2, (hidden_states.dtype,), hidden, "hidden_states")
+    num_experts = w1.shape[0]
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
                  layout="[T, k] (same as topk_ids)")
@@ -86,6 +92,7 @@ def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_e
                              f"from {low} to {high}")
 
 
+@interpreter_serialized
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, config: ConfigLike = None,
               use_tma: UseTma = "auto", expert_map: Optional[torch.Tensor] = None,
@@ -151,7 +158,10 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, hidden_states.dtype,
                            config=config, device=hidden_states.device)
     cfg = choice.config
-    if num_tokens == 0:  # an idle rank: nothing to launch
+    if num_tokens == 0:  # an idle rank: nothing to launch, but use_tma=True holds to its rules as at T > 0
+        if use_tma is True:
+            _load_paths(hidden_states, hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w1, w2, cfg,
+                        use_tma)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
@@ -162,9 +172,13 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:  # asking again costs host time on every call
         return None
-    return FusedMoEInfo(cfg, select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
-                        select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma), routing,
-                        choice.source)
+    return FusedMoEInfo(cfg, *_load_paths(hidden_states, act, w1, w2, cfg, use_tma), routing, choice.source)
+
+
+def _load_paths(hidden_states, act, w1, w2, cfg, use_tma):
+    """(up, down) LoadPath: the up GEMM gathers token rows of hidden_states, the down GEMM reads act's rows."""
+    return (select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
+            select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma))
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---
@@ -196,9 +210,7 @@ class FusedMoE(torch.nn.Module):
     def __init__(self, w1: torch.Tensor, w2: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
                  use_tma: UseTma = "auto"):
         super().__init__()
-        check_tensor("w1", w1, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, 2I, H]")
-        check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(w1.shape[0], w1.shape[2], w1.shape[1] // 2),
-                     layout="[E, H, I]")
+        _check_weights(w1, w2)
         if expert_map is not None:
             check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
         check_use_tma(use_tma)

@@ -16,11 +16,13 @@ import triton
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
+from .runtime import interpreter_serialized
 
 BLOCK_ROWS = 16
 BLOCK_K = 256
 
 
+@interpreter_serialized
 def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """hidden_states [T, K] (float16/bfloat16/float32, any strides) -> [routing.max_num_tokens_padded, K]

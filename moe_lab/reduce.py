@@ -13,11 +13,12 @@ import triton
 
 from ._kernels.reduce import topk_reduce_kernel
 from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, output_buffer
-from .runtime import interpreter_active
+from .runtime import interpreter_active, interpreter_serialized
 
 BLOCK_SIZE = 1024
 
 
+@interpreter_serialized
 def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *,
                 expert_map: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """out_k [T*k, H] float (last stride 1), topk_ids [T, k] int -> out [T, H] (float32 accumulation).

@@ -6,8 +6,10 @@ it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either w
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
+import threading
 from typing import Optional
 
 import torch
@@ -15,7 +17,7 @@ import torch
 
 def interpreter_active() -> bool:
     """True when Triton kernels run under the CPU interpreter (`TRITON_INTERPRET=1`)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes", "y")  # as Triton reads it
 
 
 def select_backend() -> None:
@@ -47,7 +49,10 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Option
     """None, or what to install: Triton <= 3.6's interpreter fails on every loop with a run-time bound
     under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars"; fixed in Triton
     3.7). Only the interpreter needs numpy at all, so numpy is not pinned: this check says it instead."""
-    if version_tuple(triton_version)[:2] <= (3, 6) and version_tuple(numpy_version)[:2] >= (2, 4):
+    triton_release, numpy_release = version_tuple(triton_version or ""), version_tuple(numpy_version or "")
+    if not triton_release or not numpy_release:  # a version we cannot read ("dev"): let it run
+        return None
+    if triton_release[:2] <= (3, 6) and numpy_release[:2] >= (2, 4):
         return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
                 f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
                 "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12).")
@@ -70,3 +75,19 @@ def require_gpu_timing(what: str = "timing") -> None:
             "TRITON_INTERPRET, or look at the committed H200 results in benchmarks/results/.")
     if not torch.cuda.is_available():
         raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch.")
+
+
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def interpreter_serialized(fn):
+    """Decorate a launcher: under Triton's interpreter its calls take one process-wide (re-entrant) lock.
+    The interpreter is not thread-safe (concurrent launches from several threads raise interpreter errors);
+    compiled kernels need no lock and take none."""
+    @functools.wraps(fn)
+    def serialized(*args, **kwargs):
+        if not interpreter_active():
+            return fn(*args, **kwargs)
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+    return serialized

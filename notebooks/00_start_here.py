@@ -27,6 +27,9 @@ if importlib.util.find_spec("moe_lab") is None:
     if source is None:
         raise RuntimeError("moe-lab is not installed and no source was found: clone the repository and open "
                            "notebooks/ from it, or set MOE_LAB_SOURCE (see docs/hosted.md)")
+    if "://" not in source and not os.path.exists(os.path.join(source, "pyproject.toml")):
+        raise RuntimeError(f"MOE_LAB_SOURCE={source!r} is neither a clone of moe-lab (no pyproject.toml there) "
+                           "nor an address such as git+https://...")
     keep = []
     for dist in ("torch", "triton", "numpy", "ipywidgets"):
         try:

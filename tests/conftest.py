@@ -53,4 +53,9 @@ def random_layer(num_tokens, num_experts, top_k, hidden, inter, dtype, *, device
     return hs, w1, w2, topk_weights, topk_ids
 
 
+def small_layer(num_tokens=8, num_experts=4, top_k=2, dtype=torch.float32):
+    """A random layer with H = I = 32: quick under the interpreter."""
+    return random_layer(num_tokens, num_experts, top_k, 32, 32, dtype)
+
+
 TOL = {torch.float32: 2e-3, torch.float16: 1e-2, torch.bfloat16: 1e-2}

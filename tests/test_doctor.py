@@ -33,3 +33,22 @@ def test_doctor_notes_ipywidgets_7_beside_jupyterlab_4(monkeypatch):
     monkeypatch.setattr(doctor, "_installed", lambda dist: versions.get(dist, importlib.metadata.version(dist)))
     notes = [f for f in doctor.report().findings if f.level == "note"]
     assert any("ipywidgets 8" in f.what for f in notes)
+
+
+def test_doctor_names_a_cpu_without_the_interpreter(monkeypatch):
+    import torch
+    if torch.cuda.is_available():
+        return
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert any("TRITON_INTERPRET" in f.what for f in doctor.report().problems)
+
+
+def test_doctor_reports_a_bad_tma_setting_instead_of_crashing(monkeypatch):
+    monkeypatch.setenv("MOE_LAB_TMA", "maybe")
+    assert any("MOE_LAB_TMA" in f.what for f in doctor.report().problems)
+
+
+def test_cache_problem(tmp_path):
+    assert doctor.cache_problem(str(tmp_path / "new" / "cache")) is None  # created on first use
+    (tmp_path / "file").write_text("x")
+    assert "is a file" in doctor.cache_problem(str(tmp_path / "file" / "cache"))

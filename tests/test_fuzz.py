@@ -1,5 +1,6 @@
 """Property tests: fused_moe equals the reference over random shapes, dtypes, block sizes, strides and
 both load paths (interpreter on a CPU), starting from a seed corpus of the edge cases."""
+import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -29,6 +30,7 @@ def layers(draw):
     )
 
 
+@pytest.mark.slow  # about a minute under the interpreter; CI runs it (`-m "not slow"` skips it locally)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers())
 @example(dict(num_tokens=0, num_experts=4, top_k=2, hidden=32, inter=16, dtype="bf16", block_m=16, block_n=32,

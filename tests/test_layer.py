@@ -1,7 +1,13 @@
 import pytest
 import torch
 
-from moe_lab import GemmConfig, fused_moe, fused_moe_reference, get_preset, relative_error
+from moe_lab import (
+    GemmConfig,
+    fused_moe,
+    fused_moe_reference,
+    get_preset,
+    relative_error,
+)
 
 from .conftest import DEVICE, TOL, random_layer
 
@@ -117,3 +123,31 @@ def test_bad_config():
 def test_relative_error_refuses_to_broadcast():
     with pytest.raises(ValueError, match="same shape"):
         relative_error(torch.ones(4, 1), torch.ones(4, 3))
+
+
+def test_uneven_expert_loads_with_empty_experts():
+    counts = [40, 0, 97, 21, 0, 5]  # the shape of 162, 0, 2577, 446, 0, 83, scaled for the interpreter
+    ids = torch.cat([torch.full((c,), e) for e, c in enumerate(counts)])
+    ids = ids[torch.randperm(ids.numel())].view(-1, 1).int()
+    hs, w1, w2, tw, ti = random_layer(ids.shape[0], len(counts), 1, 32, 32, torch.bfloat16, ids=ids)
+    assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_a_single_expert():
+    hs, w1, w2, tw, ti = random_layer(9, 1, 1, 32, 32, torch.float16)
+    assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_chunking_gives_the_same_bits():
+    hs, w1, w2, tw, ti = random_layer(50, 6, 2, 32, 32, torch.float32)
+    cfg = GemmConfig(16, 32, 32, 1)
+    whole = fused_moe(hs, w1, w2, tw, ti, config=cfg)
+    chunked = fused_moe(hs, w1, w2, tw, ti, config=cfg, chunk_size=16)
+    assert torch.equal(whole, chunked)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        fused_moe(hs, w1, w2, tw, ti, chunk_size=0)
+
+
+def test_two_runs_are_bitwise_equal():
+    hs, w1, w2, tw, ti = random_layer(40, 8, 3, 32, 32, torch.bfloat16)
+    assert torch.equal(fused_moe(hs, w1, w2, tw, ti), fused_moe(hs, w1, w2, tw, ti))

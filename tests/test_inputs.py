@@ -1,0 +1,92 @@
+"""Bad input gets a clear error naming the argument: devices, flags, buffers, configs, small launchers."""
+import pytest
+import torch
+
+import moe_lab
+from moe_lab import FusedMoE, GemmConfig, fused_moe, fused_moe_reference, relative_error
+from moe_lab.configs import fit_to_shared_memory
+
+from .conftest import DEVICE, TOL, random_layer, small_layer
+
+
+def test_mixed_devices_are_named():
+    if DEVICE.type != "cuda":
+        pytest.skip("needs a second device type")
+    hs, w1, w2, tw, ti = random_layer(4, 4, 2, 32, 16, torch.float32)
+    with pytest.raises(ValueError, match="one device"):
+        fused_moe(hs.cpu(), w1, w2, tw, ti)
+
+
+@pytest.mark.parametrize("use_tma", [0, 1, None, "yes", "true"])
+def test_use_tma_takes_only_bools_and_auto(use_tma):
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(ValueError, match="use_tma must be True, False or 'auto'"):
+        fused_moe(hs, w1, w2, tw, ti, use_tma=use_tma)
+    with pytest.raises(ValueError, match="use_tma must be"):
+        fused_moe(hs[:0], w1, w2, tw[:0], ti[:0], use_tma=use_tma)  # also when there is nothing to do
+    with pytest.raises(ValueError, match="use_tma must be"):
+        FusedMoE(w1, w2, use_tma=use_tma)
+
+
+def test_overlapping_out_rows_are_refused():
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(ValueError, match="out rows overlap"):
+        fused_moe(hs, w1, w2, tw, ti, out=torch.zeros(1, 32, device=DEVICE).expand(8, 32))
+
+
+def test_inference_only_is_said():
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(ValueError, match="inference-only"):
+        fused_moe(hs.requires_grad_(), w1, w2, tw, ti)
+    with torch.no_grad():
+        fused_moe(hs, w1, w2, tw, ti)
+
+
+def test_small_launchers_validate():
+    from moe_lab import silu_and_mul, topk_reduce
+    with pytest.raises(ValueError, match=r"num_rows must have shape \[1\]"):
+        silu_and_mul(torch.randn(5, 16, device=DEVICE), num_rows=torch.tensor([], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(TypeError, match="num_rows must be a torch.Tensor"):
+        silu_and_mul(torch.randn(5, 16, device=DEVICE), num_rows=3)
+    ids = torch.tensor([[0, 1]], device=DEVICE)
+    with pytest.raises(ValueError, match="num_experts must be >= 1"):
+        topk_reduce(torch.randn(2, 4, device=DEVICE), ids, 0)
+    with pytest.raises(TypeError, match="expert_map must be int32 or int64"):
+        topk_reduce(torch.randn(2, 4, device=DEVICE), ids, 2, expert_map=torch.zeros(4, device=DEVICE))
+
+
+def test_config_errors_name_the_key():
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(TypeError, match="config.BLOCK_SIZE_M must be an int"):
+        fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_SIZE_M": "32"})
+    with pytest.raises(TypeError, match="takes no other keys"):
+        fused_moe(hs, w1, w2, tw, ti, config={"up": {}, "bogus": 1})
+    with pytest.raises(ValueError, match="<= 256"):
+        GemmConfig(16, 2 ** 20, 16)
+    out = fused_moe(hs, w1, w2, tw, ti, config={"up": {"BLOCK_SIZE_N": 32}})  # merged onto the default
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+
+
+def test_config_that_does_not_fit_is_clamped_or_refused():
+    big = GemmConfig(128, 256, 128, 8, 8, 6)
+    fitted = fit_to_shared_memory(big, 2, 232448)
+    assert fitted.num_stages < 6 and fitted.shared_memory_bytes(2) <= 232448
+    with pytest.raises(ValueError, match="shared memory even with one stage"):
+        fit_to_shared_memory(big, 4, 64 * 1024)
+
+
+def test_fused_moe_module_checks_weights_at_construction():
+    with pytest.raises(ValueError, match="even, non-zero 2I"):
+        FusedMoE(torch.randn(2, 5, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE))
+    with pytest.raises(TypeError, match="the dtype of w1"):
+        FusedMoE(torch.randn(2, 4, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("num_tokens", [0, 3])
+def test_strict_tma_refuses_unaligned_weights_whatever_the_batch(num_tokens):
+    """use_tma=True holds at T = 0 (an idle rank) as at T > 0: no surprise when traffic arrives."""
+    if not moe_lab.tma_support().available:
+        pytest.skip("no TMA path on this device")
+    hs, w1, w2, tw, ti = random_layer(num_tokens, 2, 1, 511, 32, torch.bfloat16)  # rows of 1022 bytes
+    with pytest.raises(ValueError, match="use_tma=True but w"):
+        fused_moe(hs, w1, w2, tw, ti, use_tma=True)

@@ -19,7 +19,7 @@ LAB_ARGS   ?=
 OTHER_TRITONS := 3.6.0 3.8.0 3.9.0
 OVERLAY_TRITON = .ci/overlay-venv .venv-triton-$$v triton==$$v $$(case $$v in 3.6.*) echo 'numpy<2.4';; esac)
 
-.PHONY: demo test test-matrix test-widgets7 test-ui test-gpu lab notebooks info doctor clean
+.PHONY: demo test test-matrix compile-check test-widgets7 test-ui test-gpu lab notebooks info doctor clean
 
 $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ test-matrix: $(STAMP) ## the unit tests under each other supported Triton (3.6.0
 	  .venv-triton-$$v/bin/python -m pytest tests -q -p no:cacheprovider || exit 1; done
 
 # The timeout also bounds a known nbclient stall after widget cells (the kernel is done, the client waits).
+compile-check: $(STAMP) ## every kernel variant compiled for sm_80, sm_90, sm_100 with each supported Triton (no GPU)
+	@rc=0; echo "== compile check, Triton 3.7.1"; $(PY) .ci/compile_check.py || rc=1; \
+	for v in $(OTHER_TRITONS); do $(OVERLAY_TRITON) || exit 1; echo "== compile check, Triton $$v"; \
+	  .venv-triton-$$v/bin/python .ci/compile_check.py || rc=1; done; exit $$rc
+
 notebooks: $(STAMP)   ## rebuild each notebook from its py:percent script, execute it, store outputs (no timestamps)
 	cd notebooks && for f in [0-9]*.py; do nb="$${f%.py}.ipynb"; \
 	  ../$(VENV)/bin/jupytext --to ipynb -q "$$f" && \

@@ -182,4 +182,8 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
         # over so many N-tiles that copying the token rows into expert order first pays (see permute.py).
         up = GemmConfig(128, 256, 64, 8, 8, 4, prepermute=2 * intermediate_size >= 16384)
         down = GemmConfig(128, 256, 64, 8, 8, 4)
+    if dtype.itemsize == 4:
+        # These tiles are sized in 16-bit elements; float32 (TF32 dots) halves BLOCK_SIZE_K to keep their
+        # bytes, so the pipeline fits an A100's shared memory (128x256x64 in float32 did not, at any depth).
+        up, down = (replace(c, BLOCK_SIZE_K=max(16, c.BLOCK_SIZE_K // 2)) for c in (up, down))
     return MoEConfig(up, down)

@@ -266,3 +266,17 @@ def test_heuristic_gives_full_precision_float32_tiles_that_fit_the_cuda_cores(mo
         assert configs.heuristic_config(4096, 8, 2, 4096, 14336, torch.float32).up.BLOCK_SIZE_N == 256
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+def test_heuristic_float32_tiles_fit_an_a100(monkeypatch):
+    """TF32 float32 keeps the 16-bit tiles' bytes (half the K), so every heuristic config fits 166912 bytes."""
+    import moe_lab.configs as configs
+    monkeypatch.setattr(configs, "interpreter_active", lambda: False)
+    torch.set_float32_matmul_precision("high")
+    try:
+        for tokens in (1, 64, 512, 16384):
+            cfg = configs.heuristic_config(tokens, 8, 2, 4096, 14336, torch.float32)
+            for gemm in (cfg.up, cfg.down):
+                configs.fit_to_shared_memory(gemm, 4, 166912)  # raises if no depth fits
+    finally:
+        torch.set_float32_matmul_precision("highest")

@@ -1,0 +1,208 @@
+"""The launches a GPU run of moe_lab makes, as workloads: calls of the package's public launchers on
+meta tensors at real model shapes (no memory, no values; Triton sees the dtypes, shapes, strides and
+alignment of a GPU run). Each workload is (label, callable); `compile_only` turns the kernel launches in
+it into compiles for the fake GPU. Identical specializations compile once, whoever launches them.
+
+Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tensors allow):
+- bf16, the dtype of real deployments and of the tuned tables: the heuristic config
+  (`default_config(..., tuned=False)`) of every preset at T = 1, 8, 64, 512, 4096, 16384, which reaches
+  every rows-per-expert rule, prepermute for wide experts (Mixtral) included;
+- every entry of every tuned table in moe_lab/configs/*.json (up and down GemmConfigs with their
+  tma / tail_tiles / prepermute switches) at its shape, dtype and token bucket;
+- at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
+  loads where TMA is available), fp16, fp32 at full precision (matmul precision "highest", the default:
+  FMA dots, with tiles of their own) and fp32 with TF32 tensor cores ("high");
+- an odd shape (H = 511: rows not 16-byte aligned so w1 goes by pointer, ragged K, N = 511), bf16 and
+  fp32 at T = 1 and 4096;
+- expert parallelism (expert_map) at decode and prefill, and int64 topk_ids, each preset, bf16;
+- moe_align at its limits (1 and 4096 experts), silu_and_mul without routing and with num_rows,
+  permute_tokens and topk_reduce on their own, each dtype.
+
+Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
+dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
+- fp16 and fp32 at the two extreme token counts only, for the presets with top_k 2 and 8 (top_k only
+  sets an integer divide); the middle rules differ from them in tile size only, which bf16 covers;
+- the odd shape and the int64/expert_map runs at fewer token counts (their point is masks, strides and
+  index dtypes, not tiles); no fp16 odd shape (it masks and aligns like bf16).
+"""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+from typing import Callable, List, Tuple
+
+import torch
+
+import moe_lab
+from moe_lab import GemmConfig, MoEConfig
+
+Workload = Tuple[str, Callable[[], object]]
+META = torch.device("meta")
+TOKENS = (1, 8, 64, 512, 4096, 16384)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+CONFIG_DIR = os.path.join(os.path.dirname(moe_lab.__file__), "configs")
+
+
+def _empty(*shape, dtype):
+    return torch.empty(shape, dtype=dtype, device=META)
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+    """torch's float32 matmul precision within: the layer and the heuristic read it ("highest" means
+    full-precision FMA dots, "high" TF32 tensor cores)."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def heuristic(num_tokens, num_experts, top_k, hidden, inter, dtype, precision="highest") -> MoEConfig:
+    """The heuristic config (no tuned table) a layer call would get, under that matmul precision."""
+    with matmul_precision(precision):
+        return moe_lab.default_config(num_tokens, num_experts, top_k, hidden, inter, dtype, tuned=False)
+
+
+def layer_call(num_tokens, num_experts, top_k, hidden, inter, dtype, config, *, use_tma="auto",
+               expert_map_experts=None, ids_dtype=torch.int32, precision="highest") -> Callable[[], object]:
+    """fused_moe on meta tensors of this shape. `expert_map_experts`: E_global, with E = num_experts local."""
+    def run():
+        hs = _empty(num_tokens, hidden, dtype=dtype)
+        w1 = _empty(num_experts, 2 * inter, hidden, dtype=dtype)
+        w2 = _empty(num_experts, hidden, inter, dtype=dtype)
+        weights = _empty(num_tokens, top_k, dtype=torch.float32)
+        ids = _empty(num_tokens, top_k, dtype=ids_dtype)
+        emap = _empty(expert_map_experts, dtype=torch.int32) if expert_map_experts else None
+        with matmul_precision(precision):
+            moe_lab.fused_moe(hs, w1, w2, weights, ids, config=config, use_tma=use_tma, expert_map=emap)
+    return run
+
+
+def _dedupe(workloads: List[Tuple[tuple, str, Callable]]) -> List[Workload]:
+    """Drop workloads whose (shape, dtype, config, switches) repeat: they would launch the same kernels."""
+    seen, out = set(), []
+    for key, label, fn in workloads:
+        if key not in seen:
+            seen.add(key)
+            out.append((label, fn))
+    return out
+
+
+def heuristic_workloads() -> List[Workload]:
+    """bf16 (TMA where available): every preset and token count, so every rule of the heuristic. The
+    rest at T = 1 and 16384, the smallest and the largest tile of the rules (and prepermute for
+    Mixtral): bf16 with pointer loads (use_tma=False), fp16, and fp32 both at full precision (the
+    default "highest": FMA dots, tiles of their own) and with TF32 tensor cores ("high")."""
+    wl = []
+    for p in moe_lab.PRESETS.values():
+        shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)
+        for t in TOKENS:
+            for dname, dtype in DTYPES.items():
+                runs = [("auto", "highest")] if dtype == torch.bfloat16 else []
+                if t in (TOKENS[0], TOKENS[-1]) and (dtype == torch.bfloat16 or p.top_k in (2, 8)):
+                    # top_k only sets an integer divide: k = 2 and 8 stand for k = 4 beyond bf16
+                    runs += {torch.bfloat16: [(False, "highest")], torch.float16: [("auto", "highest")],
+                             torch.float32: [("auto", "highest"), ("auto", "high")]}[dtype]
+                for use_tma, precision in runs:
+                    cfg = heuristic(t, *shape, dtype, precision)
+                    label = f"heuristic {p.name} {dname} T={t}" \
+                        + (f" matmul precision {precision}" if dtype == torch.float32 else "") \
+                        + ("" if use_tma == "auto" else " use_tma=False")
+                    wl.append(((p.name, dname, cfg, precision, use_tma), label,
+                               layer_call(t, *shape, dtype, cfg, use_tma=use_tma, precision=precision)))
+    return _dedupe(wl)
+
+
+def _failing(error: Exception) -> Callable[[], object]:
+    def run():
+        raise error
+    return run
+
+
+def tuned_workloads() -> List[Workload]:
+    """Every entry of every tuned table, at its shape ("E=..,k=..,H=..,I=..,dtype") and token bucket. An
+    entry that does not parse becomes a workload that fails with the reason."""
+    wl = []
+    for path in sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))):
+        table = os.path.basename(path)
+        try:
+            with open(path) as f:
+                shapes = json.load(f)["shapes"]
+        except (OSError, ValueError, KeyError) as exc:
+            wl.append(((table,), f"tuned {table}", _failing(ValueError(f"cannot read the table: {exc!r}"))))
+            continue
+        for shape_key, buckets in sorted(shapes.items()):
+            m = re.fullmatch(r"E=(\d+),k=(\d+),H=(\d+),I=(\d+),(\w+)", shape_key)
+            for bucket, entry in sorted(buckets.items(), key=lambda kv: int(kv[0])):
+                label = f"tuned {table} {shape_key} T={bucket}"
+                try:
+                    if not m or m.group(5) not in DTYPES:
+                        raise ValueError(f"shape key {shape_key!r} is not 'E=..,k=..,H=..,I=..,<dtype>'")
+                    e, k, h, i = map(int, m.groups()[:4])
+                    cfg = MoEConfig(GemmConfig(**entry["up"]), GemmConfig(**entry["down"]))
+                except (ValueError, TypeError, KeyError) as exc:
+                    wl.append(((label,), label, _failing(ValueError(f"bad entry: {exc}"))))
+                    continue
+                wl.append(((shape_key, cfg), label, layer_call(int(bucket), e, k, h, i, DTYPES[m.group(5)], cfg)))
+    return _dedupe(wl)
+
+
+def odd_shape_workloads() -> List[Workload]:
+    """H = 511: hidden rows are not 16-byte aligned (w1 falls back to pointer loads), K is ragged, and the
+    down GEMM's N = 511 is no multiple of 16; I = 200 keeps the down GEMM's operands TMA-eligible.
+    fp16 is left out: it masks and aligns like bf16."""
+    wl = []
+    for dname, dtype in DTYPES.items():
+        for t in {"bfloat16": (1, 4096), "float16": (), "float32": (1, 4096)}[dname]:  # fp16 masks like bf16
+            cfg = heuristic(t, 8, 2, 511, 200, dtype)
+            wl.append(((dname, cfg), f"odd E=8,k=2,H=511,I=200 {dname} T={t}", layer_call(t, 8, 2, 511, 200, dtype, cfg)))
+    return _dedupe(wl)
+
+
+def parallel_workloads() -> List[Workload]:
+    """Expert parallelism and int64 topk_ids, bf16. The rank holds the preset's E experts of 2E (so the
+    align kernels' bin count is the preset's, as without a map): decode and prefill BLOCK_SIZE_M."""
+    wl = []
+    shapes = {(p.num_experts, p.top_k, p.hidden_size, p.intermediate_size): p.name for p in moe_lab.PRESETS.values()}
+    for (e, k, h, i), name in shapes.items():
+        for t in (1, 4096):
+            cfg = heuristic(t, e, k, h, i, torch.bfloat16)
+            wl.append((("ep", name, cfg), f"expert_map {name} {e} of {2 * e} experts local T={t}",
+                       layer_call(t, e, k, h, i, torch.bfloat16, cfg, expert_map_experts=2 * e)))
+        cfg = heuristic(1, e, k, h, i, torch.bfloat16)
+        wl.append((("i64", name, cfg), f"int64 topk_ids {name} T=1",
+                   layer_call(1, e, k, h, i, torch.bfloat16, cfg, ids_dtype=torch.int64)))
+    return _dedupe(wl)
+
+
+def kernel_workloads() -> List[Workload]:
+    """Launchers called on their own, as the notebooks and other callers do."""
+    wl: List[Workload] = []
+    from moe_lab.align import MAX_EXPERTS
+    for e, block_sizes in ((1, (16, 32, 64, 128)), (MAX_EXPERTS, (16, 128))):
+        for bm in block_sizes:  # 8192 bins make the scatter kernel slow to compile: two block sizes
+            wl.append((f"moe_align E={e} BLOCK_SIZE_M={bm}",
+                       lambda e=e, bm=bm: moe_lab.moe_align(_empty(64, 2, dtype=torch.int32), e, bm)))
+    for dname, dtype in DTYPES.items():
+        def activation(dtype=dtype):
+            x = _empty(4096, 2 * 1024, dtype=dtype)
+            moe_lab.silu_and_mul(x)
+            moe_lab.silu_and_mul(x, num_rows=_empty(1, dtype=torch.int32))
+
+        def permute_and_reduce(dtype=dtype):
+            routing = moe_lab.moe_align(_empty(512, 8, dtype=torch.int32), 128, 64)
+            moe_lab.permute_tokens(_empty(512, 2048, dtype=dtype), routing)
+            moe_lab.topk_reduce(_empty(512 * 8, 2048, dtype=dtype), _empty(512, 8, dtype=torch.int32), 128)
+        wl.append((f"silu_and_mul {dname}", activation))
+        wl.append((f"permute_tokens, topk_reduce {dname}", permute_and_reduce))
+    return wl
+
+
+def all_workloads() -> List[Workload]:
+    return (heuristic_workloads() + tuned_workloads() + odd_shape_workloads() + parallel_workloads()
+            + kernel_workloads())

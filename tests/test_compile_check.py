@@ -1,0 +1,109 @@
+"""The compile-only check (.ci/compile_check.py): Triton compiles kernels for GPUs that are not there.
+
+Each test runs in a child process: this one has Triton's interpreter on (conftest imports moe_lab first),
+and the check needs real JITFunctions (TRITON_INTERPRET=0 before any kernel is defined).
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A grouped matmul in the sorted layout (the down projection), on meta tensors: A and W both go through
+# tensor descriptors where TMA is available.
+CHILD = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, ".ci")
+    import compile_only as co
+    import torch
+    import moe_lab
+    from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
+    co.patch_moe_lab()
+
+    def meta(*shape, dtype=torch.int32):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    E, N, K, BM, ROWS = 8, 256, 512, 64, 1024
+    routing = AlignedRouting(meta(E), meta(ROWS), meta(ROWS // BM), meta(1), BM, 256, 2, E)
+    a, w = meta(ROWS, K, dtype=torch.bfloat16), meta(E, N, K, dtype=torch.bfloat16)
+
+    def compile_gemm(cc, config, use_tma="auto"):
+        session = co.Session(compile_missing=True)
+        with co.fake_gpu(cc, session):
+            grouped_matmul(a, w, routing, config, gather_a=False, use_tma=use_tma)
+        return session
+
+    def ptx(session):
+        (kernel,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
+        return kernel.asm["ptx"]
+
+    config = GemmConfig(BM, 128, 64, 8, 4, 4)
+    tma = compile_gemm(90, config)
+    out = {"tma_sm90": "cp.async.bulk.tensor" in ptx(tma),
+           "ptr_sm90": "cp.async.bulk.tensor" in ptx(compile_gemm(90, config, use_tma=False)),
+           "ptr_sm80": "cp.async.bulk.tensor" in ptx(compile_gemm(80, config))}
+
+    # A kernel that needs more shared memory than the device has raises OutOfResources at launch, and the
+    # launcher retries with fewer stages: give the fake H200 one byte less than the 4-stage kernel needs.
+    need = max(o["shared"] for o in tma.outcomes.values())
+    if config.shared_memory_bytes(2) <= need - 1:  # the launcher's own estimate lets 4 stages through
+        co.DEVICES[90] = co.Device("small H200", need - 1, 132)
+        retry = compile_gemm(90, config)  # 4 stages: Triton's in-memory cache, then OutOfResources
+        out["stages_compiled_on_retry"] = sorted(v.kwargs["num_stages"] for v in retry.order)
+    print("RESULT", json.dumps(out))
+""")
+
+
+def run_child(code, **env):
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **env))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+def test_tma_copy_only_on_the_tma_path(tmp_path):
+    # A cache of its own: a shared one may hold kernels stored without their PTX (TRITON_STORE_BINARY_ONLY).
+    out = run_child(CHILD, TRITON_CACHE_DIR=str(tmp_path))
+    assert out["tma_sm90"], "sm_90 TMA path: no cp.async.bulk.tensor in the PTX"
+    assert not out["ptr_sm90"], "sm_90 with use_tma=False still uses the TMA copy"
+    assert not out["ptr_sm80"], "sm_80 (no TMA) uses the TMA copy"
+    if "stages_compiled_on_retry" in out:  # too little shared memory for 4 stages: the launcher retried
+        assert out["stages_compiled_on_retry"] == [3]
+
+
+BROKEN_NOTEBOOK = textwrap.dedent("""
+    # %%
+    import torch
+    import triton
+    import triton.language as tl
+
+
+    @triton.jit
+    def fp8_dot_kernel(a_ptr, c_ptr, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        a = tl.load(a_ptr + offs[:, None] * BLOCK + offs[None, :]).to(tl.float8e4nv)
+        tl.store(c_ptr + offs[:, None] * BLOCK + offs[None, :], tl.dot(a, a))
+
+
+    # %%
+    c = torch.empty(32, 32)
+    fp8_dot_kernel[(1,)](torch.randn(32, 32), c, BLOCK=32)
+""")
+
+
+def test_a_notebook_kernel_that_does_not_compile_fails_the_check(tmp_path):
+    """fp8 e4m3 runs under the interpreter and compiles for sm_90, but sm_80 has no such type."""
+    script = tmp_path / "09_fp8.py"
+    script.write_text(BROKEN_NOTEBOOK)
+    proc = subprocess.run([sys.executable, ".ci/compile_check.py", "--only", "notebooks", "--notebooks", str(script),
+                           "--targets", "80", "90", "--jobs", "1"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, MOE_LAB_COMPILE_CHECK_CACHE=str(tmp_path / "cache")))
+    out = proc.stdout
+    assert proc.returncode == 1, out + proc.stderr
+    fail = [ln for ln in out.splitlines() if ln.startswith("FAIL ")]
+    assert len(fail) == 1 and "sm_80 fp8_dot_kernel[BLOCK=32]" in fail[0], out
+    assert "fp8e4nv not supported" in out, out
+    assert any("sm_90" in ln and "1 kernel variants" in ln and "0 failed" in ln for ln in out.splitlines()), out

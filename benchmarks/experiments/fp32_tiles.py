@@ -7,14 +7,16 @@ gives that the prefill tile of bf16 (128x256x64, 8 warps, 4 stages): a 128x256 f
 program of FMA work.
 Prediction: the big tile spills registers and runs near 0.5 TFLOP/s; 64x64 or 64x128 tiles with K = 32
 reach 20-40 TFLOP/s (plain float32 peak about 67), so the layer takes 100-200 ms, near the loop.
-Usage: python benchmarks/experiments/fp32_tiles.py
+Usage: python benchmarks/experiments/fp32_tiles.py [high]   (high: TF32 dots; times the heuristic only)
 """
+import sys
+
 import torch
 
 from moe_lab import fused_moe, fused_moe_reference
-from moe_lab.routing import uniform_routing
 from moe_lab.configs import GemmConfig, MoEConfig, heuristic_config
 from moe_lab.presets import get_preset
+from moe_lab.routing import uniform_routing
 
 CANDIDATES = [GemmConfig(64, 64, 32, 4, 4, 3), GemmConfig(64, 128, 32, 4, 4, 3), GemmConfig(128, 64, 32, 4, 4, 3),
               GemmConfig(128, 128, 32, 8, 8, 3), GemmConfig(64, 64, 16, 4, 4, 4), GemmConfig(32, 64, 32, 4, 4, 3),
@@ -36,15 +38,18 @@ def median_of_3_ms(fn) -> float:
 
 
 def main():
-    torch.set_float32_matmul_precision("highest")
+    precision = "high" if "high" in sys.argv[1:] else "highest"
+    torch.set_float32_matmul_precision(precision)
     for model, T in (("mixtral-8x7b", 4096), ("mixtral-8x7b", 64), ("qwen3-30b-a3b", 4096)):
         p = get_preset(model)
         hs, w1, w2, _ = p.build(T, dtype=torch.float32, device="cuda")
         tw, ti = uniform_routing(T, p.num_experts, p.top_k, seed=1)
         shape = (T, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, torch.float32)
-        configs = [("heuristic", heuristic_config(*shape))] + [(str(c), MoEConfig(c, c)) for c in CANDIDATES]
+        configs = [(f"heuristic ({precision})", heuristic_config(*shape))]
+        if precision == "highest":
+            configs += [(str(c), MoEConfig(c, c)) for c in CANDIDATES]
         for name, cfg in configs:
-            if name != "heuristic" and cfg.block_size_m > 64 and T <= 64:
+            if not name.startswith("heuristic") and cfg.block_size_m > 64 and T <= 64:
                 continue
             ms = median_of_3_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=False))
             print(f"{model:<14} T={T:<5} {ms:9.3f} ms {p.flops(T) / ms / 1e9:7.1f} TFLOP/s  {name}", flush=True)

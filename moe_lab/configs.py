@@ -165,8 +165,9 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
     if full_precision_fp32(dtype) and rows_per_expert > 4:
         # Full-precision float32 dots run on the CUDA cores, not the tensor cores: the bf16 prefill tile's
         # 128x256 accumulator spills. 64x128x32 was fastest on an H200 at 16 and 1024 rows per expert
-        # (benchmarks/experiments/fp32_tiles-H200-2026-11-30.txt: Mixtral T=4096 133 ms, the bf16 tile 332).
-        cfg = GemmConfig(64, 128, 32, 4, 4, 3)
+        # (benchmarks/experiments/fp32_tiles-H200-2026-11-30.txt: Mixtral T=4096 133 ms, the bf16 tile 332),
+        # with pointer loads: through TMA the same layer took 3.3 s (notebook 01 on an H200, 2026-11-30).
+        cfg = GemmConfig(64, 128, 32, 4, 4, 3, tma=False)
         return MoEConfig(cfg, cfg)
     if rows_per_expert <= 4:
         up = GemmConfig(16, 64, 128, 1, 4, 4)

@@ -46,7 +46,7 @@ if importlib.util.find_spec("moe_lab") is None:
     else:
         subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, f"moe-lab[notebook] @ {source}"])
     importlib.invalidate_caches()
-print("moe-lab is installed:", importlib.metadata.version("moe-lab"))
+print("moe-lab found:", importlib.util.find_spec("moe_lab").origin)
 
 # %% [markdown]
 # ## 1. Versions and device

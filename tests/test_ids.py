@@ -49,8 +49,8 @@ def test_int64_ids_past_2_32_do_not_wrap_around():
     keep = tw.clone()
     keep[0, 0] = 0
     assert relative_error(out, fused_moe_reference(hs, w1, w2, keep, ti)) < TOL[torch.float32]
-    with pytest.raises(ValueError, match="topk_ids must hold experts"):
-        fused_moe(hs, w1, w2, tw, ids)  # checked by default on CPU tensors
+    with pytest.raises(ValueError, match="topk_ids must hold experts"):  # checked by default on CPU tensors
+        fused_moe(hs, w1, w2, tw, ids, check_ids=None if DEVICE.type == "cpu" else True)
 
 
 def test_noncontiguous_expert_map():

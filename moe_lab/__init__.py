@@ -14,15 +14,16 @@ select_backend()  # before any @triton.jit function is defined
 from .activation import silu_and_mul  # noqa: E402
 from .align import AlignedRouting, moe_align  # noqa: E402
 from .capability import TmaSupport, descriptor_problem, tma_support  # noqa: E402
-from .configs import GemmConfig, MoEConfig, default_config  # noqa: E402
+from .configs import GemmConfig, MoEConfig  # noqa: E402
 from .grouped_matmul import LoadPath, grouped_matmul, select_load_path  # noqa: E402
 from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
 from .permute import permute_tokens  # noqa: E402
-from .reduce import topk_reduce  # noqa: E402
 from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
+from .reduce import topk_reduce  # noqa: E402
 from .reference import fused_moe_reference, moe_align_reference, relative_error  # noqa: E402
 from .routing import TopKRouting, topk_routing  # noqa: E402
 from .runtime import interpreter_active  # noqa: E402
+from .tuned import default_config  # noqa: E402
 
 __version__ = "0.1.0"
 

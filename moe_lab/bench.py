@@ -25,7 +25,7 @@ import triton
 
 from .activation import silu_and_mul
 from .align import moe_align
-from .configs import MoEConfig, default_config
+from .configs import MoEConfig
 from .grouped_matmul import grouped_matmul
 from .layer import fused_moe
 from .presets import MoEPreset, get_preset
@@ -33,6 +33,7 @@ from .reference import fused_moe_reference, relative_error
 from .routing import uniform_routing
 from .runtime import require_gpu_timing
 from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
+from .tuned import default_config
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)

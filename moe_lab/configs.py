@@ -6,9 +6,9 @@ share one BLOCK_SIZE_M, because both read the same aligned schedule; `MoEConfig`
 
 `heuristic_config` picks by the expected rows per expert, T*k/E: few rows (decode) means the GEMMs stream
 weights and want many small-M programs; many rows (prefill) means they are matrix-bound and want large
-tiles. `default_config` is what a layer runs with: a tuned table's entry, else the heuristic. Tuned tables (`moe-lab tune`, `moe_lab.tuned`) take precedence where one
-serves the device and has the shape; `moe_lab.tuned` builds on this module, and this module reaches it
-only through the late import in `default_config`.
+tiles. What a layer runs with, a tuned table's entry or else this heuristic, is decided in
+`moe_lab.tuned` (`choose_config`, `default_config`), which builds on this module; this module knows
+nothing of tuned tables.
 """
 from __future__ import annotations
 
@@ -132,18 +132,6 @@ def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
                              _merged(default.down, config.get("down", {}), "config['down']"))
         return MoEConfig(_merged(default.up, config, "config"), _merged(default.down, config, "config"))
     raise TypeError(f"config must be a MoEConfig, GemmConfig, dict or None, got {type(config).__name__}")
-
-
-def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
-                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16, *, tuned: bool = True) -> MoEConfig:
-    """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
-    that serves the current CUDA device for this shape and the nearest token bucket if there is one
-    (`moe_lab.tuned.choose_config` decides, and says which), else `heuristic_config`. Raises nothing
-    of its own; a malformed tuned table raises ValueError naming its file."""
-    if tuned:
-        from .tuned import choose_config  # late import: tuned tables build on this module, not the reverse
-        return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
-    return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
 
 
 def full_precision_fp32(dtype: torch.dtype) -> bool:

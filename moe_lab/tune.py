@@ -25,13 +25,13 @@ import triton
 from .activation import silu_and_mul
 from .align import moe_align
 from .capability import shared_memory_limit
-from .configs import GemmConfig, MoEConfig, default_config
+from .configs import GemmConfig, MoEConfig
 from .grouped_matmul import grouped_matmul
 from .presets import get_preset
 from .routing import uniform_routing
 from .runtime import require_gpu_timing
 from .timing import graph_ms
-from .tuned import config_path, shape_key
+from .tuned import config_path, default_config, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 Candidates = Dict[int, Tuple[List[GemmConfig], List[GemmConfig]]]

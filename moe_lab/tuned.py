@@ -286,6 +286,17 @@ def _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_si
     return entries.nearest(num_tokens)
 
 
+def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
+                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16, *, tuned: bool = True) -> MoEConfig:
+    """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
+    that serves the current CUDA device for this shape and the nearest token bucket if there is one
+    (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises nothing
+    of its own; a malformed tuned table raises ValueError naming its file."""
+    if tuned:
+        return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
+    return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
+
+
 def lookup(num_tokens: int, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
            dtype: torch.dtype, device: Union[torch.device, str, int, None] = None) -> Optional[MoEConfig]:
     """The tuned MoEConfig for `device` (default: the current CUDA device), this Triton and this shape,

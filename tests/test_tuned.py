@@ -11,7 +11,8 @@ import triton
 
 import moe_lab
 from moe_lab import tuned
-from moe_lab.configs import GemmConfig, MoEConfig, default_config, heuristic_config
+from moe_lab.configs import GemmConfig, MoEConfig, heuristic_config
+from moe_lab.tuned import default_config
 
 from .conftest import DEVICE, ON_GPU, random_layer
 

@@ -14,12 +14,13 @@ from dataclasses import replace
 import torch
 
 from moe_lab import fused_moe, moe_align, silu_and_mul
-from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
-from moe_lab.configs import GemmConfig, MoEConfig, default_config
+from moe_lab.configs import GemmConfig, MoEConfig
 from moe_lab.grouped_matmul import grouped_matmul
 from moe_lab.presets import get_preset
 from moe_lab.reference import fused_moe_reference, relative_error
+from moe_lab.routing import uniform_routing
+from moe_lab.timing import graph_ms
+from moe_lab.tuned import default_config
 
 POINTS = [("qwen3-30b-a3b", 512), ("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 512), ("deepseek-v3", 4096),
           ("qwen3-30b-a3b", 16384), ("deepseek-v3", 16384), ("mixtral-8x7b", 16384), ("mixtral-8x7b", 4096)]

@@ -31,7 +31,7 @@ from .presets import get_preset
 from .routing import uniform_routing
 from .runtime import require_gpu_timing
 from .timing import graph_ms
-from .tuned import config_path, default_config, shape_key
+from .tuned import FORMAT_VERSION, config_path, default_config, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 Candidates = Dict[int, Tuple[List[GemmConfig], List[GemmConfig]]]
@@ -195,6 +195,7 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
         with open(path) as f:
             table = json.load(f)
     table["capability"] = capability
+    table["format"] = FORMAT_VERSION
     smem = shared_memory_limit()
     points = [(m, t) for m in models for t in tokens]
     print(f"tuning {len(points)} points on {device} (shared memory per program: {smem} bytes)")

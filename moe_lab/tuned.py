@@ -2,7 +2,7 @@
 place that decides which config a layer runs with (`choose_config`).
 
 File `moe_lab/configs/<device>__triton-<version>.json` (device name with spaces as '_'):
-    {"device": "NVIDIA H200", "triton": "3.6.0", "capability": [9, 0],
+    {"format": 1, "device": "NVIDIA H200", "triton": "3.6.0", "capability": [9, 0],
      "shapes": {"E=8,k=2,H=4096,I=14336,bfloat16": {"1": {"up": {GemmConfig fields}, "down": {...}}, "64": ...}}}
 Token counts are buckets: a call with T tokens takes the bucket nearest to T on a log scale.
 `moe-lab tune` writes these files. "capability" is the CUDA compute capability (major, minor) of the
@@ -39,6 +39,9 @@ from .configs import ConfigLike, GemmConfig, MoEConfig, as_moe_config, heuristic
 from .runtime import interpreter_active, version_tuple
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
+# The table layout this moe-lab reads and `moe-lab tune` writes ("format" in the JSON; absent means 1).
+# Every entry holds every GemmConfig field, the switches included, as it was tuned.
+FORMAT_VERSION = 1
 
 USER_CONFIG = "user config"
 HEURISTIC_NO_TABLE = "heuristic (no tuned table for this device)"
@@ -134,6 +137,8 @@ def _scan(config_dir: str) -> Tuple[_Header, ...]:
             if not (isinstance(data, dict) and isinstance(data.get("device"), str)
                     and isinstance(data.get("triton"), str) and isinstance(data.get("shapes"), dict)):
                 raise ValueError("not a table: needs \"device\", \"triton\" (strings) and \"shapes\" (an object)")
+            if data.get("format", 1) != FORMAT_VERSION:
+                raise ValueError(f"table format {data.get('format')!r}; this moe-lab reads format {FORMAT_VERSION}")
             headers.append(_Header(path, data["device"], data["triton"], _capability(data.get("capability"), path)))
         except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
             warnings.warn(f"moe_lab.tuned: skipping {path}: {exc}", stacklevel=2)

@@ -281,3 +281,21 @@ def test_heuristic_float32_tiles_fit_an_a100(monkeypatch):
                 configs.fit_to_shared_memory(gemm, 4, 166912)  # raises if no depth fits
     finally:
         torch.set_float32_matmul_precision("highest")
+
+
+def test_shipped_tables_carry_their_format_and_every_switch():
+    for path in tuned._scan(tuned.CONFIG_DIR):
+        with open(path.path) as f:
+            table = json.load(f)
+        assert table["format"] == tuned.FORMAT_VERSION
+        for by_tokens in table["shapes"].values():
+            for entry in by_tokens.values():
+                for gemm in ("up", "down"):
+                    assert set(entry[gemm]) == set(GemmConfig.__dataclass_fields__), (path.path, entry[gemm])
+
+
+def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
+    (tmp_path / "X__triton-3.6.0.json").write_text(json.dumps(
+        {"format": 99, "device": "X", "triton": "3.6.0", "capability": [9, 0], "shapes": {}}))
+    with pytest.warns(UserWarning, match="table format 99"):
+        assert not tuned.select_table("X", (9, 0), "3.6.0", str(tmp_path))

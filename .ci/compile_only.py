@@ -20,7 +20,6 @@ What is faked, and nothing else:
 from __future__ import annotations
 
 import contextlib
-import inspect
 import os
 import sys
 import time
@@ -124,7 +123,6 @@ def patch_moe_lab() -> None:
     _PATCHED = True
     capability = sys.modules["moe_lab.capability"]
     gm = sys.modules["moe_lab.grouped_matmul"]  # the module (moe_lab.grouped_matmul is also a function)
-    from moe_lab.configs import fit_to_shared_memory
 
     def fake_tma_support(device=None):
         """capability.tma_support's answer for the fake GPU: TMA from sm_90, MOE_LAB_TMA=0|1 obeyed."""
@@ -142,22 +140,12 @@ def patch_moe_lab() -> None:
         module.tma_support = fake_tma_support
     gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
 
-    # The launcher fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
-    # fit here, at the same point (just before the launch), with the package's own function.
-    launch = getattr(gm, "_launch", None)
-    params = inspect.signature(launch).parameters if launch else {}
-    if "config" not in params or "a" not in params:
-        raise RuntimeError("moe_lab.grouped_matmul._launch(..., a, ..., config, ...) is gone: update "
-                           ".ci/compile_only.py (it fits configs to the fake GPU's shared memory there)")
-    signature = inspect.signature(launch)
-
-    def fitted_launch(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)
-        a, config = bound.arguments["a"], bound.arguments["config"]
-        bound.arguments["config"] = fit_to_shared_memory(config, a.element_size(), DEVICES[DRIVER.cc].max_shared_mem)
-        return launch(*bound.args, **bound.kwargs)
-
-    gm._launch = fitted_launch
+    # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
+    # give it the fake GPU's budget (the plan then fits with the package's own function).
+    if not hasattr(gm, "_shared_memory_budget"):
+        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update .ci/compile_only.py "
+                           "(it hands the fake GPU's shared memory to the launch plan)")
+    gm._shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 
     # Every meta storage reports address 0, so an aliasing check (permute_tokens: "out shares memory with
     # hidden_states") would see any two meta buffers as one. Give each meta storage a stand-in address of

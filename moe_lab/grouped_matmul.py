@@ -57,6 +57,24 @@ class LoadPath:
         return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What one `grouped_matmul` call launches, decided once (`plan_grouped_matmul`) and launched as is.
+
+    config: the GemmConfig as launched: the one asked for, with num_stages lowered where the device's
+        shared memory (or the compiler) needed it.
+    path: each operand's load path and why (`select_load_path`).
+    gather_a: the kernel gathers token rows itself; prepermute: they were copied into expert order first
+        (`moe_lab.permute_tokens`) and the kernel reads them as sorted rows.
+    scatter: output rows go to their (token, k) slot. grid: programs launched (M-blocks x N-tiles)."""
+    config: GemmConfig
+    path: LoadPath
+    gather_a: bool
+    prepermute: bool
+    scatter: bool
+    grid: int
+
+
 def check_use_tma(use_tma: UseTma) -> None:
     """Raise ValueError unless use_tma is the bool True or False or the string "auto" (not 0, 1, ...)."""
     if not (isinstance(use_tma, bool) or (isinstance(use_tma, str) and use_tma == "auto")):
@@ -65,10 +83,13 @@ def check_use_tma(use_tma: UseTma) -> None:
 
 def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
                      use_tma: UseTma = "auto") -> LoadPath:
-    """Decide the load path of each operand. `use_tma="auto"` takes TMA wherever the device and the
-    tensors allow it (unless the config says pointer loads are faster for this shape) and records why not
-    elsewhere; `True` raises ValueError if it cannot be honoured for w (or for a sorted-layout a);
-    `False` always takes pointer loads."""
+    """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
+    other question, whether this device and Triton can). Precedence, first match wins:
+    1. `use_tma=False`: pointer loads. 2. `MOE_LAB_TMA=0`, or a device/Triton without TMA: pointer loads
+    (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
+    pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
+    descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
+    `use_tma=True` (for w, and for a sorted-layout or prepermuted a)."""
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -111,7 +132,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
 @interpreter_serialized
 def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
-                   out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto") -> torch.Tensor:
+                   out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto", return_plan: bool = False):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
@@ -134,8 +155,10 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
             mostly padded block as a smaller tile (`silu_and_mul(..., routing=)` zeroes them).
         use_tma: "auto", True or False, see `select_load_path`.
+        return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).
     Returns:
-        `out`.
+        `out`, or (`out`, LaunchPlan) with return_plan. Supported: gather_a without scatter (the up
+        projection), sorted rows with or without scatter, topk_weights only with scatter.
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
     """
@@ -143,7 +166,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter)):
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, shape=(routing.num_experts, None, None), layout="[E, N, K]")
@@ -161,45 +184,72 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     out = output_buffer(out, (out_rows, n), a.dtype, a.device, "[rows, N]")
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
 
-    num_m_blocks = routing.max_num_m_blocks
-    grid = num_m_blocks * triton.cdiv(n, config.BLOCK_SIZE_N)
-    if grid == 0 or n == 0:
-        return out
-    if a.device.type == "cuda" and not interpreter_active():
-        config = fit_to_shared_memory(config, a.element_size(), shared_memory_limit(a.device))
-    path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
-    if gather_a and config.prepermute:
-        a, gather_a = permute_tokens(a, routing), False
+    if gather_a and scatter:
+        raise ValueError("gather_a=True with scatter=True is not a supported combination (the up projection "
+                         "writes sorted rows; the down projection reads them and scatters)")
+    if topk_weights is not None and not scatter:
+        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
+    plan = plan_grouped_matmul(a, w, routing, config, gather_a=gather_a, scatter=scatter, use_tma=use_tma)
+    if plan.grid == 0:
+        return (out, plan) if return_plan else out
+    if plan.prepermute:
+        a = permute_tokens(a, routing)
     a_desc = w_desc = None
-    if path.a_tma or path.w_tma:
+    if plan.path.a_tma or plan.path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        if path.a_tma:
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
-        if path.w_tma:
+        if plan.path.a_tma:
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
+                                      [plan.config.BLOCK_SIZE_M, plan.config.BLOCK_SIZE_K])
+        if plan.path.w_tma:
             w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()),
-                                      [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K])
+                                      [1, plan.config.BLOCK_SIZE_N, plan.config.BLOCK_SIZE_K])
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
 
     while True:
         try:
-            _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_blocks, config, path, gather_a, scatter)
-            return out
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing)
+            return (out, plan) if return_plan else out
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
-            if config.num_stages == 1:
-                raise ValueError(f"config {config} does not fit this device: {exc}") from None
-            config = replace(config, num_stages=config.num_stages - 1)
+            if plan.config.num_stages == 1:
+                raise ValueError(f"config {plan.config} does not fit this device: {exc}") from None
+            plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
-def _launch(grid, a, a_desc, w, w_desc, out, weights, routing, n, k, num_m_blocks, config, path, gather_a, scatter):
-    grouped_matmul_kernel[(grid,)](
+def plan_grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
+                        gather_a: bool, scatter: bool = False, use_tma: UseTma = "auto") -> LaunchPlan:
+    """The LaunchPlan of a `grouped_matmul` call with these arguments (checked by it): the config fitted to
+    the device's shared memory, the load paths, the grid. Launches nothing."""
+    budget = _shared_memory_budget(a.device)
+    if budget is not None:  # a config tuned on a bigger GPU must not crash this one
+        config = fit_to_shared_memory(config, a.element_size(), budget)
+    grid = routing.max_num_m_blocks * triton.cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
+    if grid == 0:
+        path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
+    else:
+        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
+    prepermute = gather_a and config.prepermute
+    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid)
+
+
+def _shared_memory_budget(device: torch.device) -> Optional[int]:
+    """Bytes of shared memory one program may use where kernels compile for a CUDA GPU; None under the
+    interpreter (no limit to fit)."""
+    if device.type != "cuda" or interpreter_active():
+        return None
+    return shared_memory_limit(device)
+
+
+def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
+    config, (_, n, k) = plan.config, w.shape
+    grouped_matmul_kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
-        n, k, routing.num_slots, num_m_blocks,
+        n, k, routing.num_slots, routing.max_num_m_blocks,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        TOP_K=routing.top_k, GATHER_A=gather_a, SCATTER_C=scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        A_TMA=path.a_tma, W_TMA=path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
+        A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
         FP32_IEEE=full_precision_fp32(a.dtype),
         TAIL_SPLITS=config.tail_splits,

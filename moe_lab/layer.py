@@ -21,7 +21,7 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig
-from .grouped_matmul import LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
+from .grouped_matmul import LaunchPlan, LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
 from .reduce import topk_reduce
 from .tuned import choose_config
 from .runtime import interpreter_serialized
@@ -34,12 +34,16 @@ class FusedMoEInfo:
     "user config", "user config (dict) over <default source>", "tuned: <table>, T bucket <n>" (e.g.
     "tuned: NVIDIA H200, Triton 3.6.0 (exact), T bucket 64"; `moe_lab.tuned.table_for_device()` says
     why that table), "heuristic (no tuned table for this device)" or "heuristic (no tuned entry for
-    this shape: ...)". The config is before any shared-memory clamp (fewer stages) at launch."""
+    this shape: ...)". `config` is the config chosen; `up_plan` / `down_plan` are what each GEMM launched
+    (`moe_lab.grouped_matmul.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
+    memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0."""
     config: MoEConfig
     up_path: Optional[LoadPath]
     down_path: Optional[LoadPath]
     routing: Optional[AlignedRouting]
     config_source: str = ""
+    up_plan: Optional[LaunchPlan] = None
+    down_plan: Optional[LaunchPlan] = None
 
 
 def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
@@ -164,15 +168,16 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
                         use_tma)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
-    gate_up = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
+    gate_up, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
+                                      return_plan=True)
     act = silu_and_mul(gate_up, routing=routing)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
-    grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=topk_weights,
-                   out=out_k, use_tma=use_tma)
+    _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
+                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
-    if not with_info:  # asking again costs host time on every call
+    if not with_info:
         return None
-    return FusedMoEInfo(cfg, *_load_paths(hidden_states, act, w1, w2, cfg, use_tma), routing, choice.source)
+    return FusedMoEInfo(cfg, up_plan.path, down_plan.path, routing, choice.source, up_plan, down_plan)
 
 
 def _load_paths(hidden_states, act, w1, w2, cfg, use_tma):

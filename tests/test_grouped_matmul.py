@@ -207,3 +207,36 @@ def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
         silu_and_mul(x, routing=routing, num_rows=routing.num_tokens_post_padded)
     with pytest.raises(ValueError, match="one device"):
         silu_and_mul(x, routing=routing, out=torch.empty(x.shape[0], 12, device="meta"))
+
+
+def test_the_launch_plan_is_what_was_launched(monkeypatch):
+    """One plan per GEMM call: select_load_path runs once, and FusedMoEInfo shows the config as launched,
+    with num_stages lowered where the device's shared memory needed it."""
+    import importlib
+
+    from moe_lab import fused_moe
+    gm = importlib.import_module("moe_lab.grouped_matmul")  # the module: moe_lab.grouped_matmul is the function
+    from .conftest import small_layer
+    calls = []
+    real_select = gm.select_load_path
+    monkeypatch.setattr(gm, "select_load_path", lambda *a, **k: calls.append(1) or real_select(*a, **k))
+    tile = (16 + 32) * 32 * 4  # bytes of one A+W tile at BLOCK_SIZE 16x32x32, float32
+    monkeypatch.setattr(gm, "_shared_memory_budget", lambda device: 2 * tile)  # the estimate's room: 2 stages
+    hs, w1, w2, tw, ti = small_layer()
+    cfg = GemmConfig(16, 32, 32, 1, 4, 4)
+    out, info = fused_moe(hs, w1, w2, tw, ti, config=cfg, return_info=True)
+    assert len(calls) == 2  # up and down, once each
+    assert info.config.up.num_stages == 4  # what was asked
+    assert info.up_plan.config.num_stages == info.down_plan.config.num_stages == 2  # what was launched
+    assert info.up_path is info.up_plan.path and info.up_plan.gather_a and info.down_plan.scatter
+    assert info.up_plan.grid == info.routing.max_num_m_blocks * 2  # 2I = 64 columns in tiles of 32
+
+
+def test_unsupported_switch_combinations_are_refused():
+    routing = moe_align(random_topk_ids(5, 4, 2), 4, 16)
+    a = torch.randn(5, 32, device=DEVICE)
+    w = torch.randn(4, 32, 32, device=DEVICE)
+    with pytest.raises(ValueError, match="gather_a=True with scatter=True"):
+        grouped_matmul(a, w, routing, CFG, gather_a=True, scatter=True)
+    with pytest.raises(ValueError, match="topk_weights needs scatter=True"):
+        grouped_matmul(a, w, routing, CFG, gather_a=True, topk_weights=torch.rand(5, 2, device=DEVICE))

@@ -34,6 +34,10 @@ def grouped_matmul_kernel(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
 ):
+    # The combinations the layer uses: gather without scatter (up), sorted rows with or without scatter,
+    # routed weights only where rows are scattered to their slots (down).
+    tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
+    tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
     # GROUP_SIZE_M ordering: neighbouring programs share W tiles (same pid_n) while they sit in L2.
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)

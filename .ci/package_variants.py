@@ -15,7 +15,7 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - an odd shape (H = 511: rows not 16-byte aligned so w1 goes by pointer, ragged K, N = 511), bf16 and
   fp32 at T = 1 and 4096;
 - expert parallelism (expert_map) at decode and prefill, and int64 topk_ids, each preset, bf16;
-- moe_align at its limits (1 and 4096 experts), silu_and_mul without routing and with num_rows,
+- moe_align at its limits (1 and 4096 experts), silu_and_mul with and without routing,
   permute_tokens and topk_reduce on their own, each dtype.
 
 Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
@@ -192,7 +192,6 @@ def kernel_workloads() -> List[Workload]:
         def activation(dtype=dtype):
             x = _empty(4096, 2 * 1024, dtype=dtype)
             moe_lab.silu_and_mul(x)
-            moe_lab.silu_and_mul(x, num_rows=_empty(1, dtype=torch.int32))
 
         def permute_and_reduce(dtype=dtype):
             routing = moe_lab.moe_align(_empty(512, 8, dtype=torch.int32), 128, 64)

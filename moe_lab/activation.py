@@ -20,29 +20,23 @@ BLOCK_SIZE = 1024
 
 
 @interpreter_serialized
-def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
-                 routing: Optional[AlignedRouting] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """x [R, 2I] float16/bfloat16/float32 (any strides; copied first if the last is not 1) -> [R, I] in
     x's dtype. Source: Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202.
 
-    num_rows: optional [1] int32 device tensor; rows at or past it are skipped (left as they were in
-    `out`), so the layer's bound-sized buffers cost only the rows in use.
-    routing: optional AlignedRouting whose padded order x is in (R = routing.max_num_tokens_padded):
-    rows past its num_tokens_post_padded are skipped, and padding rows are set to zero without being read
-    (the grouped matmul leaves padding rows of tail tiles unwritten).
+    routing: optional AlignedRouting whose padded order x is in (R = routing.max_num_tokens_padded), as
+    the layer's up projection writes it: rows past its num_tokens_post_padded are skipped (left as they
+    were in `out`), so the bound-sized buffers cost only the rows in use, and padding rows are set to zero
+    without being read (the grouped matmul leaves padding rows of tail tiles unwritten).
     Raises TypeError/ValueError for a wrong dtype, rank, an odd last dimension, x's rows not matching the
     routing, or tensors on different devices."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
     if routing is not None:
         if not isinstance(routing, AlignedRouting):
             raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
-        if num_rows is not None:
-            raise ValueError("pass num_rows or routing, not both (routing carries num_tokens_post_padded)")
         check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.max_num_tokens_padded, None),
                      layout="[max_num_tokens_padded, 2I]")
-        num_rows = routing.num_tokens_post_padded
-    if num_rows is not None:
-        check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     rows, two_inter = x.shape
     if two_inter % 2:
         raise ValueError(f"x must have an even last dimension [R, 2I], got {tuple(x.shape)}")
@@ -50,13 +44,13 @@ def silu_and_mul(x: torch.Tensor, *, num_rows: Optional[torch.Tensor] = None,
         x = x.contiguous()
     inter = two_inter // 2
     out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
-    check_same_device(x=x, out=out, num_rows=num_rows,
-                      sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
+    check_same_device(x=x, out=out, sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](
-        x, out, num_rows, routing.sorted_token_ids if routing is not None else None,
+        x, out, routing.num_tokens_post_padded if routing is not None else None,
+        routing.sorted_token_ids if routing is not None else None,
         routing.num_slots if routing is not None else 0, inter, x.stride(0), out.stride(0),
-        HAS_NUM_ROWS=num_rows is not None, SKIP_PADDING=routing is not None,
-        EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
+        ROUTED=routing is not None, EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
+        BLOCK_SIZE=BLOCK_SIZE)
     return out

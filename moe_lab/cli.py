@@ -19,6 +19,7 @@ import triton  # noqa: E402
 
 from . import presets as _presets  # noqa: E402
 from .capability import tma_support  # noqa: E402
+from .grouped_matmul import USE_TMA_WORDS  # noqa: E402
 from .layer import fused_moe  # noqa: E402
 from .reference import fused_moe_reference, relative_error  # noqa: E402
 from .runtime import default_device, interpreter_active  # noqa: E402
@@ -33,7 +34,6 @@ CPU_MAX_SLOTS = 4096
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 GPU_TOKENS = (1, 64, 4096)
 CPU_TOKENS = (1, 16, 64)
-TMA_CHOICES = {"auto": "auto", "on": True, "off": False}
 
 
 def _device_name(device: torch.device) -> str:
@@ -70,7 +70,7 @@ def cmd_demo(args) -> int:
     dtype = DTYPES[args.dtype]
     tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS)
     scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
-    use_tma = TMA_CHOICES[args.use_tma]
+    use_tma = USE_TMA_WORDS[args.use_tma]
     models = [_presets.get_preset(name) for name in args.model or DEFAULT_MODELS]
     if not on_gpu and not args.force:
         slots = max(tokens) * max(p.top_k for p in models)
@@ -186,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
                       help="element type of hidden states and weights (default: bf16); allowed error against "
                            "the float32 reference: " + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items()))
-    demo.add_argument("--use-tma", choices=sorted(TMA_CHOICES), default="auto",
+    demo.add_argument("--use-tma", choices=sorted(USE_TMA_WORDS), default="auto",
                       help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
                            "on: TMA, or an error naming the tensor and rule; off: pointer loads only")
     demo.add_argument("--scale", type=int, help="divide H and I by this, rounding up to a multiple of 16 "

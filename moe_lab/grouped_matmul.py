@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 _logged_fallbacks: set = set()
 
 UseTma = Union[bool, str]
+# use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
+# these are the words, mapped in this one place.
+USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 
 
 @dataclass(frozen=True)

@@ -188,21 +188,19 @@ def _load_paths(hidden_states, act, w1, w2, cfg, use_tma):
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---
 
-_TMA_CHOICES = {"auto": "auto", "on": True, "off": False}
-
-
 @torch.library.custom_op("moe_lab::fused_moe", mutates_args=())
 def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor] = None, use_tma: str = "auto") -> torch.Tensor:
-    """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op (use_tma: "auto", "on" or "off")."""
-    if use_tma not in _TMA_CHOICES:
-        raise ValueError(f"use_tma must be 'auto', 'on' or 'off', got {use_tma!r}")
+                 topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
+                 use_tma: Optional[bool] = None) -> torch.Tensor:
+    """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op. use_tma: True or False as in
+    `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
+    other values)."""
     return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=expert_map,
-                     use_tma=_TMA_CHOICES[use_tma])
+                     use_tma="auto" if use_tma is None else use_tma)
 
 
 @fused_moe_op.register_fake
-def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma="auto"):
+def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=None):
     return hidden_states.new_empty(hidden_states.shape)
 
 
@@ -222,7 +220,7 @@ class FusedMoE(torch.nn.Module):
         self.w1 = torch.nn.Parameter(w1, requires_grad=False)
         self.w2 = torch.nn.Parameter(w2, requires_grad=False)
         self.register_buffer("expert_map", expert_map)
-        self.use_tma = {True: "on", False: "off", "auto": "auto"}[use_tma]
+        self.use_tma = None if use_tma == "auto" else use_tma  # the op's spelling of "auto"
 
     def forward(self, hidden_states, topk_weights, topk_ids):
         return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,

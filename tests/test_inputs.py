@@ -44,10 +44,10 @@ def test_inference_only_is_said():
 
 def test_small_launchers_validate():
     from moe_lab import silu_and_mul, topk_reduce
-    with pytest.raises(ValueError, match=r"num_rows must have shape \[1\]"):
-        silu_and_mul(torch.randn(5, 16, device=DEVICE), num_rows=torch.tensor([], dtype=torch.int32, device=DEVICE))
-    with pytest.raises(TypeError, match="num_rows must be a torch.Tensor"):
-        silu_and_mul(torch.randn(5, 16, device=DEVICE), num_rows=3)
+    with pytest.raises(ValueError, match="even last dimension"):
+        silu_and_mul(torch.randn(5, 15, device=DEVICE))
+    with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
+        silu_and_mul(torch.randn(5, 16, device=DEVICE), routing=3)
     ids = torch.tensor([[0, 1]], device=DEVICE)
     with pytest.raises(ValueError, match="num_experts must be >= 1"):
         topk_reduce(torch.randn(2, 4, device=DEVICE), ids, 0)

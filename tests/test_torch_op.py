@@ -30,3 +30,10 @@ def test_fused_moe_module_takes_bool_use_tma():
         assert relative_error(FusedMoE(w1, w2, use_tma=use_tma)(hs, tw, ti), ref) < TOL[torch.float32]
     with pytest.raises(TypeError, match="w1 must be a torch.Tensor"):
         FusedMoE([1, 2], w2)
+
+
+def test_custom_op_takes_use_tma_as_fused_moe_does():
+    hs, w1, w2, tw, ti = small_layer()
+    ref = fused_moe_reference(hs, w1, w2, tw, ti)
+    for use_tma in (True, False, None):  # None: "auto"
+        assert relative_error(torch.ops.moe_lab.fused_moe(hs, w1, w2, tw, ti, None, use_tma), ref) < TOL[torch.float32]

@@ -8,16 +8,16 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def silu_and_mul_kernel(x_ptr, out_ptr, num_rows_ptr, sorted_token_ids_ptr, num_valid_tokens, inter_size,
-                        stride_xm, stride_om, HAS_NUM_ROWS: tl.constexpr, SKIP_PADDING: tl.constexpr,
-                        EMULATE_BF16: tl.constexpr, BLOCK_SIZE: tl.constexpr):
+def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr, num_valid_tokens,
+                        inter_size, stride_xm, stride_om, ROUTED: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                        BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0)
-    if HAS_NUM_ROWS:
-        if row >= tl.load(num_rows_ptr):
+    if ROUTED:  # x is in the routing's padded order, sized by a bound: stop at the rows in use
+        if row >= tl.load(num_tokens_post_padded_ptr):
             return
     cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < inter_size
-    if SKIP_PADDING:
+    if ROUTED:
         # tl.where, not `mask & scalar`: Triton 3.9's interpreter rejects a block mask `&` a scalar bool
         # ("mask has unsupported dtype"); both lower to the same select on a GPU.
         mask_x = tl.where(tl.load(sorted_token_ids_ptr + row) < num_valid_tokens, mask, False)

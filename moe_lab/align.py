@@ -119,8 +119,8 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     _check(topk_ids, num_experts, block_size_m, expert_map)
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
-    numel = num_tokens * top_k
-    padded_len = max_num_tokens_padded(numel, num_experts, block_size_m)
+    num_slots = num_tokens * top_k
+    padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
     num_m_blocks = padded_len // block_size_m
     i32 = dict(dtype=torch.int32, device=device)
 
@@ -132,7 +132,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
-    num_chunks = triton.cdiv(numel, CHUNK)
+    num_chunks = triton.cdiv(num_slots, CHUNK)
     num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)
@@ -140,7 +140,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
     if num_chunks:
-        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, numel, num_ids, num_experts,
+        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
                                     HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
     prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                         num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
@@ -148,7 +148,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
         scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
-                                sorted_token_ids, expert_ids, numel, num_ids, num_experts, num_chunks, num_m_blocks,
+                                sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                                 HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
                                 BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
     return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,

@@ -14,7 +14,7 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
     """The same schedule as `moe_align`, built with a stable sort on the host. Slots whose expert is
     outside [0, E) (after `expert_map`) are dropped."""
     num_tokens, top_k = topk_ids.shape
-    numel = num_tokens * top_k
+    num_slots = num_tokens * top_k
     ids = topk_ids.reshape(-1).long().cpu()
     if expert_map is not None:
         emap = expert_map.long().cpu()
@@ -22,8 +22,8 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
         ids = torch.where(inside, emap[ids.clamp(0, emap.numel() - 1)], torch.full_like(ids, -1))
     keep = (ids >= 0) & (ids < num_experts)
     counts = torch.bincount(ids[keep], minlength=num_experts)
-    padded_len = max_num_tokens_padded(numel, num_experts, block_size_m)
-    sorted_ids = torch.full((padded_len,), numel, dtype=torch.int64)
+    padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
+    sorted_ids = torch.full((padded_len,), num_slots, dtype=torch.int64)
     expert_ids = torch.full((padded_len // block_size_m,), -1, dtype=torch.int64)
     row = 0
     for e in range(num_experts):

@@ -83,8 +83,8 @@ class GemmCost:
 def gemm_costs(preset: MoEPreset, num_tokens: int, experts_used: int, itemsize: int):
     """(up, down) GemmCost of one layer call with T = `num_tokens` and `experts_used` experts receiving
     tokens, at `itemsize` bytes per element. Pure arithmetic: works anywhere."""
-    h, i, k = preset.hidden_size, preset.intermediate_size, preset.top_k
-    rows = num_tokens * k
+    h, i = preset.hidden_size, preset.intermediate_size
+    rows = num_tokens * preset.top_k
     up = GemmCost(2 * rows * h * 2 * i, itemsize * (experts_used * 2 * i * h + num_tokens * h + rows * 2 * i))
     down = GemmCost(2 * rows * i * h, itemsize * (experts_used * h * i + rows * i + rows * h))
     return up, down

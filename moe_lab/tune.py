@@ -80,15 +80,15 @@ class _Problem:
 
     def __init__(self, preset, num_tokens: int, dtype, num_experts: Optional[int] = None):
         e = num_experts or preset.num_experts
-        self.k, self.h, self.i = preset.top_k, preset.hidden_size, preset.intermediate_size
+        self.top_k, self.h, self.i = preset.top_k, preset.hidden_size, preset.intermediate_size
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.hs = torch.randn(num_tokens, self.h, generator=gen, device="cuda").to(dtype)
         self.w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(dtype) * self.h ** -0.5
         self.w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(dtype) * self.i ** -0.5
         # A routing sample of its own: configs must not be fitted to the one the benchmark times.
-        self.tw, self.ti = uniform_routing(num_tokens, e, self.k, seed=7)
+        self.tw, self.ti = uniform_routing(num_tokens, e, self.top_k, seed=7)
         self.e = e
-        self.out_k = torch.empty(num_tokens * self.k, self.h, dtype=dtype, device="cuda")
+        self.out_k = torch.empty(num_tokens * self.top_k, self.h, dtype=dtype, device="cuda")
         self._buffers = {}
 
     def buffers(self, block_m: int):

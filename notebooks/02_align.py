@@ -55,10 +55,10 @@ print("expert of each slot t*k+j:", flat_ids.tolist())
 
 # %%
 @triton.jit
-def histogram_kernel(flat_ids_ptr, counts_ptr, numel, BLOCK: tl.constexpr):
+def histogram_kernel(flat_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ids = tl.load(flat_ids_ptr + offs, mask=offs < numel, other=0)
-    tl.atomic_add(counts_ptr + ids, 1, mask=offs < numel)
+    ids = tl.load(flat_ids_ptr + offs, mask=offs < num_slots, other=0)
+    tl.atomic_add(counts_ptr + ids, 1, mask=offs < num_slots)
 
 
 def my_histogram(flat_ids, num_experts, block=64):
@@ -123,11 +123,11 @@ workbook.check_equal("expert_start vs torch.cumsum", expert_start, torch.cumsum(
 
 # %%
 @triton.jit
-def scatter_kernel(flat_ids_ptr, expert_start_ptr, counts_ptr, sorted_token_ids_ptr, expert_ids_ptr, numel,
+def scatter_kernel(flat_ids_ptr, expert_start_ptr, counts_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_slots,
                    BLOCK_SIZE_M: tl.constexpr, BLOCK: tl.constexpr):
     e = tl.program_id(0)
-    offs = tl.arange(0, BLOCK)                      # BLOCK >= numel: this program sees every slot
-    mine = tl.load(flat_ids_ptr + offs, mask=offs < numel, other=-1) == e
+    offs = tl.arange(0, BLOCK)                      # BLOCK >= num_slots: this program sees every slot
+    mine = tl.load(flat_ids_ptr + offs, mask=offs < num_slots, other=-1) == e
     rank = tl.cumsum(mine.to(tl.int32), axis=0) - 1  # 0, 1, 2, ... among this expert's slots
     start = tl.load(expert_start_ptr + e)
     tl.store(sorted_token_ids_ptr + start + rank, offs, mask=mine)
@@ -139,14 +139,14 @@ def scatter_kernel(flat_ids_ptr, expert_start_ptr, counts_ptr, sorted_token_ids_
 def my_align(topk_ids, num_experts, block_size_m):
     """Our whole align step: returns (sorted_token_ids, expert_ids, num_tokens_post_padded, counts)."""
     flat = topk_ids.reshape(-1).contiguous()
-    numel = flat.numel()
+    num_slots = flat.numel()
     counts = my_histogram(flat, num_experts)
     expert_start, total = my_prefix(counts, block_size_m)
-    rows = max_num_tokens_padded(numel, num_experts, block_size_m)
-    sorted_token_ids = torch.full((rows,), numel, dtype=torch.int32, device=flat.device)
+    rows = max_num_tokens_padded(num_slots, num_experts, block_size_m)
+    sorted_token_ids = torch.full((rows,), num_slots, dtype=torch.int32, device=flat.device)
     expert_ids = torch.full((rows // block_size_m,), -1, dtype=torch.int32, device=flat.device)
-    scatter_kernel[(num_experts,)](flat, expert_start, counts, sorted_token_ids, expert_ids, numel,
-                                   BLOCK_SIZE_M=block_size_m, BLOCK=triton.next_power_of_2(numel))
+    scatter_kernel[(num_experts,)](flat, expert_start, counts, sorted_token_ids, expert_ids, num_slots,
+                                   BLOCK_SIZE_M=block_size_m, BLOCK=triton.next_power_of_2(num_slots))
     return sorted_token_ids, expert_ids, total, counts
 
 

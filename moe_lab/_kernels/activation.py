@@ -8,7 +8,7 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr, num_valid_tokens,
+def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr, num_slots,
                         inter_size, stride_xm, stride_om, ROUTED: tl.constexpr, EMULATE_BF16: tl.constexpr,
                         BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0)
@@ -20,7 +20,7 @@ def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token
     if ROUTED:
         # tl.where, not `mask & scalar`: Triton 3.9's interpreter rejects a block mask `&` a scalar bool
         # ("mask has unsupported dtype"); both lower to the same select on a GPU.
-        mask_x = tl.where(tl.load(sorted_token_ids_ptr + row) < num_valid_tokens, mask, False)
+        mask_x = tl.where(tl.load(sorted_token_ids_ptr + row) < num_slots, mask, False)
     else:
         mask_x = mask
     x_row = x_ptr + row.to(tl.int64) * stride_xm

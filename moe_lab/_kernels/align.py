@@ -28,12 +28,12 @@ def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts
 
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
-@triton.jit(do_not_specialize=["numel"])
-def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, numel, num_ids, num_experts,
+@triton.jit(do_not_specialize=["num_slots"])
+def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_ids, num_experts,
                  HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_ids, num_experts, HAS_EXPERT_MAP)
+    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
     hist = tl.histogram(ids, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
     tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
@@ -68,10 +68,10 @@ def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_
         running += tl.sum(tile, axis=0)
 
 
-@triton.jit(do_not_specialize=["numel", "num_chunks", "num_m_blocks"])
+@triton.jit(do_not_specialize=["num_slots", "num_chunks", "num_m_blocks"])
 def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                    num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-                   numel, num_ids, num_experts, num_chunks, num_m_blocks,
+                   num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                    HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
                    BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
@@ -79,14 +79,14 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
         # Scatter: position = the chunk's first free slot of this expert + rank among equal ids before it.
         lane = tl.arange(0, CHUNK)
         offs = pid * CHUNK + lane
-        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < numel, num_ids, num_experts,
+        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
                                   HAS_EXPERT_MAP)
         earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
         rank = tl.sum(earlier_same.to(tl.int32), axis=1)
         base = tl.load(chunk_offsets_ptr + pid * num_experts + ids, mask=keep, other=0)
         tl.store(sorted_token_ids_ptr + base + rank, offs, mask=keep)
     else:
-        # Block map: the expert of each M-block (-1 past the end) and the sentinel `numel` in padding rows.
+        # Block map: the expert of each M-block (-1 past the end) and the sentinel `num_slots` in padding rows.
         blocks = (pid - num_chunks) * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
         block_mask = blocks < num_m_blocks
         first_row = blocks * BLOCK_SIZE_M
@@ -105,5 +105,5 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
             + tl.load(counts_ptr + safe_expert, mask=block_mask)
         rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
         is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
-        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + numel,
+        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
                  mask=block_mask[:, None] & is_padding)

@@ -22,11 +22,11 @@ from .common import round_to_bf16_grid
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
-@triton.jit(do_not_specialize=["num_valid_tokens", "num_m_blocks"])
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    N, K, num_valid_tokens, num_m_blocks,
+    N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
@@ -59,24 +59,24 @@ def grouped_matmul_kernel(
     half_pad = False
     quarter_pad = False
     if TAIL_SPLITS >= 1:
-        half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_valid_tokens
+        half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_slots
     if TAIL_SPLITS >= 2:
-        quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_valid_tokens
+        quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
     if quarter_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              row0, expert, pid_n, N, K, num_valid_tokens,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              row0, expert, pid_n, N, K, num_valid_tokens,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              row0, expert, pid_n, N, K, num_valid_tokens,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
@@ -85,7 +85,7 @@ def grouped_matmul_kernel(
 @triton.jit
 def _tile(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-    row0, expert, pid_n, N, K, num_valid_tokens,
+    row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
@@ -94,7 +94,7 @@ def _tile(
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule."""
     offs_m = row0 + tl.arange(0, TILE_M)
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
-    token_valid = token_ids < num_valid_tokens
+    token_valid = token_ids < num_slots
     # int64 only where it matters: token rows (T*k*H can pass 2^31) and the expert's weight offset.
     if GATHER_A:
         a_rows = (token_ids // TOP_K).to(tl.int64)

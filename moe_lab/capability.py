@@ -1,4 +1,6 @@
-"""Can this machine load tiles with TMA, and if not, why not. The only place that decides.
+"""Can this device and this Triton load tiles with TMA, and if not, why not. Whether a given call uses it
+is the launch plan's answer (`moe_lab.grouped_matmul.plan_grouped_matmul`, `select_load_path`), built on
+this one.
 
 Two questions, asked at two moments:
 - `tma_support(device)`: once per device (cached): does Triton have host tensor descriptors

@@ -15,7 +15,7 @@ from .activation import silu_and_mul  # noqa: E402
 from .align import AlignedRouting, moe_align  # noqa: E402
 from .capability import TmaSupport, descriptor_problem, tma_support  # noqa: E402
 from .configs import GemmConfig, MoEConfig  # noqa: E402
-from .grouped_matmul import LaunchPlan, LoadPath, grouped_matmul, plan_grouped_matmul, select_load_path  # noqa: E402
+from .grouped_matmul import LaunchPlan, LoadPath, grouped_matmul, select_load_path  # noqa: E402
 from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
 from .permute import permute_tokens  # noqa: E402
 from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
@@ -31,6 +31,6 @@ __all__ = [
     "AlignedRouting", "default_config", "descriptor_problem", "fused_moe", "fused_moe_reference", "FusedMoE",
     "FusedMoEInfo", "GemmConfig", "get_preset", "grouped_matmul", "interpreter_active", "LaunchPlan",
     "LoadPath", "moe_align", "moe_align_reference", "MoEConfig", "MoEPreset", "permute_tokens",
-    "plan_grouped_matmul", "PRESETS", "relative_error", "select_load_path", "silu_and_mul", "tma_support",
+    "PRESETS", "relative_error", "select_load_path", "silu_and_mul", "tma_support",
     "TmaSupport", "topk_reduce", "topk_routing", "TopKRouting",
 ]

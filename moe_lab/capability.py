@@ -1,5 +1,5 @@
 """Can this device and this Triton load tiles with TMA, and if not, why not. Whether a given call uses it
-is the launch plan's answer (`moe_lab.grouped_matmul.plan_grouped_matmul`, `select_load_path`), built on
+is the launch plan's answer (`grouped_matmul(..., return_plan=True)`, `select_load_path`), built on
 this one.
 
 Two questions, asked at two moments:

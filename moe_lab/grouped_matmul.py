@@ -62,7 +62,7 @@ class LoadPath:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What one `grouped_matmul` call launches, decided once (`plan_grouped_matmul`) and launched as is.
+    """What one `grouped_matmul` call launches, decided once (`_plan_launch`) and launched as is.
 
     config: the GemmConfig as launched: the one asked for, with num_stages lowered where the device's
         shared memory (or the compiler) needed it.
@@ -192,7 +192,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                          "writes sorted rows; the down projection reads them and scatters)")
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
-    plan = plan_grouped_matmul(a, w, routing, config, gather_a=gather_a, scatter=scatter, use_tma=use_tma)
+    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, use_tma=use_tma)
     if plan.grid == 0:
         return (out, plan) if return_plan else out
     if plan.prepermute:
@@ -220,10 +220,11 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
-def plan_grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
+def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                         gather_a: bool, scatter: bool = False, use_tma: UseTma = "auto") -> LaunchPlan:
-    """The LaunchPlan of a `grouped_matmul` call with these arguments (checked by it): the config fitted to
-    the device's shared memory, the load paths, the grid. Launches nothing."""
+    """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
+    the config fitted to the device's shared memory, the load paths, the grid. Launches nothing. Callers
+    get the plan with `grouped_matmul(..., return_plan=True)`."""
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, a.element_size(), budget)

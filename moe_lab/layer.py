@@ -16,15 +16,28 @@ from typing import Optional
 
 import torch
 
-from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor,
-                        output_buffer)
+from ._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    output_buffer,
+)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig
-from .grouped_matmul import LaunchPlan, LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
+from .grouped_matmul import (
+    LaunchPlan,
+    LoadPath,
+    UseTma,
+    check_use_tma,
+    grouped_matmul,
+    select_load_path,
+)
 from .reduce import topk_reduce
-from .tuned import choose_config
 from .runtime import interpreter_serialized
+from .tuned import choose_config
 
 
 @dataclass(frozen=True)
@@ -163,9 +176,10 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
                            config=config, device=hidden_states.device)
     cfg = choice.config
     if num_tokens == 0:  # an idle rank: nothing to launch, but use_tma=True holds to its rules as at T > 0
-        if use_tma is True:
-            _load_paths(hidden_states, hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w1, w2, cfg,
-                        use_tma)
+        if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
+            select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True)
+            select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
+                             gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     gate_up, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
@@ -178,12 +192,6 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     if not with_info:
         return None
     return FusedMoEInfo(cfg, up_plan.path, down_plan.path, routing, choice.source, up_plan, down_plan)
-
-
-def _load_paths(hidden_states, act, w1, w2, cfg, use_tma):
-    """(up, down) LoadPath: the up GEMM gathers token rows of hidden_states, the down GEMM reads act's rows."""
-    return (select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=use_tma),
-            select_load_path(act, w2, cfg.down, gather_a=False, use_tma=use_tma))
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---

@@ -16,25 +16,12 @@ from typing import Optional
 
 import torch
 
-from ._validate import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_positive_int,
-    check_same_device,
-    check_tensor,
-    output_buffer,
-)
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor,
+                        output_buffer)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig
-from .grouped_matmul import (
-    LaunchPlan,
-    LoadPath,
-    UseTma,
-    check_use_tma,
-    grouped_matmul,
-    select_load_path,
-)
+from .grouped_matmul import LaunchPlan, LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
 from .tuned import choose_config

@@ -182,31 +182,17 @@ def scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
     pass
 
 
+# %% [markdown]
+# The checker runs your kernel on **guarded buffers**: each tensor sits inside a larger buffer with known
+# values (canaries) around it, and every load and store is checked. A store past the end of `out` is
+# reported with its offsets instead of corrupting memory (under the interpreter it would write into this
+# Python process and can kill the Jupyter kernel; on a GPU it would often pass unnoticed). Every
+# exercise in the workbook is checked this way and answers **PASS**, or **NOT YET** with what is wrong.
+
 # %%
-def check_scale(kernel, strict: bool = False) -> None:
-    """Run `kernel` on n = 1000; print PASS, or say what is wrong (raise AssertionError if `strict`)."""
-    n_ex, block = 1000, 256
-    x_ex = torch.randn(n_ex, device=device)
-    out_ex = torch.zeros(n_ex, device=device)
-    kernel[(triton.cdiv(n_ex, block),)](x_ex, out_ex, 2.5, n_ex, BLOCK=block)
-    want = 2.5 * x_ex
-    problem = None
-    wrong = (out_ex - want).abs() > 1e-5
-    if out_ex.abs().sum() == 0:
-        problem = "out is all zeros: the kernel stores nothing. Load x, multiply by alpha, tl.store."
-    elif wrong.any():
-        first = int(wrong.nonzero()[0])
-        tail = " (in the last block: check the mask `offs < n`)" if first >= 3 * block else ""
-        problem = f"{int(wrong.sum())} of {n_ex} values are wrong, the first at index {first}{tail}"
-    if problem is None:
-        workbook.check("scale_kernel", out_ex, want, tol=1e-6)
-    elif strict:
-        raise AssertionError(f"FAIL scale_kernel: {problem}")
-    else:
-        print(f"NOT YET scale_kernel: {problem}")
+from moe_lab import exercises
 
-
-check_scale(scale_kernel)
+exercises.check_scale(scale_kernel)
 
 
 # %% jupyter={"source_hidden": true}
@@ -218,7 +204,7 @@ def scale_kernel_solution(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
-check_scale(scale_kernel_solution, strict=True)
+exercises.check_scale(scale_kernel_solution, strict=True)
 
 # %% [markdown]
 # ## Summary

@@ -1,0 +1,89 @@
+"""The verdict of an exercise checker and the diagnosis every checker shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ..guarded import GuardedRun
+from ..reference import relative_error
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An exercise checker's result: `status` is "PASS" or "NOT YET" ("FAIL" is raised, not returned)."""
+    exercise: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.exercise}: {self.message}"
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    if got.shape != want.shape:
+        return False
+    if not (got.is_floating_point() or want.is_floating_point()):
+        return torch.equal(got.cpu(), want.cpu())
+    got_nan, want_nan = torch.isnan(got.float()), torch.isnan(want.float())
+    if not torch.equal(got_nan, want_nan):
+        return False
+    if got_nan.all():
+        return True
+    return relative_error(got[~got_nan], want[~want_nan]) < tol  # a mistake may leave rows unwritten (NaN)
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
+    g, w = got.detach().cpu().double(), want.detach().cpu().double()
+    unwritten = int(torch.isnan(g).sum())
+    wrong = ~torch.isclose(g, w, rtol=max(tol, 1e-6), atol=max(tol, 1e-6)) | torch.isnan(g)
+    first = tuple(wrong.nonzero()[0].tolist()) if wrong.any() else None
+    text = f"{int(wrong.sum())} of {w.numel()} values are wrong"
+    if first is not None:
+        text += f", the first at index {first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, " \
+                f"expected {w[first].item():.6g})"
+    if unwritten:
+        text += f"; {unwritten} were never written (still NaN)"
+    if got.is_floating_point() and not unwritten:
+        text += f"; relative error {relative_error(got, want):.1e}"
+    return text
+
+
+def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, tol: float = 1e-5,
+          mistakes: Sequence[Tuple[str, torch.Tensor]] = (), out_of_bounds_hint: str = "",
+          nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
+          untouched: Optional[torch.Tensor] = None, strict: bool = False) -> Verdict:
+    """Grade one guarded launch: print and return the verdict, or raise "FAIL ..." if `strict`.
+
+    run: the launch; output: the parameter name of the tensor to grade; want: the right result (same
+    shape). In order: an error the kernel raised; out-of-bounds accesses (with `out_of_bounds_hint`, what
+    usually causes them); a right result (PASS, within relative Frobenius error `tol`, exact for integer
+    results); the output left as given (`untouched`, default all NaN: `nothing_written`); a result equal
+    to one of `mistakes` ((explanation, what that mistake computes) pairs); else what differs, and where.
+    """
+    got = run.tensors[output]
+    problem = run.problem()
+    if problem is not None and run.out_of_bounds and out_of_bounds_hint:
+        problem += f". {out_of_bounds_hint}"
+    if problem is None and not _close(got, want, tol):
+        before = untouched if untouched is not None else torch.full_like(got, float("nan"))
+        if torch.equal(torch.nan_to_num(got.cpu().double(), nan=-1.5e300),
+                       torch.nan_to_num(before.cpu().double(), nan=-1.5e300)):
+            problem = nothing_written
+        else:
+            problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) \
+                or _difference(got, want, tol)
+    if problem is None:
+        detail = "exact" if not got.is_floating_point() else f"relative error {relative_error(got, want):.1e} < {tol:.0e}"
+        verdict = Verdict(exercise, "PASS", f"{detail}, no access out of bounds")
+    elif strict:
+        raise AssertionError(f"FAIL {exercise}: {problem}")
+    else:
+        verdict = Verdict(exercise, "NOT YET", problem)
+    print(verdict)
+    return verdict

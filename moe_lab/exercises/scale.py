@@ -1,0 +1,28 @@
+"""Notebook 00's exercise: `scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK)` stores out[i] = alpha * x[i]."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from ..guarded import run_guarded
+from ..runtime import default_device
+from ._grade import Verdict, grade
+
+N, BLOCK, ALPHA = 1000, 256, 2.5   # n is not a multiple of BLOCK: the last program must mask
+
+
+def check_scale(kernel, strict: bool = False) -> Verdict:
+    """Grade `scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr)` on n = 1000, BLOCK = 256
+    (4 programs): float32 `x`, `out` poisoned with NaN. Names: a missing mask (out-of-bounds load or
+    store), alpha left out, only the first block written (offsets without `program_id * BLOCK`)."""
+    x = torch.randn(N, device=default_device())
+    run = run_guarded(kernel, (triton.cdiv(N, BLOCK),), x_ptr=x, out_ptr=torch.full_like(x, float("nan")),
+                      alpha=ALPHA, n=N, BLOCK=BLOCK)
+    first_block = torch.full_like(x, float("nan"))
+    first_block[:BLOCK] = ALPHA * x[:BLOCK]
+    return grade("scale_kernel", run, "out_ptr", ALPHA * x, tol=1e-6, strict=strict,
+                 out_of_bounds_hint=f"n = {N} is not a multiple of BLOCK = {BLOCK}: mask the last block's "
+                                    "load and store with `offs < n`",
+                 mistakes=[("out equals x: multiply by alpha before storing", x),
+                           ("only the first block is right: every program works on block 0; start at program_id(0) * BLOCK",
+                            first_block)])

@@ -1,0 +1,299 @@
+"""Run a learner's Triton kernel on guarded buffers, and say which tensor it read or wrote out of bounds.
+
+`run_guarded(kernel, grid, x_ptr=x, out_ptr=out, n=1000, BLOCK=256)` launches `kernel` once with every
+tensor argument copied into the middle of a larger buffer: guard bytes of a known value (canaries) sit
+before and after it, and between its rows where its strides leave gaps. It returns a `GuardedRun`: the
+tensors as the kernel left them, the out-of-bounds accesses it made, and the error it raised, if any.
+It never raises for a wrong kernel (a wrong kernel is the normal case in an exercise); it raises
+`TypeError` / `ValueError` only for a wrong call of the runner itself.
+
+What it catches, and how:
+- Under Triton's interpreter (no GPU): every load, store and atomic of the launch is checked before it
+  happens (the runner stands in for the interpreter's memory module during the launch). An access outside
+  its tensor, however far off, is dropped (a load gives 0) and recorded with the tensor's parameter name,
+  the kind of access and the element offsets, so the process is never corrupted. Without this an unmasked
+  store writes into the Python process's own heap (`free(): invalid size`, a dead Jupyter kernel).
+- On a GPU: stores into the guard bytes are found by comparing the canaries after the launch (offsets
+  known); reads of guard bytes by launching again with other canary values around one input at a time:
+  if the results change, the kernel read outside that input (offsets unknown).
+
+What it cannot catch:
+- On a GPU, an access beyond the guard (a wrong stride, a pointer far off): it lands in other memory
+  (wrong values elsewhere, nothing seen) or raises "illegal memory access", after which the CUDA context
+  is unusable and the Python kernel must be restarted. Run the exercise under the interpreter to see
+  where it goes.
+- On a GPU, an out-of-bounds read whose value does not change the results (read, then masked away).
+- Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
+  on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
+- A kernel that never ends (a loop whose bound is wrong) hangs the launch.
+
+The out-of-bounds sanitizer of triton-viz (`pip install triton-viz`) does the interpreter half as well, and
+draws each program's loads and stores; this module needs no extra package and also covers a GPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from .runtime import interpreter_active, interpreter_serialized
+
+GUARD_BYTES = 4096          # canary bytes before and after every tensor (a few blocks of any exercise)
+CANARY = 0x7F               # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
+SECOND_CANARY = 0xFF        # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
+SHOWN_OFFSETS = 6           # offsets listed per finding
+
+
+@dataclass(frozen=True)
+class OutOfBounds:
+    """Accesses of one kind to memory outside one tensor argument.
+
+    `offsets` are element offsets from the tensor's first element (negative: before it; at least
+    `numel`: past it; in between: a gap its strides skip), the first few in ascending order, or empty where
+    a GPU read was seen but cannot be located. `count` is the number of accesses (lanes)."""
+    tensor: str
+    kind: str                   # "load", "store" or "atomic"
+    offsets: Tuple[int, ...]
+    count: int
+    numel: int
+    span: int                   # elements from the first to the last one of the tensor (numel if contiguous)
+    far: bool = False           # outside every guarded buffer: `tensor` is only the nearest one
+
+    def describe(self) -> str:
+        if not self.offsets:
+            return (f"{self.kind}s outside {self.tensor} (its results changed when only the memory around "
+                    f"{self.tensor} changed)")
+        shown = ", ".join(str(o) for o in self.offsets)
+        more = " and more" if self.count > len(self.offsets) else ""
+        if self.far:
+            return (f"{self.count} {self.kind}(s) far outside every tensor (the nearest is {self.tensor}: element "
+                    f"offsets {shown}{more} from its start): check the strides and offsets")
+        where = ("before the first element" if self.offsets[-1] < 0 else
+                 f"past the {self.numel} elements" if self.offsets[0] >= self.span else
+                 f"outside the {self.numel} elements (in gaps its strides skip, or around it)")
+        return f"{self.count} {self.kind}(s) {where} of {self.tensor}, at element offsets {shown}{more}"
+
+
+@dataclass
+class GuardedRun:
+    """What one guarded launch did. `tensors` maps each tensor argument's parameter name to its contents
+    after the launch (a copy, same shape and dtype as given); `error` is what the launch raised."""
+    tensors: Dict[str, torch.Tensor]
+    out_of_bounds: List[OutOfBounds] = field(default_factory=list)
+    error: Optional[BaseException] = None
+    checked_by: str = "interpreter"   # or "canaries" (a GPU)
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None and not self.out_of_bounds
+
+    def problem(self) -> Optional[str]:
+        """One line for a learner, or None when the launch ran within bounds and raised nothing."""
+        if self.error is not None:
+            return describe_error(self.error)
+        if self.out_of_bounds:
+            return "; ".join(o.describe() for o in self.out_of_bounds)
+        return None
+
+
+def describe_error(exc: BaseException) -> str:
+    """The first lines of what a kernel raised, without the interpreter's traceback noise."""
+    text = str(exc).strip() or repr(exc)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if "illegal memory access" in text or "illegal instruction" in text:
+        return (f"the GPU stopped the kernel ({lines[0]}): it accessed memory far outside its tensors. The CUDA "
+                "context is now unusable: restart the Python kernel, then run this exercise under the "
+                "interpreter (TRITON_INTERPRET=1, no GPU needed) to see which access goes where")
+    return f"the kernel raised {type(exc).__name__}: " + " | ".join(lines[-4:])[:600]
+
+
+@dataclass
+class _Guarded:
+    """One tensor argument inside its guarded buffer."""
+    name: str
+    original: torch.Tensor
+    buffer: torch.Tensor          # uint8, guard + span + guard bytes
+    view: torch.Tensor            # the tensor handed to the kernel: `original`'s shape, strides and values
+    inside: np.ndarray            # bool per buffer byte: True where a byte of `view` lies
+
+    @property
+    def start(self) -> int:       # byte address of view's first element
+        return self.view.data_ptr()
+
+    def extent(self) -> Tuple[int, int]:
+        """(numel, span): its element count, and elements from its first to its last one."""
+        t = self.original
+        return t.numel(), 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+
+    def element_offsets(self, byte_index: np.ndarray) -> np.ndarray:
+        return (byte_index - GUARD_BYTES) // self.original.element_size()
+
+
+def _guard(name: str, tensor: torch.Tensor, canary: int) -> _Guarded:
+    item = tensor.element_size()
+    if tensor.numel() and any(s < 0 for s in tensor.stride()):
+        raise ValueError(f"{name}: negative strides are not supported, got {tensor.stride()}")
+    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+    buffer = torch.full((2 * GUARD_BYTES + span * item,), canary, dtype=torch.uint8, device=tensor.device)
+    typed = buffer.view(tensor.dtype)
+    view = typed.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item)
+    view.copy_(tensor)
+    marks = torch.zeros(buffer.numel() // item, dtype=torch.bool)
+    marks.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item).fill_(True)
+    inside = np.repeat(marks.numpy(), item)
+    return _Guarded(name, tensor, buffer, view, inside)
+
+
+class _CheckedMemory:
+    """Stands in for the interpreter's memory module (`triton.runtime.interpreter._interpreter`) during a
+    guarded launch: each load, store and atomic first drops and records the lanes outside every guarded
+    tensor, then goes to the real module. Everything else is forwarded unchanged."""
+
+    def __init__(self, real, guarded: List[_Guarded]):
+        self._real = real
+        self._guarded = guarded
+        self.findings: Dict[Tuple[str, str, bool], List[np.ndarray]] = {}
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _allowed(self, kind: str, ptrs: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
+        addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
+        active = np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool),
+                                                                                      addresses.shape)
+        ok = np.zeros(addresses.shape, bool)
+        placed = np.zeros(addresses.shape, bool)
+        for g in self._guarded:
+            base = g.buffer.data_ptr()
+            index = addresses - base
+            in_buffer = active & (index >= 0) & (index < g.inside.size)
+            if not in_buffer.any():
+                continue
+            placed |= in_buffer
+            hit = np.zeros(addresses.shape, bool)
+            hit[in_buffer] = g.inside[index[in_buffer]]
+            ok |= hit
+            bad = in_buffer & ~hit
+            if bad.any():
+                self.findings.setdefault((g.name, kind, False), []).append(g.element_offsets(index[bad]))
+        wild = active & ~placed
+        if wild.any():  # outside every buffer: name the nearest tensor
+            first = int(addresses[wild].min())
+            g = min(self._guarded, key=lambda g: abs(first - g.start))
+            self.findings.setdefault((g.name, kind, True), []).append(
+                (addresses[wild] - g.start) // g.original.element_size())
+        return active & ok
+
+    def load(self, ptrs, mask, other, dtype):
+        return self._real.load(ptrs, self._allowed("load", ptrs, mask), other, dtype)
+
+    def store(self, ptrs, value, mask):
+        return self._real.store(ptrs, value, self._allowed("store", ptrs, mask))
+
+    def atomic_rmw(self, op, ptrs, value, mask, sem):
+        return self._real.atomic_rmw(op, ptrs, value, self._allowed("atomic", ptrs, mask), sem)
+
+    def atomic_cas(self, ptrs, cmp, value, sem):
+        if not self._allowed("atomic", ptrs, None).all():
+            raise IndexError("atomic_cas outside its tensor (it has no mask): stopped before it ran")
+        return self._real.atomic_cas(ptrs, cmp, value, sem)
+
+
+def _findings_to_reports(findings, guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
+    reports = []
+    for (name, kind, far), chunks in findings.items():
+        offsets = np.unique(np.concatenate(chunks))
+        count = int(sum(len(c) for c in chunks))
+        reports.append(OutOfBounds(name, kind, tuple(int(o) for o in offsets[:SHOWN_OFFSETS]), count,
+                                   *guarded[name].extent(), far=far))
+    return reports
+
+
+def _written_guards(guarded: Dict[str, _Guarded], canary: int) -> List[OutOfBounds]:
+    reports = []
+    for g in guarded.values():
+        changed = (g.buffer.cpu().numpy() != canary) & ~g.inside
+        if changed.any():
+            offsets = np.unique(g.element_offsets(np.nonzero(changed)[0]))
+            reports.append(OutOfBounds(g.name, "store", tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
+                                       len(offsets), *g.extent()))
+    return reports
+
+
+def _launch(kernel, grid, args: dict, canaries: Dict[str, int], check_accesses: bool):
+    """One launch on fresh guarded copies; (guarded tensors, access findings or None, error)."""
+    guarded = {name: _guard(name, value, canaries.get(name, CANARY))
+               for name, value in args.items() if isinstance(value, torch.Tensor)}
+    call = {}
+    for name, value in args.items():
+        if name in guarded:
+            call[name] = guarded[name].view
+        elif _is_descriptor(value):
+            g = guarded[name] = _guard(name, value.base, canaries.get(name, CANARY))
+            call[name] = dataclasses.replace(value, base=g.view)
+        else:
+            call[name] = value
+    checker, error = None, None
+    if check_accesses:
+        from triton.runtime import interpreter as interp
+        checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
+        interp._interpreter = checker
+    try:
+        kernel[grid](**call)
+        if not check_accesses and torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a learner's kernel may raise anything; it is reported
+        error = exc
+    finally:
+        if checker is not None:
+            interp._interpreter = checker._real
+    return guarded, (checker.findings if checker else None), error
+
+
+def _is_descriptor(value) -> bool:
+    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "base")
+
+
+@interpreter_serialized
+def run_guarded(kernel, grid, **args) -> GuardedRun:
+    """Launch `kernel[grid](**args)` once on guarded copies of its tensor arguments (see the module doc).
+
+    kernel: a `@triton.jit` function. grid: a tuple of ints (or a callable, as Triton takes). args: every
+    kernel argument by its parameter name; torch tensors (any dtype, shape and non-negative strides, on
+    the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
+    caller's tensors are never written. Returns a `GuardedRun`; raises TypeError if `kernel` is not a
+    Triton kernel or an argument name is not one of its parameters.
+    """
+    names = getattr(kernel, "arg_names", None)
+    if names is None or not hasattr(kernel, "__getitem__"):
+        raise TypeError(f"kernel: expected a @triton.jit function, got {type(kernel).__name__}")
+    unknown = sorted(set(args) - set(names))
+    if unknown:
+        raise TypeError(f"{', '.join(unknown)}: not parameters of {kernel.__name__}({', '.join(names)})")
+    interpreted = interpreter_active()
+    guarded, findings, error = _launch(kernel, grid, args, {}, check_accesses=interpreted)
+    tensors = {name: g.view.clone() for name, g in guarded.items()}
+    if interpreted:
+        reports = _findings_to_reports(findings, guarded)
+        return GuardedRun(tensors, reports, error, "interpreter")
+    if error is not None:
+        return GuardedRun(tensors, [], error, "canaries")
+    reports = _written_guards(guarded, CANARY)
+    written = {r.tensor for r in reports}
+    for name in guarded:  # reads: change one tensor's canaries; do the results move?
+        again, _, error = _launch(kernel, grid, args, {name: SECOND_CANARY}, check_accesses=False)
+        if error is not None:
+            return GuardedRun(tensors, reports, error, "canaries")
+        moved = any(not _same(again[other].view, tensors[other]) for other in guarded if other not in written)
+        if moved:
+            reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
+    return GuardedRun(tensors, reports, None, "canaries")
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.is_floating_point():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)

@@ -1,0 +1,89 @@
+"""Exercise 00 (scale_kernel): the notebook's solution passes; typical wrong kernels get their diagnosis;
+the unmasked kernel, which used to kill the Jupyter kernel under the interpreter, is reported and the
+process lives on."""
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import triton
+import triton.language as tl
+
+from moe_lab import exercises
+from tests.notebook_source import notebook_kernel
+
+
+@triton.jit
+def unmasked(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs))
+
+
+@triton.jit
+def store_masked_only(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs), mask=offs < n)
+
+
+@triton.jit
+def without_alpha(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def first_block_only(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def stub(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # noqa: F841 - the notebook's stub
+    pass
+
+
+@triton.jit
+def shape_error(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK) + tl.arange(0, 2 * BLOCK)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_solution_passes():
+    verdict = exercises.check_scale(notebook_kernel("00_start_here", "scale_kernel_solution"), strict=True)
+    assert verdict.passed and str(verdict).startswith("PASS scale_kernel:")
+
+
+@pytest.mark.parametrize("kernel, says", [
+    (unmasked, ["store(s) past the 1000 elements of out_ptr", "offsets 1000, 1001", "offs < n"]),
+    (store_masked_only, ["load(s) past the 1000 elements of x_ptr", "offs < n"]),
+    (without_alpha, ["multiply by alpha"]),
+    (first_block_only, ["program_id(0) * BLOCK"]),
+    (stub, ["stores nothing"]),
+    (shape_error, ["raised", "256 and 512"]),
+], ids=lambda v: getattr(v, "__name__", ""))
+def test_wrong_kernels_are_named(kernel, says, capsys):
+    verdict = exercises.check_scale(kernel)
+    assert verdict.status == "NOT YET"
+    for text in says:
+        assert text in verdict.message
+    assert capsys.readouterr().out.startswith("NOT YET scale_kernel: ")
+    with pytest.raises(AssertionError, match="^FAIL scale_kernel: "):
+        exercises.check_scale(kernel, strict=True)
+
+
+def test_the_unmasked_kernel_leaves_the_process_alive():
+    """In a fresh process (a heap corrupted by a stray store may only crash later), many unmasked runs,
+    then normal work: the process must exit cleanly."""
+    script = textwrap.dedent('''
+        import moe_lab, torch
+        from moe_lab import exercises
+        from tests.test_exercise_scale import unmasked
+        for _ in range(5):
+            assert exercises.check_scale(unmasked).status == "NOT YET"
+        x = [torch.randn(1000) for _ in range(200)]
+        print("alive", sum(float(t.sum()) for t in x) == sum(float(t.sum()) for t in x))
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "alive True" in done.stdout

@@ -9,16 +9,16 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # A grouped matmul in the sorted layout (the down projection), on meta tensors: A and W both go through
 # tensor descriptors where TMA is available.
 CHILD = textwrap.dedent("""
-    import json, sys
-    sys.path.insert(0, ".ci")
-    import compile_only as co
+    import json
     import torch
-    import moe_lab
+    from moe_lab import compile_only as co
     from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
     co.patch_moe_lab()
 
@@ -58,7 +58,7 @@ CHILD = textwrap.dedent("""
 
 def run_child(code, **env):
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, **env))
+                          env=dict(os.environ, TRITON_INTERPRET="0", **env))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
@@ -107,3 +107,18 @@ def test_a_notebook_kernel_that_does_not_compile_fails_the_check(tmp_path):
     assert len(fail) == 1 and "sm_80 fp8_dot_kernel[BLOCK=32]" in fail[0], out
     assert "fp8e4nv not supported" in out, out
     assert any("sm_90" in ln and "1 kernel variants" in ln and "0 failed" in ln for ln in out.splitlines()), out
+
+
+def test_look_inside_shows_the_tma_copy_only_on_the_tma_path():
+    """moe_lab.look_inside, as notebook 05 uses it: the sm_90 PTX of the TMA path holds TMA copies
+    (cp.async.bulk.tensor), the pointer path's and sm_80's hold none, and wrong arguments are refused."""
+    from moe_lab import look_inside
+
+    tma = look_inside.compile_grouped_matmul("tma", cc=90)
+    assert tma.count("cp.async.bulk.tensor") > 0 and "cp.async.bulk.tensor" in tma.summary()
+    assert look_inside.compile_grouped_matmul("pointer", cc=90).count("cp.async.bulk.tensor") == 0
+    assert look_inside.compile_grouped_matmul("tma", cc=80).count("cp.async.bulk.tensor") == 0
+    with pytest.raises(ValueError, match="load_path"):
+        look_inside.compile_grouped_matmul("descriptor")
+    with pytest.raises(ValueError, match="cc must be one of"):
+        look_inside.compile_grouped_matmul("tma", cc=89)

@@ -1,6 +1,8 @@
 """Compile Triton kernels for a GPU that is not there: a fake Triton driver and compile-only launches.
 
-Import this module before `moe_lab`: it sets TRITON_INTERPRET=0, so `@triton.jit` makes real JITFunctions.
+Set TRITON_INTERPRET=0 before `moe_lab` is first imported (so `@triton.jit` makes real JITFunctions, not
+interpreted ones); importing this module checks it. Used by the compile-only CI check (.ci/compile_check.py)
+and by `moe_lab.look_inside` (the PTX of a kernel for a GPU that is not there), each in a process of its own.
 Inside `fake_gpu(cc, session)` every `kernel[grid](...)` goes to Triton's own `JITFunction.run(...,
 warmup=True)`: Triton binds and specializes the arguments as for a launch on that GPU, its JIT cache hook
 hands the specialization to the `Session` (which records it, or compiles it), and nothing is launched.
@@ -27,15 +29,19 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
-os.environ["TRITON_INTERPRET"] = "0"  # before any @triton.jit function is defined
+import torch
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.runtime.autotuner import OutOfResources
+from triton.runtime.jit import JITFunction
 
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.runtime.autotuner import OutOfResources  # noqa: E402
-from triton.runtime.jit import JITFunction  # noqa: E402
+from .runtime import interpreter_active
 
-import torch  # noqa: E402
+if interpreter_active():
+    raise RuntimeError("moe_lab.compile_only compiles real kernels: set TRITON_INTERPRET=0 in the environment "
+                       "before moe_lab is first imported (here the interpreter is on, so every kernel is an "
+                       "interpreted function)")
 
 
 @dataclass(frozen=True)
@@ -136,14 +142,14 @@ def patch_moe_lab() -> None:
 
     for module in (capability, gm):
         if not hasattr(module, "tma_support"):
-            raise RuntimeError(f"{module.__name__}.tma_support is gone: update .ci/compile_only.py")
+            raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/compile_only.py")
         module.tma_support = fake_tma_support
     gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
     if not hasattr(gm, "_shared_memory_budget"):
-        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update .ci/compile_only.py "
+        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update moe_lab/compile_only.py "
                            "(it hands the fake GPU's shared memory to the launch plan)")
     gm._shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 
@@ -378,13 +384,19 @@ def fake_gpu(cc: int, session: Session):
         DRIVER.cc = previous
 
 
-def compile_variant(variant: Variant) -> dict:
-    """Compile one variant (or load it from Triton's on-disk cache); its outcome, never raises."""
+def compile_kernel(variant: Variant):
+    """Compile one variant (or load it from Triton's on-disk cache): Triton's CompiledKernel, whose `asm`
+    holds the stages ("ttir", "ttgir", "llir", "ptx", "cubin"). Raises what the compiler raises."""
     triton.runtime.driver.set_active(DRIVER)
     DRIVER.cc = variant.cc
+    return _ORIGINAL_RUN(variant.fn, *variant.args, grid=None, warmup=True, **variant.kwargs)
+
+
+def compile_variant(variant: Variant) -> dict:
+    """Compile one variant (or load it from Triton's on-disk cache); its outcome, never raises."""
     start = time.perf_counter()
     try:
-        kernel = _ORIGINAL_RUN(variant.fn, *variant.args, grid=None, warmup=True, **variant.kwargs)
+        kernel = compile_kernel(variant)
         return outcome_of(kernel, time.perf_counter() - start)
     except Exception as exc:  # noqa: BLE001 - reported, never raised
         return {"error": format_error(exc), "seconds": time.perf_counter() - start}

@@ -26,9 +26,15 @@ What it cannot catch:
 - Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
   on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
 - A kernel that never ends (a loop whose bound is wrong) hangs the launch.
+- On a GPU, a kernel whose results differ from launch to launch (float atomics in varying order) can be
+  reported as reading out of bounds.
 
-The out-of-bounds sanitizer of triton-viz (`pip install triton-viz`) does the interpreter half as well, and
-draws each program's loads and stores; this module needs no extra package and also covers a GPU.
+Why not triton-viz's sanitizer (PyPI `triton-viz` 3.0, checked 2026-11): it imports only with Triton 3.6
+and 3.7 (3.8 and 3.9: AttributeError on `create_make_block_ptr`), evaluates accesses symbolically so a
+sanitized launch computes no result, stops the process (`sys.exit`) at the first violation unless told
+not to, reports one address, and leaves the interpreter patched after a traced launch (later kernels from
+other modules fail). It also brings about 280 MB of dependencies. Its tracer, which records each
+program's loads and stores, is worth a look on Triton 3.6/3.7 (`docs/exercises.md`).
 """
 from __future__ import annotations
 
@@ -282,12 +288,12 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     if error is not None:
         return GuardedRun(tensors, [], error, "canaries")
     reports = _written_guards(guarded, CANARY)
-    written = {r.tensor for r in reports}
-    for name in guarded:  # reads: change one tensor's canaries; do the results move?
+    for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, {name: SECOND_CANARY}, check_accesses=False)
         if error is not None:
             return GuardedRun(tensors, reports, error, "canaries")
-        moved = any(not _same(again[other].view, tensors[other]) for other in guarded if other not in written)
+        moved = any(not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded
+                    if other != name) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
     return GuardedRun(tensors, reports, None, "canaries")

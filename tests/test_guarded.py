@@ -1,0 +1,91 @@
+"""moe_lab.guarded: a learner's kernel runs on guarded copies; out-of-bounds accesses are reported with the
+tensor's parameter name and offsets (dropped under the interpreter, found by canaries on a GPU)."""
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from moe_lab.guarded import GUARD_BYTES, run_guarded
+from moe_lab.runtime import interpreter_active
+
+
+@triton.jit
+def copy_kernel(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr, MASK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if MASK:
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs * stride, mask=offs < n), mask=offs < n)
+    else:
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs * stride))
+
+
+@triton.jit
+def count_kernel(ids_ptr, counts_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.atomic_add(counts_ptr + tl.load(ids_ptr + offs, mask=offs < n, other=0), 1, mask=offs < n)
+
+
+def test_a_right_kernel_runs_clean_and_leaves_the_callers_tensors_alone(device):
+    x = torch.randn(100, device=device)
+    out = torch.full_like(x, float("nan"))
+    run = run_guarded(copy_kernel, (4,), x_ptr=x, out_ptr=out, n=100, stride=1, BLOCK=32, MASK=True)
+    assert run.clean and run.problem() is None
+    assert torch.equal(run.tensors["out_ptr"], x) and torch.isnan(out).all()
+
+
+def test_an_unmasked_tail_is_reported_per_tensor_with_offsets(device):
+    x = torch.randn(100, device=device)
+    run = run_guarded(copy_kernel, (4,), x_ptr=x, out_ptr=torch.zeros_like(x), n=100, stride=1, BLOCK=32,
+                      MASK=False)
+    stores = [o for o in run.out_of_bounds if o.kind == "store"]
+    assert len(stores) == 1 and stores[0].tensor == "out_ptr"
+    assert stores[0].offsets[:3] == (100, 101, 102) and stores[0].count == 28
+    assert "past the 100 elements of out_ptr" in run.problem()
+    assert any(o.tensor == "x_ptr" and o.kind == "load" for o in run.out_of_bounds)
+    assert torch.equal(run.tensors["out_ptr"], x)  # the in-bounds part was written
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="a GPU cannot contain an access this far off")
+def test_a_wild_pointer_far_outside_every_buffer_is_dropped_and_named():
+    x = torch.randn(64)
+    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(64), n=64, stride=10**7, BLOCK=64,
+                      MASK=True)
+    (load,) = run.out_of_bounds
+    assert load.far and load.kind == "load" and load.offsets[0] == 10**7
+    assert "far outside every tensor" in run.problem()
+
+
+def test_gaps_of_a_strided_view_are_out_of_bounds(device):
+    x = torch.randn(8, 40, device=device)[:, :32]   # rows of 32 in a row stride of 40
+    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(256, device=device), n=256, stride=1,
+                      BLOCK=256, MASK=True)
+    if interpreter_active():
+        (load,) = run.out_of_bounds
+        assert load.tensor == "x_ptr" and load.offsets[0] == 32 and "gaps its strides skip" in load.describe()
+    else:  # a GPU: the read is seen by changing the canaries in the gaps
+        assert [(o.tensor, o.kind) for o in run.out_of_bounds] == [("x_ptr", "load")]
+
+
+def test_atomics_out_of_bounds_are_reported(device):
+    ids = torch.tensor([0, 1, 2, 5, 9], dtype=torch.int32, device=device)   # 9: past 6 counters
+    run = run_guarded(count_kernel, (1,), ids_ptr=ids, counts_ptr=torch.zeros(6, dtype=torch.int32,
+                      device=device), n=5, BLOCK=8)
+    (bad,) = run.out_of_bounds
+    assert bad.tensor == "counts_ptr" and bad.offsets == (9,)
+    assert run.tensors["counts_ptr"].tolist() == [1, 1, 1, 0, 0, 1]
+
+
+def test_an_error_in_the_kernel_is_returned_not_raised(device):
+    x = torch.randn(10, device=device)
+    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=x.clone(), n=10, stride=1, BLOCK=10, MASK=True)
+    assert run.error is not None and run.problem().startswith("the kernel raised")   # arange of 10
+
+
+def test_wrong_calls_of_the_runner_raise_type_errors():
+    with pytest.raises(TypeError, match="kernel: expected a @triton.jit function"):
+        run_guarded(lambda: None, (1,))
+    with pytest.raises(TypeError, match="y_ptr: not parameters of copy_kernel"):
+        run_guarded(copy_kernel, (1,), y_ptr=torch.zeros(1))
+
+
+def test_guard_keeps_descriptor_alignment():
+    assert GUARD_BYTES % 128 == 0   # a guarded tensor starts 16-byte (and 128-byte) aligned, as TMA wants

@@ -168,6 +168,28 @@ for name, what in NOTEBOOKS.items():
     print(f"{name:<26} {what}")
 
 # %% [markdown]
+# ## 5. Words used across the workbook
+#
+# | term | meaning |
+# |---|---|
+# | **expert**, **router**, **top-k** | an MoE layer holds E small feed-forward networks (experts); a router scores them per token and each token goes to its `top_k` best |
+# | `topk_ids`, `topk_weights` | `[T, top_k]`: which experts each token goes to, and the weights its outputs are summed with |
+# | **slot**, `num_slots` | one (token, chosen expert) pair; there are `num_slots = T * top_k` of them |
+# | `sorted_token_ids`, `expert_ids`, `num_tokens_post_padded` | the schedule the **align** step builds: slots grouped by expert, each expert padded to a multiple of `BLOCK_SIZE_M`, one expert per block of rows |
+# | `w1` `[E, 2I, H]`, `w2` `[E, H, I]` | each expert's up (gate and up halves together) and down projection weights; H hidden size, I intermediate size |
+# | **SwiGLU** | the experts' activation: `silu(gate) * up`, where `silu(x) = x * sigmoid(x)`; `gate` and `up` are the two halves of `x @ w1.T` |
+# | **program**, **grid** | one instance of a Triton kernel, and how many are launched; `tl.program_id(0)` says which one this is |
+# | **block**, **tile**, `BLOCK_SIZE_M/N/K` | the part of a tensor one program works on at once, and its sizes (powers of two) |
+# | **mask** | a boolean block saying which lanes of a load or store are real; the rest are skipped, so a block may run past the end of a tensor |
+# | **warp**, `num_warps` | 32 GPU threads that execute together; a program runs on `num_warps` warps |
+# | **HBM**, **L2** | the GPU's main memory (an H200: 141 GB at about 4.8 TB/s) and the on-chip cache in front of it (tens of MB) |
+# | **shared memory** | fast on-chip memory of one streaming multiprocessor (up to 227 KiB per program on an H200) where tiles wait for the tensor cores |
+# | `num_stages` | how many tiles are loaded ahead into shared memory while the current one is multiplied (software pipelining) |
+# | **TMA**, **tensor descriptor**, **block shape** | Hopper's tensor memory accelerator copies a whole tile (a box of *block shape*) to shared memory on one instruction; a *tensor descriptor* tells it the tensor's base, shape and strides |
+# | **epilogue** | the last part of a matmul kernel: what happens to the finished accumulator tile before it is stored (a cast, a routed weight, an activation) |
+# | **interpreter** | `TRITON_INTERPRET=1`: Triton runs kernels on the CPU with numpy, one program at a time; right answers, no speed |
+
+# %% [markdown]
 # ## Exercise: a masked kernel
 #
 # Write `scale_kernel` so that `out[i] = alpha * x[i]` for every `i < n`. The length `n = 1000` is not

@@ -13,16 +13,16 @@ What it catches, and how:
   its tensor, however far off, is dropped (a load gives 0) and recorded with the tensor's parameter name,
   the kind of access and the element offsets, so the process is never corrupted. Without this an unmasked
   store writes into the Python process's own heap (`free(): invalid size`, a dead Jupyter kernel).
-- On a GPU: stores into the guard bytes are found by comparing the canaries after the launch (offsets
-  known); reads of guard bytes by launching again with other canary values around one input at a time:
-  if the results change, the kernel read outside that input (offsets unknown).
+- On a GPU: the same check first, under the interpreter on CPU copies of the arguments (the kernel's
+  Python source run by Triton's interpreter), so an out-of-bounds access is found exactly and never
+  reaches the GPU. Then the GPU launch itself: stores into the guard bytes are found by comparing the
+  canaries after it (offsets known); reads of guard bytes by launching again with other canary values
+  around one input at a time: if what the kernel wrote changes, it read outside that input.
 
 What it cannot catch:
-- On a GPU, an access beyond the guard (a wrong stride, a pointer far off): it lands in other memory
-  (wrong values elsewhere, nothing seen) or raises "illegal memory access", after which the CUDA context
-  is unusable and the Python kernel must be restarted. Run the exercise under the interpreter to see
-  where it goes.
-- On a GPU, an out-of-bounds read whose value does not change the results (read, then masked away).
+- On a GPU, an access that only the compiled kernel makes (the interpreter takes the other branch: a
+  kernel reading different data on the two, or one the interpreter cannot run). Beyond the guard it
+  lands in other memory or raises "illegal memory access", after which the CUDA context is unusable.
 - Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
   on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
 - A kernel that never ends (a loop whose bound is wrong) hangs the launch.
@@ -90,7 +90,7 @@ class GuardedRun:
     tensors: Dict[str, torch.Tensor]
     out_of_bounds: List[OutOfBounds] = field(default_factory=list)
     error: Optional[BaseException] = None
-    checked_by: str = "interpreter"   # or "canaries" (a GPU)
+    checked_by: str = "interpreter"   # or "interpreter, then canaries" (a GPU)
 
     @property
     def clean(self) -> bool:
@@ -124,6 +124,7 @@ class _Guarded:
     buffer: torch.Tensor          # uint8, guard + span + guard bytes
     view: torch.Tensor            # the tensor handed to the kernel: `original`'s shape, strides and values
     inside: np.ndarray            # bool per buffer byte: True where a byte of `view` lies
+    canary: int                   # the byte value of its guard
 
     @property
     def start(self) -> int:       # byte address of view's first element
@@ -150,7 +151,7 @@ def _guard(name: str, tensor: torch.Tensor, canary: int) -> _Guarded:
     marks = torch.zeros(buffer.numel() // item, dtype=torch.bool)
     marks.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item).fill_(True)
     inside = np.repeat(marks.numpy(), item)
-    return _Guarded(name, tensor, buffer, view, inside)
+    return _Guarded(name, tensor, buffer, view, inside, canary)
 
 
 class _CheckedMemory:
@@ -218,10 +219,10 @@ def _findings_to_reports(findings, guarded: Dict[str, _Guarded]) -> List[OutOfBo
     return reports
 
 
-def _written_guards(guarded: Dict[str, _Guarded], canary: int) -> List[OutOfBounds]:
+def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
     reports = []
     for g in guarded.values():
-        changed = (g.buffer.cpu().numpy() != canary) & ~g.inside
+        changed = (g.buffer.cpu().numpy() != g.canary) & ~g.inside
         if changed.any():
             offsets = np.unique(g.element_offsets(np.nonzero(changed)[0]))
             reports.append(OutOfBounds(g.name, "store", tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
@@ -229,17 +230,18 @@ def _written_guards(guarded: Dict[str, _Guarded], canary: int) -> List[OutOfBoun
     return reports
 
 
-def _launch(kernel, grid, args: dict, canaries: Dict[str, int], check_accesses: bool):
-    """One launch on fresh guarded copies; (guarded tensors, access findings or None, error)."""
-    guarded = {name: _guard(name, value, canaries.get(name, CANARY))
-               for name, value in args.items() if isinstance(value, torch.Tensor)}
-    call = {}
-    for name, value in args.items():
-        if name in guarded:
+def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None):
+    """One launch on fresh guarded copies; (guarded tensors, access findings or None, error). Each tensor
+    has a canary of its own (a copy from one guard into another shows), but `second_canary_for`'s."""
+    guarded, call = {}, {}
+    for index, (name, value) in enumerate(args.items()):
+        canary = SECOND_CANARY if name == second_canary_for else CANARY - index
+        if isinstance(value, torch.Tensor):
+            guarded[name] = _guard(name, value, canary)
             call[name] = guarded[name].view
         elif _is_descriptor(value):
-            g = guarded[name] = _guard(name, value.base, canaries.get(name, CANARY))
-            call[name] = dataclasses.replace(value, base=g.view)
+            guarded[name] = _guard(name, value.base, canary)
+            call[name] = dataclasses.replace(value, base=guarded[name].view)
         else:
             call[name] = value
     checker, error = None, None
@@ -279,24 +281,47 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     unknown = sorted(set(args) - set(names))
     if unknown:
         raise TypeError(f"{', '.join(unknown)}: not parameters of {kernel.__name__}({', '.join(names)})")
-    interpreted = interpreter_active()
-    guarded, findings, error = _launch(kernel, grid, args, {}, check_accesses=interpreted)
+    if interpreter_active():
+        return _interpreted_run(kernel, grid, args)
+    # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
+    # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
+    first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
+    if not first.clean:
+        return first
+    guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
-    if interpreted:
-        reports = _findings_to_reports(findings, guarded)
-        return GuardedRun(tensors, reports, error, "interpreter")
     if error is not None:
-        return GuardedRun(tensors, [], error, "canaries")
-    reports = _written_guards(guarded, CANARY)
+        return GuardedRun(tensors, [], error, "interpreter, then canaries")
+    reports = _written_guards(guarded)
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
-        again, _, error = _launch(kernel, grid, args, {name: SECOND_CANARY}, check_accesses=False)
+        again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
         if error is not None:
-            return GuardedRun(tensors, reports, error, "canaries")
+            return GuardedRun(tensors, reports, error, "interpreter, then canaries")
         moved = any(not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded
                     if other != name) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
-    return GuardedRun(tensors, reports, None, "canaries")
+    return GuardedRun(tensors, reports, None, "interpreter, then canaries")
+
+
+def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
+    guarded, findings, error = _launch(kernel, grid, args, check_accesses=True)
+    tensors = {name: g.view.clone() for name, g in guarded.items()}
+    return GuardedRun(tensors, _findings_to_reports(findings, guarded), error, "interpreter")
+
+
+def _interpreted(kernel):
+    """The interpreter's version of a compiled `@triton.jit` kernel (same Python source)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return InterpretedFunction(kernel.fn)
+
+
+def _on_cpu(value):
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if _is_descriptor(value):
+        return dataclasses.replace(value, base=value.base.cpu())
+    return value
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -8,6 +8,8 @@ import triton.language as tl
 from moe_lab.guarded import GUARD_BYTES, run_guarded
 from moe_lab.runtime import interpreter_active
 
+from .conftest import ON_GPU
+
 
 @triton.jit
 def copy_kernel(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr, MASK: tl.constexpr):
@@ -44,10 +46,10 @@ def test_an_unmasked_tail_is_reported_per_tensor_with_offsets(device):
     assert torch.equal(run.tensors["out_ptr"], x)  # the in-bounds part was written
 
 
-@pytest.mark.skipif(not interpreter_active(), reason="a GPU cannot contain an access this far off")
-def test_a_wild_pointer_far_outside_every_buffer_is_dropped_and_named():
-    x = torch.randn(64)
-    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(64), n=64, stride=10**7, BLOCK=64,
+def test_a_wild_pointer_far_outside_every_buffer_is_dropped_and_named(device):
+    """On a GPU too: the interpreter's run on CPU copies finds it, and the GPU never sees it."""
+    x = torch.randn(64, device=device)
+    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros_like(x), n=64, stride=10**7, BLOCK=64,
                       MASK=True)
     (load,) = run.out_of_bounds
     assert load.far and load.kind == "load" and load.offsets[0] == 10**7
@@ -58,11 +60,8 @@ def test_gaps_of_a_strided_view_are_out_of_bounds(device):
     x = torch.randn(8, 40, device=device)[:, :32]   # rows of 32 in a row stride of 40
     run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(256, device=device), n=256, stride=1,
                       BLOCK=256, MASK=True)
-    if interpreter_active():
-        (load,) = run.out_of_bounds
-        assert load.tensor == "x_ptr" and load.offsets[0] == 32 and "gaps its strides skip" in load.describe()
-    else:  # a GPU: the read is seen by changing the canaries in the gaps
-        assert [(o.tensor, o.kind) for o in run.out_of_bounds] == [("x_ptr", "load")]
+    (load,) = run.out_of_bounds
+    assert load.tensor == "x_ptr" and load.offsets[0] == 32 and "gaps its strides skip" in load.describe()
 
 
 def test_atomics_out_of_bounds_are_reported(device):
@@ -89,3 +88,23 @@ def test_wrong_calls_of_the_runner_raise_type_errors():
 
 def test_guard_keeps_descriptor_alignment():
     assert GUARD_BYTES % 128 == 0   # a guarded tensor starts 16-byte (and 128-byte) aligned, as TMA wants
+
+
+@triton.jit
+def row_copy_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Copies a full block whatever n is: out of bounds only where n < BLOCK."""
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs))
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_canaries_see_what_the_gpu_did():
+    """The GPU half alone (the interpreter's pre-run is skipped by giving a clean kernel a short output):
+    stores into the guard are found with offsets, reads by changing the input's canaries."""
+    from moe_lab import guarded
+    x = torch.randn(64, device="cuda")
+    seen = guarded._launch(row_copy_kernel, (1,), {"x_ptr": x[:48], "out_ptr": torch.zeros(40, device="cuda"),
+                                                   "n": 48, "BLOCK": 64}, check_accesses=False)[0]
+    (store,) = guarded._written_guards(seen)
+    assert store.tensor == "out_ptr" and store.offsets[0] == 40 and store.count == 24
+    assert interpreter_active() is False and ON_GPU

@@ -287,6 +287,7 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
     first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
     if not first.clean:
+        first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
         return first
     guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
@@ -316,11 +317,16 @@ def _interpreted(kernel):
     return InterpretedFunction(kernel.fn)
 
 
+def _device_of(value) -> torch.device:
+    return value.base.device if _is_descriptor(value) else value.device
+
+
 def _on_cpu(value):
+    """A CPU copy with the same strides (`.cpu()` makes a non-dense view contiguous)."""
     if isinstance(value, torch.Tensor):
-        return value.cpu()
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).copy_(value)
     if _is_descriptor(value):
-        return dataclasses.replace(value, base=value.base.cpu())
+        return dataclasses.replace(value, base=_on_cpu(value.base))
     return value
 
 

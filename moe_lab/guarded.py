@@ -83,6 +83,18 @@ class OutOfBounds:
         return f"{self.count} {self.kind}(s) {where} of {self.tensor}, at element offsets {shown}{more}"
 
 
+@dataclass(frozen=True)
+class Access:
+    """One load, store or atomic of one program, on one tensor (recorded by the interpreter's check).
+    `offsets`: element offsets from the tensor's first element, one per active lane; `in_bounds`: which of
+    them lie inside the tensor."""
+    program: Tuple[int, int, int]
+    kind: str
+    tensor: str
+    offsets: np.ndarray
+    in_bounds: np.ndarray
+
+
 @dataclass
 class GuardedRun:
     """What one guarded launch did. `tensors` maps each tensor argument's parameter name to its contents
@@ -91,6 +103,7 @@ class GuardedRun:
     out_of_bounds: List[OutOfBounds] = field(default_factory=list)
     error: Optional[BaseException] = None
     checked_by: str = "interpreter"   # or "interpreter, then canaries" (a GPU)
+    accesses: List[Access] = field(default_factory=list)   # every program's accesses, in order (interpreter)
 
     @property
     def clean(self) -> bool:
@@ -163,6 +176,9 @@ class _CheckedMemory:
         self._real = real
         self._guarded = guarded
         self.findings: Dict[Tuple[str, str, bool], List[np.ndarray]] = {}
+        self.accesses: List[Access] = []
+        from triton.runtime import interpreter
+        self._builder = interpreter.interpreter_builder   # knows which program runs
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -184,6 +200,8 @@ class _CheckedMemory:
             hit[in_buffer] = g.inside[index[in_buffer]]
             ok |= hit
             bad = in_buffer & ~hit
+            self.accesses.append(Access(tuple(getattr(self._builder, "grid_idx", (0, 0, 0))), kind, g.name,
+                                        g.element_offsets(index[in_buffer]), hit[in_buffer]))
             if bad.any():
                 self.findings.setdefault((g.name, kind, False), []).append(g.element_offsets(index[bad]))
         wild = active & ~placed
@@ -231,7 +249,7 @@ def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
 
 
 def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None):
-    """One launch on fresh guarded copies; (guarded tensors, access findings or None, error). Each tensor
+    """One launch on fresh guarded copies; (guarded tensors, the access checker or None, error). Each tensor
     has a canary of its own (a copy from one guard into another shows), but `second_canary_for`'s."""
     guarded, call = {}, {}
     for index, (name, value) in enumerate(args.items()):
@@ -258,7 +276,7 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
     finally:
         if checker is not None:
             interp._interpreter = checker._real
-    return guarded, (checker.findings if checker else None), error
+    return guarded, checker, error
 
 
 def _is_descriptor(value) -> bool:
@@ -292,23 +310,24 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
     if error is not None:
-        return GuardedRun(tensors, [], error, "interpreter, then canaries")
+        return GuardedRun(tensors, [], error, "interpreter, then canaries", first.accesses)
     reports = _written_guards(guarded)
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
         if error is not None:
-            return GuardedRun(tensors, reports, error, "interpreter, then canaries")
+            return GuardedRun(tensors, reports, error, "interpreter, then canaries", first.accesses)
         moved = any(not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded
                     if other != name) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
-    return GuardedRun(tensors, reports, None, "interpreter, then canaries")
+    return GuardedRun(tensors, reports, None, "interpreter, then canaries", first.accesses)
 
 
 def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
-    guarded, findings, error = _launch(kernel, grid, args, check_accesses=True)
+    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
-    return GuardedRun(tensors, _findings_to_reports(findings, guarded), error, "interpreter")
+    return GuardedRun(tensors, _findings_to_reports(checker.findings, guarded), error, "interpreter",
+                      checker.accesses)
 
 
 def _interpreted(kernel):

@@ -229,6 +229,21 @@ def scale_kernel_solution(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
 exercises.check_scale(scale_kernel_solution, strict=True)
 
 # %% [markdown]
+# **Which elements did each program store?** The guarded run records every access (under the interpreter,
+# and on a GPU in the interpreter's check that runs first). One row per program; the black lines are the
+# ends of `out`; red cells would be stores out of bounds. Run it with your `scale_kernel`, and with the
+# mask left out, to see the last program's 24 stray stores.
+
+# %%
+from moe_lab.guarded import run_guarded
+from moe_lab.viz.accesses import plot_accesses
+
+x_ex = torch.randn(1000, device=device)
+run = run_guarded(scale_kernel_solution, (4,), x_ptr=x_ex, out_ptr=torch.empty_like(x_ex), alpha=2.5, n=1000,
+                  BLOCK=256)
+plot_accesses(run, "out_ptr")
+
+# %% [markdown]
 # ## Summary
 #
 # - `import moe_lab` comes first; it switches on the interpreter when there is no GPU.

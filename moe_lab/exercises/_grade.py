@@ -24,6 +24,9 @@ class Verdict:
     def __str__(self) -> str:
         return f"{self.status} {self.exercise}: {self.message}"
 
+    def _ipython_display_(self) -> None:
+        """Nothing: the checker printed the verdict already (a cell ending in a checker call shows it once)."""
+
 
 def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
     if got.shape != want.shape:

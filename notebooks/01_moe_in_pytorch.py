@@ -6,7 +6,8 @@
 # sum of its k experts' outputs.
 #
 # **Goals**
-# 1. Build the router, top-k and renormalization yourself and check them against `moe_lab.topk_routing`.
+# 1. Build the router, top-k and renormalization yourself and check them against `moe_lab.topk_routing`;
+#    then write the renormalization as a Triton kernel (an exercise, graded by a checker).
 # 2. Build the layer one token at a time and check it against `moe_lab.fused_moe_reference`, on a real
 #    model's shape.
 # 3. See the routing: which token goes to which expert, and how uneven the load can be.
@@ -19,8 +20,10 @@ import moe_lab  # first: picks GPU or Triton's interpreter before any kernel is 
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
-from moe_lab import workbook
+from moe_lab import exercises, workbook
 from moe_lab.viz import routing as viz_routing
 
 # Settings. None = decided by the machine: real shapes on a GPU, scaled down (H and I / 64) on the CPU.
@@ -85,6 +88,53 @@ err = workbook.check("topk_weights vs moe_lab.topk_routing", my_weights, topk_we
 err = workbook.check("renormalized weights sum to 1", topk_weights.sum(-1), torch.ones(T), tol=1e-6)
 
 # %% [markdown]
+# ### Exercise: renormalize in a Triton kernel
+#
+# On a GPU the renormalization is a small kernel of its own: **one program per token** loads the
+# token's k weights, divides them by their sum and stores them. Write `renormalize_kernel`:
+#
+# - `topk_weights_ptr`: the weights [T, top_k] float32. Row t starts at `t * weights_row_stride`, and
+#   its k weights follow one after another. The rows need not be packed: here `topk_weights` is the view
+#   `buffer[:, :6]` of a [T, 8] buffer (a routing buffer with spare columns), so `weights_row_stride = 8`,
+#   not top_k.
+# - `out_ptr`: the result [T, top_k] float32, contiguous: row t starts at `t * out_row_stride` (= top_k).
+# - `top_k = 6`, not a power of two. `tl.arange` needs a power of two, so each program has
+#   `BLOCK_K = 8` lanes `j = 0..7`; lanes 6 and 7 are not slots of the token and must be **masked** on
+#   the load (with `other=0.0`, so they add nothing to the sum) and on the store.
+#
+# The checker launches the grid `(T,)` with T = 37, and says what is wrong if the result is.
+
+# %%
+@triton.jit
+def renormalize_kernel(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k,
+                       BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)           # this program's token
+    j = tl.arange(0, BLOCK_K)      # lane j = the token's j-th choice (j < top_k) or a spare lane
+    # TODO: mask = the lanes that are slots of the token
+    # TODO: w = load row t of topk_weights (masked, other=0.0)
+    # TODO: store w divided by its sum (tl.sum(w, axis=0)) into row t of out (masked)
+    pass
+
+
+# %%
+exercises.check_renormalize(renormalize_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def renormalize_kernel_solution(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k,
+                                BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    j = tl.arange(0, BLOCK_K)
+    mask = j < top_k
+    w = tl.load(topk_weights_ptr + t * weights_row_stride + j, mask=mask, other=0.0)
+    tl.store(out_ptr + t * out_row_stride + j, w / tl.sum(w, axis=0), mask=mask)
+
+
+exercises.check_renormalize(renormalize_kernel_solution, strict=True)
+
+# %% [markdown]
 # ## 3. Picture: who goes where
 #
 # Left: cell (token, expert) shows the routed weight (white = not routed). Right: how many (token, k)
@@ -138,15 +188,17 @@ err = workbook.check("moe_lab.fused_moe (Triton) vs reference", out_fused, out_r
 #
 # `skew` makes low-numbered experts popular (logits minus `skew * log(1 + e)`); at skew 2–3 a few hot
 # experts take most tokens while others get none. Watch the max/mean load. The sliders redraw when
-# released. (A static copy of the default picture follows for viewers without a live kernel.)
+# released. The widget opens at skew 2; a static copy of that first picture follows for viewers without
+# a live kernel (both are drawn from the settings in `ROUTING_WIDGET`).
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-viz_routing.routing_explorer(num_tokens=32, num_experts=8, top_k=2, skew=0.0)
+ROUTING_WIDGET = dict(num_tokens=32, num_experts=8, top_k=2, skew=2.0)  # the sliders' first values
+viz_routing.routing_explorer(**ROUTING_WIDGET)
 
 # %%
-skewed = moe_lab.topk_routing(viz_routing.skewed_router_logits(32, 8, skew=2.0), 2)
-viz_routing.plot_routing(skewed.topk_ids, 8, skewed.topk_weights)
+first = viz_routing.skewed_routing(**ROUTING_WIDGET)
+viz_routing.plot_routing(first.topk_ids, ROUTING_WIDGET["num_experts"], first.topk_weights)
 
 # %% [markdown]
 # ## 6. Why a per-expert loop is slow
@@ -283,6 +335,8 @@ check_sigmoid_routing(my_sigmoid_routing_solution, strict=True)
 #
 # - Routing: `router_logits` [T, E] → softmax (or sigmoid) → `topk_ids` [T, k] and `topk_weights` [T, k],
 #   renormalized for most models. `moe_lab.topk_routing` does it; yours matched it exactly.
+# - A Triton kernel is one program per row here: mask the lanes past top_k, and step rows by the
+#   tensor's row stride, which a sliced tensor does not share with its width.
 # - The layer: `out[t] = Σ_j topk_weights[t, j] · w2[e] (silu(w1_gate[e] x) ⊙ w1_up[e] x)`, checked
 #   against `moe_lab.fused_moe_reference` on the preset's shape.
 # - Expert load is uneven; the kernels must handle anything from an idle expert to a hot one.

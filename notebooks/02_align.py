@@ -11,7 +11,8 @@
 # - `num_tokens_post_padded`: how many rows are in use.
 #
 # **Goals**
-# 1. Build the three steps as small Triton kernels: histogram, prefix sum, scatter.
+# 1. Build the three steps as small Triton kernels: histogram (yours to write, graded by a checker),
+#    prefix sum, scatter.
 # 2. Check each one, and the whole schedule, exactly against `moe_lab.moe_align`.
 # 3. See the schedule as a strip, and how BLOCK_SIZE_M trades padding for bigger tiles —
 #    cheap for prefill (many tokens), wasteful for decode (few tokens).
@@ -25,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import workbook
+from moe_lab import exercises, workbook
 from moe_lab.align import max_num_tokens_padded
 from moe_lab.viz import align as viz_align
 from moe_lab.viz.routing import skewed_router_logits
@@ -50,20 +51,55 @@ print("expert of each slot t*k+j:", flat_ids.tolist())
 # %% [markdown]
 # ## Step 1: histogram — how many slots each expert gets
 #
-# Each program reads a block of slots and adds 1 to its expert's counter with `tl.atomic_add`
-# (atomic, because two lanes or two programs may hit the same expert).
+# Each program reads a block of BLOCK slots and adds 1 to the counter of each slot's expert with
+# `tl.atomic_add` (atomic, because two lanes or two programs may hit the same expert).
+#
+# ### Exercise: write `histogram_kernel`
+#
+# - `topk_ids_ptr`: `topk_ids` read flat, `num_slots = T*k` int32 expert ids; slot `t*k + j` holds the
+#   expert of token t's j-th choice (the `flat_ids` above).
+# - `counts_ptr`: `counts` [E] int32, zeroed by the host; the kernel adds into it.
+# - Program p takes the slots `offs = p*BLOCK + [0, 1, ..., BLOCK-1]`; the grid is `cdiv(num_slots, BLOCK)`.
+#
+# Two things matter. The last block runs past `num_slots` unless it is **masked**: its spare lanes would
+# read ids that belong to no slot and add 1 to whatever counter those point at. And many lanes add to the
+# same counter: with `tl.store` they overwrite each other's counts, `tl.atomic_add` adds them all.
+# The checker uses T = 45 tokens, top_k = 6, E = 10 experts: 270 slots, BLOCK = 64, 5 programs.
 
 # %%
 @triton.jit
-def histogram_kernel(flat_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
+def histogram_kernel(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)   # the slots of this program
+    # TODO: ids = the expert id of each slot (tl.load, masked with offs < num_slots)
+    # TODO: add 1 to counts[ids] with tl.atomic_add (same mask)
+    pass
+
+
+# %%
+exercises.check_expert_histogram(histogram_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def histogram_kernel_solution(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    ids = tl.load(flat_ids_ptr + offs, mask=offs < num_slots, other=0)
-    tl.atomic_add(counts_ptr + ids, 1, mask=offs < num_slots)
+    mask = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=mask)
+    tl.atomic_add(counts_ptr + ids, 1, mask=mask)
 
 
+exercises.check_expert_histogram(histogram_kernel_solution, strict=True)
+
+
+# %% [markdown]
+# The steps below launch the solution kernel (put `histogram_kernel` in its place once it passes).
+
+# %%
 def my_histogram(flat_ids, num_experts, block=64):
     counts = torch.zeros(num_experts, dtype=torch.int32, device=flat_ids.device)
-    histogram_kernel[(triton.cdiv(flat_ids.numel(), block),)](flat_ids, counts, flat_ids.numel(), BLOCK=block)
+    histogram_kernel_solution[(triton.cdiv(flat_ids.numel(), block),)](flat_ids, counts, flat_ids.numel(),
+                                                                       BLOCK=block)
     return counts
 
 
@@ -214,15 +250,17 @@ for bm in (16, 32, 64, 128):
 # %% [markdown]
 # ### Widget: pick BLOCK_SIZE_M
 #
-# The slider redraws both strips and reports the waste when released. A static copy for BLOCK_SIZE_M = 64
-# follows.
+# The slider redraws both strips and reports the waste when released. It starts at BLOCK_SIZE_M = 16;
+# a static copy of that first picture follows for viewers without a live kernel.
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-viz_align.align_explorer(cases, num_experts=8, block_sizes=(16, 32, 64, 128), value=16)
+WIDGET_BLOCK_SIZE_M = 16   # the slider's first value, and the static copy's
+viz_align.align_explorer(cases, num_experts=8, block_sizes=(16, 32, 64, 128), value=WIDGET_BLOCK_SIZE_M)
 
 # %%
-viz_align.plot_alignment_cases({name: moe_lab.moe_align(ids, 8, 64) for name, ids in cases.items()})
+viz_align.plot_alignment_cases({name: moe_lab.moe_align(ids, 8, WIDGET_BLOCK_SIZE_M)
+                                for name, ids in cases.items()})
 
 # %% [markdown]
 # ## What `moe_align` does differently
@@ -292,6 +330,8 @@ check_expert_ids(my_expert_ids_solution, strict=True)
 # - Align = histogram → padded prefix sum → scatter. Its output, `sorted_token_ids`, `expert_ids` and
 #   `num_tokens_post_padded` (an `AlignedRouting`), is all a grouped matmul needs to know which rows
 #   each program takes and which expert's weights it uses.
+# - Many lanes and programs add to the same counter: `tl.atomic_add` counts them all, a `tl.store` loses
+#   counts; the last block is masked (`offs < num_slots`).
 # - Buffers are sized by a bound, so nothing waits for the host.
 # - BLOCK_SIZE_M sets the padding: a few percent for prefill, most of the rows for decode.
 # - Next, **03_grouped_gemm_pointers**: one launch that computes every expert's matmul on this schedule.

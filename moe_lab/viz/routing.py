@@ -2,6 +2,7 @@
 
     fig = plot_routing_heatmap(topk_ids, num_experts, topk_weights)   # [T, E] picture
     fig = plot_expert_load(topk_ids, num_experts)                     # bar chart of slots per expert
+    routing = skewed_routing(32, 8, 2, skew=2.0)                     # what the widget shows at those settings
     routing_explorer()                                                # widget: E, top_k, skew
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..routing import topk_routing
+from ..routing import TopKRouting, topk_routing
 from ._common import figure_and_ax, show_figure
 
 
@@ -30,6 +31,15 @@ def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn((num_tokens, num_experts), generator=gen)
     return noise - skew * torch.log1p(torch.arange(num_experts, dtype=torch.float32))
+
+
+def skewed_routing(num_tokens: int, num_experts: int, top_k: int, skew: float = 0.0, *,
+                   seed: int = 0) -> TopKRouting:
+    """The routing `routing_explorer` shows for these settings: `topk_routing` (softmax, renormalized) of
+    `skewed_router_logits(num_tokens, num_experts, skew, seed=seed)`, top_k clamped to E. Draw it with
+    `plot_routing(routing.topk_ids, num_experts, routing.topk_weights)` for a static copy of the widget."""
+    logits = skewed_router_logits(num_tokens, num_experts, skew, seed=seed)
+    return topk_routing(logits, min(top_k, num_experts))
 
 
 def expert_load(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
@@ -109,7 +119,8 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
                      seed: int = 0):
     """A widget: sliders for E, top_k and routing skew redraw the heatmap and the load chart.
 
-    Routing is `moe_lab.topk_routing` (softmax, renormalized) on `skewed_router_logits`.
+    Routing is `skewed_routing` (softmax, renormalized, on `skewed_router_logits`); a static copy of the
+    first picture is `plot_routing` of `skewed_routing` with the same arguments.
     Returns:
         ipywidgets.VBox with attributes `controls` (dict of the sliders), `output` (ipywidgets.Output),
         `summary` (ipywidgets.HTML), `figure` (the Figure now shown) and `routing` (the TopKRouting).
@@ -130,9 +141,7 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
 
     def redraw(_change=None):
         e = sliders["num_experts"].value
-        k = min(sliders["top_k"].value, e)
-        logits = skewed_router_logits(num_tokens, e, sliders["skew"].value, seed=seed)
-        box.routing = topk_routing(logits, k)
+        box.routing = skewed_routing(num_tokens, e, sliders["top_k"].value, sliders["skew"].value, seed=seed)
         box.figure = plot_routing(box.routing.topk_ids, e, box.routing.topk_weights)
         summary.value = f"<code>{load_summary(box.routing.topk_ids, e)}</code>"
         show_figure(output, box.figure)

@@ -7,8 +7,8 @@
 #
 # **Goals**
 # 1. Write a tiled matmul for one expert and check it against torch.
-# 2. Extend it to all experts in one launch (the block schedule and gathered rows), and check it
-#    against `moe_lab.grouped_matmul` and torch.
+# 2. Extend it to all experts in one launch (the block schedule and gathered rows; the gather of the
+#    A tile is yours to write, graded by a checker), and check it against `moe_lab.grouped_matmul` and torch.
 # 3. See which program computes which tile, and how GROUP_SIZE_M orders them.
 
 # %%
@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import workbook
+from moe_lab import exercises, workbook
 from moe_lab.viz import tiles as viz_tiles
 from moe_lab.viz.routing import skewed_router_logits
 
@@ -104,6 +104,92 @@ print(f"T*k = {T * k} slots -> {routing.max_num_m_blocks} M-blocks allocated, "
       f"{int((routing.expert_ids >= 0).sum())} in use; expert_ids = {routing.expert_ids.tolist()}")
 
 
+# %% [markdown]
+# ## Exercise: the gathered A tile
+#
+# Before the whole kernel, its new part alone: the loads that gather an M-block's token rows. Write
+# `gather_rows_kernel`, where program `m` copies the A tiles that the grouped GEMM's program `(m, n)`
+# feeds to `tl.dot`, into `out` instead of multiplying them:
+#
+# - `sorted_token_ids` (int32, from `moe_align`): the rows of M-block `m` are
+#   `slots = sorted_token_ids[m*BLOCK_SIZE_M : (m+1)*BLOCK_SIZE_M]`, [BLOCK_SIZE_M]. A real row holds a
+#   slot `t*TOP_K + j` (token t's j-th expert); a padding row holds the sentinel `num_slots = T*TOP_K`.
+# - `A` [T, K]: one row per token (`hidden_states` in the up projection). Element (t, c) lives at
+#   `a_ptr + t*stride_am + c*stride_ak`. Do not assume `stride_am == K`: the checker's A is a [T, K + 8]
+#   buffer sliced to [:, :K] (stride_am = K + 8), as a view of a bigger tensor often is.
+# - `out` [num_tokens_post_padded, K], contiguous: row `m*BLOCK_SIZE_M + i` gets row
+#   `slots[i] // TOP_K` of A, or zeros on a padding row (the GEMM then multiplies zeros).
+#
+# The stub walks K in steps of BLOCK_SIZE_K and loads and stores one [BLOCK_SIZE_M, BLOCK_SIZE_K] tile
+# per step; fill in the four blanks (their placeholders mask every load and store off, so the stub runs
+# and stores nothing):
+# 1. `tokens`: the row of A each slot reads, [BLOCK_SIZE_M];
+# 2. `row_ok`: True on real slots, False on padding rows;
+# 3. `k_ok`: True on the columns `k0 + offs_k` that exist (the checker's K = 24 is not a multiple of
+#    BLOCK_SIZE_K = 16, so the last step is half empty);
+# 4. `a_ptrs`: the [BLOCK_SIZE_M, BLOCK_SIZE_K] tile of pointers, row `tokens` and column `k0 + offs_k`
+#    (a column vector of row offsets plus a row vector of column offsets: `[:, None]` and `[None, :]`).
+#
+# **Where int64 matters.** `sorted_token_ids` is int32, and Triton passes an integer argument below
+# 2^31 as int32, so `tokens * stride_am` is computed in int32. It wraps around once `T * stride_am`
+# passes 2^31 - 1, for example 262144 tokens of H = 8192 (a long prefill): the offset turns negative
+# and the load reads far outside A (an illegal memory access on a GPU, or rows of the wrong tokens).
+# Cast the row index, `.to(tl.int64)`, and the product is int64; the scaffold does the same for
+# out's rows. Only these token offsets need it (and, in the GEMM, the expert offset of the weights):
+# making every offset int64 costs registers and time. The checker's sizes are small, so it cannot see
+# this mistake; write the cast anyway.
+
+# %%
+@triton.jit
+def gather_rows_kernel(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
+                       TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)   # this block's rows of out
+    slots = tl.load(sorted_token_ids_ptr + offs_m)                          # their slots (or num_slots)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    tokens = slots * 0       # TODO 1: the row of A each slot reads (as int64)   [placeholder: row 0]
+    row_ok = slots < 0       # TODO 2: real slots, not padding                   [placeholder: all False]
+    for k0 in range(0, K, BLOCK_SIZE_K):
+        k_ok = offs_k < 0    # TODO 3: the columns k0 + offs_k that exist        [placeholder: all False]
+        a_ptrs = a_ptr + tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_K), dtype=tl.int64)  # TODO 4: the A tile's pointers
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + (k0 + offs_k)[None, :], a,
+                 mask=k_ok[None, :])
+
+
+# %% [markdown]
+# The checker launches your kernel with one program per M-block in use on a small routing (T = 6
+# tokens, top_k = 6 of 7 experts, BLOCK_SIZE_M = 16) on guarded buffers, compares `out` with the rows
+# gathered in PyTorch, and names what went wrong.
+
+# %%
+exercises.check_gather_rows(gather_rows_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def gather_rows_kernel_solution(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak,
+                                stride_om, TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr,
+                                BLOCK_SIZE_K: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    slots = tl.load(sorted_token_ids_ptr + offs_m)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    tokens = (slots // TOP_K).to(tl.int64)   # slot t*TOP_K + j reads token t; int64: T*stride_am may pass 2^31
+    row_ok = slots < num_slots               # padding rows hold the sentinel num_slots
+    for k0 in range(0, K, BLOCK_SIZE_K):
+        k_ok = (k0 + offs_k) < K
+        a_ptrs = a_ptr + tokens[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak
+        a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        tl.store(out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + (k0 + offs_k)[None, :], a,
+                 mask=k_ok[None, :])
+
+
+exercises.check_gather_rows(gather_rows_kernel_solution, strict=True)
+
+# %% [markdown]
+# The grouped matmul kernel below loads its A tile with these same lines, then adds the expert's
+# weight tile and `tl.dot`.
+
 # %%
 @triton.jit
 def my_grouped_matmul_kernel(a_ptr, w_ptr, c_ptr, sorted_token_ids_ptr, expert_ids_ptr, N, K, num_slots,
@@ -116,7 +202,7 @@ def my_grouped_matmul_kernel(a_ptr, w_ptr, c_ptr, sorted_token_ids_ptr, expert_i
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     slots = tl.load(sorted_token_ids_ptr + offs_m)
     row_ok = slots < num_slots           # padding rows hold the sentinel T*k
-    tokens = slots // TOP_K              # gather: slot t*k+j reads token t
+    tokens = (slots // TOP_K).to(tl.int64)   # gather: slot t*k+j reads token t (int64: see the exercise)
     offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     w_base = w_ptr + expert.to(tl.int64) * stride_we
@@ -206,11 +292,12 @@ print(viz_tiles.tile_report(routing, n=2 * I, k=H, block_size_n=64, block_size_k
 
 # %%
 # NBVAL_IGNORE_OUTPUT
-viz_tiles.tiles_explorer(topk_ids, E, n=2 * I, k=H, block_size_m=16, block_size_n=64, block_size_k=32,
-                         group_size_m=4)
+# The sliders' first values, and the static copy's below: one place for both.
+TILES_WIDGET_STATE = dict(block_size_m=BLOCK_SIZE_M, block_size_n=64, block_size_k=32, group_size_m=4)
+viz_tiles.tiles_explorer(topk_ids, E, n=2 * I, k=H, **TILES_WIDGET_STATE)
 
 # %%
-viz_tiles.plot_tile_map(moe_lab.moe_align(topk_ids, E, 32), n=2 * I, block_size_n=128, group_size_m=2)
+viz_tiles.tiles_snapshot(topk_ids, E, n=2 * I, k=H, **TILES_WIDGET_STATE)
 
 # %% [markdown]
 # ## Exercise: from `pid` to a tile
@@ -272,5 +359,7 @@ check_program_tile(my_program_tile_solution, strict=True)
 # - The grouped matmul adds three loads: the block's expert, its slot ids, and the gathered token rows.
 #   One launch then covers every expert; blocks past the end exit at once. Ours matched
 #   `moe_lab.grouped_matmul` and torch.
+# - The gathered A tile: row `slot // TOP_K` of A at `tokens * stride_am` (int64: T * stride_am can pass
+#   2^31), padding rows (the sentinel `num_slots`) masked to zero, the last K block masked with `< K`.
 # - GROUP_SIZE_M orders the tiles so that programs running together share weight tiles in L2.
 # - Next, **04_tma_basics**: loading tiles through tensor descriptors instead of pointers.

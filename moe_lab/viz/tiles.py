@@ -7,6 +7,7 @@ before moving to the next column, so neighbouring programs reuse the same weight
     order = tile_order(num_m_blocks, num_n_blocks, GROUP_SIZE_M)     # [M-blocks, N-blocks] program ids
     fig = plot_tile_map(routing, n=N, block_size_n=64, group_size_m=4)
     tiles_explorer(topk_ids, num_experts=E, n=N, k=K)                 # BLOCK_SIZE_M/N/K, GROUP_SIZE_M
+    tiles_snapshot(topk_ids, E, n=N, k=K, **first_state)              # the widget's picture, without a widget
 """
 from __future__ import annotations
 
@@ -106,6 +107,27 @@ def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size
     return fig
 
 
+def _tiles_view(routing: AlignedRouting, n: int, k: int, block_size_n: int, block_size_k: int,
+                group_size_m: int) -> tuple[Figure, str]:
+    """The picture and the grid report `tiles_explorer` shows for one state."""
+    return (plot_tile_map(routing, n, block_size_n, group_size_m),
+            tile_report(routing, n, k, block_size_n, block_size_k))
+
+
+def tiles_snapshot(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *, block_size_m: int,
+                   block_size_n: int, block_size_k: int, group_size_m: int,
+                   align: Callable[..., AlignedRouting] = moe_align) -> Figure:
+    """What `tiles_explorer` shows for one state, without a widget: the static copy below a widget cell.
+
+    Takes the widget's arguments (pass the same ones, e.g. from one dict, so the copy shows the widget's
+    first state); prints the grid report the widget shows above its picture and returns the tile map.
+    """
+    figure, report = _tiles_view(align(topk_ids, num_experts, block_size_m), n, k, block_size_n, block_size_k,
+                                 group_size_m)
+    print(report)
+    return figure
+
+
 def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
                    block_sizes: Sequence[int] = (16, 32, 64, 128), group_sizes: Sequence[int] = (1, 2, 4, 8),
                    block_size_m: int = 16, block_size_n: int = 32, block_size_k: int = 32,
@@ -114,7 +136,8 @@ def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
 
     Args:
         topk_ids: [T, k] int32 routing to schedule. num_experts: E. n, k: the GEMM's N and K.
-        block_sizes, group_sizes: the choices offered; the other arguments are the first state.
+        block_sizes, group_sizes: the choices offered; the other arguments are the first state
+            (`tiles_snapshot` with the same arguments draws it without a widget).
         align: the function that builds the schedule, `moe_align` by default.
     Returns:
         ipywidgets.VBox with attributes `controls` (dict of SelectionSliders by name), `output`,
@@ -143,8 +166,8 @@ def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
             cache[bm] = align(topk_ids, num_experts, bm)
         box.routing = cache[bm]
         bn, bk, g = controls["BLOCK_SIZE_N"].value, controls["BLOCK_SIZE_K"].value, controls["GROUP_SIZE_M"].value
-        box.figure = plot_tile_map(box.routing, n, bn, g)
-        summary.value = f"<code>{tile_report(box.routing, n, k, bn, bk)}</code>"
+        box.figure, report = _tiles_view(box.routing, n, k, bn, bk, g)
+        summary.value = f"<code>{report}</code>"
         show_figure(output, box.figure)
 
     for control in controls.values():

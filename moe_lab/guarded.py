@@ -38,6 +38,7 @@ program's loads and stores, is worth a look on Triton 3.6/3.7 (`docs/exercises.m
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -123,9 +124,10 @@ def describe_error(exc: BaseException) -> str:
     text = str(exc).strip() or repr(exc)
     lines = [line for line in text.splitlines() if line.strip()]
     if "illegal memory access" in text or "illegal instruction" in text:
-        return (f"the GPU stopped the kernel ({lines[0]}): it accessed memory far outside its tensors. The CUDA "
-                "context is now unusable: restart the Python kernel, then run this exercise under the "
-                "interpreter (TRITON_INTERPRET=1, no GPU needed) to see which access goes where")
+        return (f"the GPU stopped the kernel ({lines[0]}): an access it cannot make, such as an address far "
+                "outside its tensors or a descriptor offset that breaks the 16-byte rule. The CUDA context is "
+                "now unusable: restart the Python kernel, then run this exercise under the interpreter "
+                "(TRITON_INTERPRET=1, no GPU needed) to see which access goes where")
     return f"the kernel raised {type(exc).__name__}: " + " | ".join(lines[-4:])[:600]
 
 
@@ -303,7 +305,8 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
         return _interpreted_run(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
-    first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
+    with _jit_calls_interpreted():
+        first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
     if not first.clean:
         first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
         return first
@@ -334,6 +337,33 @@ def _interpreted(kernel):
     """The interpreter's version of a compiled `@triton.jit` kernel (same Python source)."""
     from triton.runtime.interpreter import InterpretedFunction
     return InterpretedFunction(kernel.fn)
+
+
+@contextlib.contextmanager
+def _jit_calls_interpreted():
+    """Within: a call of a compiled `@triton.jit` function (a learner's helper, `tl.cdiv`, `tl.sum`) runs its
+    interpreted version, as it would with TRITON_INTERPRET=1 (there every such function is interpreted
+    from the start); outside a kernel Triton refuses such calls."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    had_own_call = "__call__" in JITFunction.__dict__
+    original = JITFunction.__dict__.get("__call__")
+    interpreted = {}
+
+    def call(self, *args, **kwargs):
+        if self.fn not in interpreted:
+            interpreted[self.fn] = InterpretedFunction(self.fn)
+        return interpreted[self.fn](*args, **kwargs)
+
+    JITFunction.__call__ = call
+    try:
+        yield
+    finally:
+        if had_own_call:
+            JITFunction.__call__ = original
+        else:
+            del JITFunction.__call__
 
 
 def _device_of(value) -> torch.device:

@@ -108,3 +108,38 @@ def test_on_a_gpu_the_canaries_see_what_the_gpu_did():
     (store,) = guarded._written_guards(seen)
     assert store.tensor == "out_ptr" and store.offsets[0] == 40 and store.count == 24
     assert interpreter_active() is False and ON_GPU
+
+
+CALLS_A_HELPER = '''
+import torch, triton, triton.language as tl
+import moe_lab
+from moe_lab.guarded import run_guarded
+
+@triton.jit
+def double(x):
+    return 2 * x
+
+@triton.jit
+def helper_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, double(tl.load(x_ptr + offs, mask=offs < n)) + tl.cdiv(n, BLOCK))
+
+run = run_guarded(helper_kernel, (2,), x_ptr=torch.ones(100), out_ptr=torch.zeros(100), n=100, BLOCK=64)
+print("RESULT", run.checked_by, run.problem())
+'''
+
+
+def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_first(tmp_path):
+    """What a GPU run does first, reproduced without one (TRITON_INTERPRET=0: compiled kernels): the
+    interpreter's check runs the kernel and the @triton.jit functions it calls (a learner's helper,
+    tl.cdiv), finds the unmasked store, and nothing reaches a device."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "helper_kernel.py"
+    script.write_text(CALLS_A_HELPER)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=root,
+                          env=dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "RESULT interpreter 28 store(s) past the 100 elements of out_ptr" in done.stdout, done.stdout

@@ -11,8 +11,9 @@
 # 2. Write a 2-D copy kernel through descriptors and check it.
 # 3. See what a box that runs past the edge of a tensor loads (zeros), with a real load.
 # 4. Learn the alignment rules, in a small quiz checked by `moe_lab.descriptor_problem`.
-# 5. Read one expert's weight tile through a 3-D descriptor over `w [E, N, K]`.
-# 6. Understand how moe-lab decides whether TMA can be used (`moe_lab.tma_support()`).
+# 5. Build the descriptors inside the kernel instead (`tl.make_tensor_descriptor`).
+# 6. Read one expert's weight tile through a 3-D descriptor over `w [E, N, K]`.
+# 7. Understand how moe-lab decides whether TMA can be used (`moe_lab.tma_support()`).
 
 # %%
 # %matplotlib inline
@@ -65,27 +66,72 @@ print("box bytes   ", 8 * 8 * x.element_size())
 # %% [markdown]
 # ## 3. Build: a 2-D copy kernel through descriptors
 #
-# Each program copies one box: `src_desc.load([row, col])` returns a `[BLOCK_M, BLOCK_N]` tile and
-# `dst_desc.store([row, col], tile)` writes it. No pointers, no masks: boxes at the right and bottom edges
-# load zeros outside the tensor, and stores outside the tensor are dropped.
+# Each program copies one box. Program `(pid_m, pid_n)` owns the box whose top-left element is at row
+# `pid_m * BLOCK_M`, column `pid_n * BLOCK_N`:
+#
+# - `tile = src_desc.load([row, col])` returns that `[BLOCK_M, BLOCK_N]` box; the offsets are **element
+#   offsets** of its corner, not block numbers;
+# - `dst_desc.store([row, col], tile)` writes it to the same place of `dst`.
+#
+# No pointers and **no masks**: the descriptor knows the tensor's shape, so a box at the right or bottom
+# edge loads zeros where it sticks out, and the part of a store outside the tensor is dropped. Strides
+# are the descriptor's business too: `src` below is not contiguous, and the kernel does not care.
+#
+# ### Exercise: a copy through host descriptors
+#
+# Write `copy_2d_kernel`. The check copies a float32 `src` of 45 × 84 that is a view `x[:, :84]` of a
+# 45 × 100 tensor (its rows are 100 elements = 400 bytes apart: a multiple of 16 bytes, as descriptors
+# need), into a contiguous `dst` filled with NaN, with boxes of 16 × 32 on a grid of 3 × 3 programs.
+# Neither 45 nor 84 is a multiple of the box, so the last row and column of boxes stick out. The
+# descriptors are built on the host and passed in:
+#
+# ```python
+# src_desc = TensorDescriptor(src, shape=[45, 84], strides=[100, 1], block_shape=[16, 32])
+# dst_desc = TensorDescriptor.from_tensor(dst, [16, 32])        # shape and strides from the tensor
+# copy_2d_kernel[(3, 3)](src_desc, dst_desc, BLOCK_M=16, BLOCK_N=32)
+# ```
 
 # %%
 @triton.jit
 def copy_2d_kernel(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    # TODO: row, col = the element offsets of this program's box
+    # TODO: load the box from src_desc, store it into dst_desc at the same offsets
+    pass
+
+
+# %%
+from moe_lab import exercises
+
+exercises.check_descriptor_copy(copy_2d_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def copy_2d_kernel_solution(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     row = tl.program_id(0) * BLOCK_M
     col = tl.program_id(1) * BLOCK_N
     tile = src_desc.load([row, col])
     dst_desc.store([row, col], tile)
 
 
-def copy_2d(src, block_shape=(8, 8)):
+exercises.check_descriptor_copy(copy_2d_kernel_solution, strict=True)
+
+# %% [markdown]
+# The launcher builds both descriptors from the tensors and starts one program per box. It launches the
+# solution kernel (hidden above); put yours in its place once it passes.
+
+# %%
+def copy_2d(src, block_shape=(8, 8), kernel=copy_2d_kernel_solution):
     """Copy a 2-D tensor box by box through tensor descriptors."""
     dst = torch.full_like(src, -1.0)  # -1 everywhere, so a missed element shows
     bm, bn = block_shape
     src_desc = TensorDescriptor.from_tensor(src, [bm, bn])
     dst_desc = TensorDescriptor.from_tensor(dst, [bm, bn])
     grid = (triton.cdiv(src.shape[0], bm), triton.cdiv(src.shape[1], bn))
-    copy_2d_kernel[grid](src_desc, dst_desc, BLOCK_M=bm, BLOCK_N=bn)
+    kernel[grid](src_desc, dst_desc, BLOCK_M=bm, BLOCK_N=bn)
     return dst
 
 
@@ -157,13 +203,17 @@ tma_viz.plot_descriptor_box((12, 20), (8, 8), [(-4, 4)], title="a box at [-4, 4]
 # 1. the **base address** is 16-byte aligned;
 # 2. every **stride but the last** is a multiple of 16 bytes;
 # 3. the **last stride is 1** (rows are contiguous);
-# 4. every **block dimension is a power of two**, and the **inner block dimension holds at least 16 bytes**;
-# 5. inside a kernel, a box **offset in the last dimension** must be 16-byte aligned (the interpreter
-#    asserts it; keep such offsets at multiples of 16 bytes and the kernel is valid everywhere).
+# 4. every **block dimension is a power of two of at most 256 elements** (256 is the largest box
+#    dimension the TMA unit takes; Triton's `TensorDescriptor` does not check this one), and the **inner
+#    block dimension holds at least 16 bytes**;
+# 5. inside a kernel, a box **offset in the last dimension** must be 16-byte aligned: offset × element
+#    size a multiple of 16 bytes. The interpreter asserts it. An H200 says nothing so helpful: a
+#    descriptor load at such an offset raises **"illegal instruction"**, and the CUDA context is unusable
+#    from then on (every later GPU call of the process fails until the Python kernel is restarted).
 #
 # Rules 1–4 are checked once per call by `moe_lab.descriptor_problem(tensor, block_shape)`, which returns
 # `None` or the broken rule in words; the grouped matmul falls back to pointer loads when it says no.
-# Rule 5, seen with a real load at column 3 (12 bytes):
+# Rule 5, seen with a real load at column 3 (12 bytes), under the interpreter only:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -174,10 +224,10 @@ if moe_lab.interpreter_active():
     except Exception as err:  # the interpreter raises InterpreterError wrapping an AssertionError
         print(type(err).__name__, "-", str(err).strip().splitlines()[-1])
 else:
-    print("On a GPU this is not checked for you; keep last-dimension offsets at multiples of 16 bytes.")
+    print("Not run on a GPU: there this load raises 'illegal instruction' and leaves the CUDA context unusable.")
 
 # %% [markdown]
-# ### Exercise 1: which tensors can have a descriptor?
+# ### Exercise: which tensors can have a descriptor?
 #
 # For each case, decide: can a tensor descriptor with this block shape be built over it? Put `True` or
 # `False` in `quiz_answers`, then run the check, which compares with `moe_lab.descriptor_problem` and
@@ -220,12 +270,85 @@ def check_quiz(answers):
 check_quiz(quiz_answers)
 
 # %% jupyter={"source_hidden": true}
-# Solution to exercise 1
+# Solution
 quiz_solution = {"a": True, "b": False, "c": False, "d": False, "e": False, "f": True}
 check_quiz(quiz_solution)
 
 # %% [markdown]
-# ## 6. A 3-D descriptor over expert weights
+# ## 6. A descriptor made inside the kernel: `tl.make_tensor_descriptor`
+#
+# A kernel can also build its descriptors itself, from a pointer and the same three things the host
+# gives `TensorDescriptor`:
+#
+# ```python
+# src_desc = tl.make_tensor_descriptor(src_ptr, shape=[M, N], strides=[stride_src_m, 1],
+#                                      block_shape=[BLOCK_M, BLOCK_N])
+# ```
+#
+# - **shape**: the real tensor's sizes. They are the bounds: outside them a load gives zeros and a store
+#   is dropped. Since the kernel computes them, they can depend on what only the kernel knows, such as
+#   the rows of one expert, so that a box stops at that expert's last row.
+# - **strides** in elements, the row stride first; the last one is 1.
+# - **block shape**: constexpr, the box every `load` / `store` moves.
+#
+# Two things differ from host descriptors:
+#
+# - nothing checks rules 1–4 when the descriptor is made: strides that are not multiples of 16 bytes are
+#   your problem;
+# - on a GPU the kernel writes the descriptor (a 128-byte tensor map) into global memory, and asks Triton
+#   for that scratch memory, which Triton takes from an **allocator** you set with `triton.set_allocator`.
+#   The allocator lives in a `ContextVar`, and Jupyter does not carry those from one cell to the next:
+#   set it **in the cell that launches**. (The checker below does it for you; the interpreter needs none.)
+#
+# ```python
+# def scratch(size, alignment, stream):
+#     return torch.empty(size, dtype=torch.int8, device="cuda")
+#
+# triton.set_allocator(scratch)    # same cell as the launch
+# copy_2d_device_kernel[(3, 3)](src, dst, 45, 84, src.stride(0), dst.stride(0), BLOCK_M=16, BLOCK_N=32)
+# ```
+#
+# ### Exercise: a copy through descriptors made in the kernel
+#
+# Write `copy_2d_device_kernel`: the copy of section 3, with the same `src` (the 45 × 84 view,
+# `stride_src_m = 100`) and `dst` (contiguous, `stride_dst_m = 84`), boxes of 16 × 32 on a 3 × 3 grid, but
+# with pointers in place of descriptors. The shape you give is `[M, N]`, the tensor's own; not the
+# grid's padded size (48 × 96): the descriptor takes care of the boxes that stick out.
+
+# %%
+@triton.jit
+def copy_2d_device_kernel(src_ptr, dst_ptr, M, N, stride_src_m, stride_dst_m,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    # TODO: src_desc = tl.make_tensor_descriptor(src_ptr, shape=..., strides=..., block_shape=...)
+    # TODO: dst_desc = the same over dst_ptr
+    row = tl.program_id(0) * BLOCK_M
+    col = tl.program_id(1) * BLOCK_N
+    # TODO: copy the box at [row, col] from src_desc to dst_desc
+    pass
+
+
+# %%
+exercises.check_device_descriptor_copy(copy_2d_device_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def copy_2d_device_kernel_solution(src_ptr, dst_ptr, M, N, stride_src_m, stride_dst_m,
+                                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    src_desc = tl.make_tensor_descriptor(src_ptr, shape=[M, N], strides=[stride_src_m, 1],
+                                         block_shape=[BLOCK_M, BLOCK_N])
+    dst_desc = tl.make_tensor_descriptor(dst_ptr, shape=[M, N], strides=[stride_dst_m, 1],
+                                         block_shape=[BLOCK_M, BLOCK_N])
+    row = tl.program_id(0) * BLOCK_M
+    col = tl.program_id(1) * BLOCK_N
+    dst_desc.store([row, col], src_desc.load([row, col]))
+
+
+exercises.check_device_descriptor_copy(copy_2d_device_kernel_solution, strict=True)
+
+# %% [markdown]
+# ## 7. A 3-D descriptor over expert weights
 #
 # The weights of all experts sit in one tensor `w [E, N, K]` (for the up projection `w1 [E, 2I, H]`, for
 # the down projection `w2 [E, H, I]`). A 3-D descriptor with block shape `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`
@@ -269,7 +392,7 @@ workbook.check_equal("3-D box at [1, 24, 0]: rows past N are zero", tail, want)
 tma_viz.plot_expert_weights_box(E, N, K, (1, 16, 16), (1, 24, 0))
 
 # %% [markdown]
-# ## 7. Can this machine use TMA? `moe_lab.tma_support()`
+# ## 8. Can this machine use TMA? `moe_lab.tma_support()`
 #
 # One module, `moe_lab/capability.py`, answers the question, with the reason:
 #
@@ -318,8 +441,11 @@ finally:
 # - TMA copies boxes between global and shared memory; a `TensorDescriptor` holds the tensor's shape,
 #   strides and the block shape of one box.
 # - A box that runs past the shape (on any side) loads zeros there; stores outside are dropped.
-# - Rules: 16-byte aligned base and strides (all but the last), last stride 1, power-of-two block dims with
-#   ≥ 16 bytes inside, 16-byte aligned last-dimension offsets. `moe_lab.descriptor_problem` checks 1–4.
+# - Rules: 16-byte aligned base and strides (all but the last), last stride 1, power-of-two block dims of
+#   at most 256 elements with ≥ 16 bytes inside, 16-byte aligned last-dimension offsets (broken on an H200:
+#   "illegal instruction", and the CUDA context is lost). `moe_lab.descriptor_problem` checks 1–4.
+# - A kernel can build its descriptors itself with `tl.make_tensor_descriptor(ptr, shape, strides,
+#   block_shape)`; on a GPU it then needs `triton.set_allocator(...)`, set in the cell that launches.
 # - Expert weights `[E, N, K]` are read with a 3-D descriptor and block `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`,
 #   so a box never crosses into the next expert.
 # - `moe_lab.tma_support()` decides per device (NVIDIA ≥ 9.0, ROCm excluded, `MOE_LAB_TMA` overrides).

@@ -56,7 +56,7 @@ print("expert_ids (one per M-block): ", routing.expert_ids.tolist())
 # ## 2. Which operand can go through TMA?
 #
 # **Weights.** `w1 [E, 2I, H]` and `w2 [E, H, I]` are dense: a 3-D descriptor with block shape
-# `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]` loads expert `e`'s tile at `[e, n0, k0]` (notebook 04, section 6).
+# `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]` loads expert `e`'s tile at `[e, n0, k0]` (notebook 04, section 7).
 #
 # **Token rows of the up projection.** An M-block of expert e needs the rows
 # `hidden_states[sorted_token_ids[r] // k]` — tokens scattered all over `hidden_states [T, H]`. A TMA box is
@@ -103,6 +103,89 @@ tma_viz.plot_expert_tiles([5, 0, 13, 3, 9], 4)
 # One program computes one `BLOCK_SIZE_M × BLOCK_SIZE_N` tile of `out` (same sorted layout):
 # A through a 2-D descriptor, W through a 3-D descriptor, and the result stored through a third descriptor
 # (every row of the tile belongs to this program's expert, so a box store is safe here).
+#
+# ### Exercise: the weight tile of an M-block's expert
+#
+# First the load that makes a GEMM *grouped*: the W tile. Program `(pid_m, pid_n)` of the GEMM multiplies
+# the rows of M-block `pid_m` by the weights of that block's expert, `expert_ids[pid_m]`, one K step at a
+# time. Write that load on its own: program `(pid_m, pid_n, pid_k)` loads the `BLOCK_SIZE_N × BLOCK_SIZE_K`
+# tile of `w [E, N, K]` that the GEMM's program `(pid_m, pid_n)` uses in K step `pid_k`, and stores it into
+# `out [M-blocks, 48, K]` (48 = N rounded up to BLOCK_SIZE_N) through the `out_ptrs` the stub gives, so
+# that the check can look at it. Two pieces:
+#
+# 1. `expert_weight_desc(w, BLOCK_SIZE_N, BLOCK_SIZE_K)`: the host descriptor over `w`, one box = one
+#    expert's tile, so its block shape is `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`.
+# 2. `expert_tile_kernel`: load `expert = expert_ids[pid_m]`; an M-block whose expert is **-1** holds no
+#    rows (it lies past `num_tokens_post_padded`): return without storing. Then load the box at
+#    `[expert, n0, k0]`, with the element offsets `n0 = pid_n * BLOCK_SIZE_N` and
+#    `k0 = pid_k * BLOCK_SIZE_K`. It comes back 3-D, `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`: reshape it to
+#    `[BLOCK_SIZE_N, BLOCK_SIZE_K]` and store it. (`N = w.shape[1]` is passed too; the 3-D descriptor
+#    already knows it.)
+#
+# The check: float16 `w [5, 40, 64]`, `BLOCK_SIZE_N = 16`, `BLOCK_SIZE_K = 32`,
+# `expert_ids = [0, 1, 1, 3, 4, -1, -1]` (expert 2 got no tokens; two unused blocks), grid `(7, 3, 2)`.
+# N = 40 is not a multiple of 16: the last N-block's box covers rows 32–47 of an expert, of which only
+# 32–39 exist, and rows 40–47 must come back as **zeros**. The 3-D descriptor's bounds are per expert;
+# a 2-D descriptor over `w.view(E * N, K)` would hand you the next expert's first rows there. (In the GEMM
+# those rows only reach output columns past N, which the store drops, so a GEMM check would not see that
+# mistake; this one does.)
+
+# %%
+def expert_weight_desc(w, BLOCK_SIZE_N, BLOCK_SIZE_K):
+    """The host descriptor the kernel reads w [E, N, K] through: one box = one expert's tile."""
+    return None  # TODO: TensorDescriptor.from_tensor(w, block_shape)
+
+
+@triton.jit
+def expert_tile_kernel(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                       BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m = tl.program_id(0)   # the M-block
+    pid_n = tl.program_id(1)   # the N-block of w
+    pid_k = tl.program_id(2)   # the K step
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    # TODO: expert = the expert of this M-block (from expert_ids_ptr); return if it is -1
+    # TODO: tile = the box of w_desc at [expert, n0, k0], reshaped to [BLOCK_SIZE_N, BLOCK_SIZE_K]
+    # TODO: tl.store(out_ptrs, tile)
+    pass
+
+
+# %%
+from moe_lab import exercises
+
+exercises.check_expert_tile(expert_tile_kernel, expert_weight_desc)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+def expert_weight_desc_solution(w, BLOCK_SIZE_N, BLOCK_SIZE_K):
+    return TensorDescriptor.from_tensor(w, [1, BLOCK_SIZE_N, BLOCK_SIZE_K])
+
+
+@triton.jit
+def expert_tile_kernel_solution(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return                                                                 # an unused M-block
+    tile = w_desc.load([expert, pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K])  # [1, BLOCK_SIZE_N, BLOCK_SIZE_K]
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+exercises.check_expert_tile(expert_tile_kernel_solution, expert_weight_desc_solution, strict=True)
+
+# %% [markdown]
+# ### The whole kernel
+#
+# The GEMM program does the same per K step (its unused blocks end before the loop: past
+# `num_tokens_post_padded`), adds the A box of its rows at `[row0, k0]`, and accumulates `a @ w.T`.
 
 # %%
 @triton.jit

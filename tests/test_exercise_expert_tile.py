@@ -1,0 +1,169 @@
+"""Exercise of notebook 05 (expert_tile_kernel: an expert's weight tile through a 3-D descriptor): the
+notebook's solution passes; typical wrong kernels and descriptors get their diagnosis."""
+import pytest
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from moe_lab import exercises
+from tests.notebook_source import notebook_kernel
+
+
+def notebook_function(name):
+    """A plain function of notebook 05, with the names its cell has in scope."""
+    fn = notebook_kernel("05_grouped_gemm_tma", name)
+    fn.__globals__["TensorDescriptor"] = TensorDescriptor
+    return fn
+
+
+def desc_3d(w, BLOCK_SIZE_N, BLOCK_SIZE_K):
+    return TensorDescriptor.from_tensor(w, [1, BLOCK_SIZE_N, BLOCK_SIZE_K])
+
+
+def desc_2d(w, BLOCK_SIZE_N, BLOCK_SIZE_K):
+    return TensorDescriptor.from_tensor(w.view(-1, w.shape[2]), [BLOCK_SIZE_N, BLOCK_SIZE_K])
+
+
+def desc_2d_block(w, BLOCK_SIZE_N, BLOCK_SIZE_K):
+    return TensorDescriptor.from_tensor(w, [BLOCK_SIZE_N, BLOCK_SIZE_K])
+
+
+@triton.jit
+def expert_forgotten(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                     BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    tile = w_desc.load([0, pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K])
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
+def block_as_expert(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                    BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    if tl.load(expert_ids_ptr + pid_m) < 0:
+        return
+    tile = w_desc.load([pid_m, pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K])
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
+def n0_in_blocks(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                 BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+    tile = w_desc.load([expert, pid_n, pid_k * BLOCK_SIZE_K])
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
+def k0_in_blocks(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                 BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+    tile = w_desc.load([expert, pid_n * BLOCK_SIZE_N, pid_k])
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
+def flat_rows(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+              BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """With desc_2d: a 2-D descriptor over w.view(E * N, K), the expert's rows start at expert * N."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+    tl.store(out_ptrs, w_desc.load([expert * N + pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K]))
+
+
+@triton.jit
+def unused_not_skipped(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                       BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    tile = w_desc.load([expert, pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K])
+    tl.store(out_ptrs, tile.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K))
+
+
+@triton.jit
+def reshape_forgotten(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                      BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+    tl.store(out_ptrs, w_desc.load([expert, pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K]))
+
+
+@triton.jit
+def two_offsets(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
+                BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    """flat_rows' load on the 3-D descriptor."""
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = pid_k * BLOCK_SIZE_K + tl.arange(0, BLOCK_SIZE_K)
+    out_ptrs = out_ptr + pid_m * stride_ob + offs_n[:, None] * stride_on + offs_k[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m)
+    if expert < 0:
+        return
+    tl.store(out_ptrs, w_desc.load([expert * N + pid_n * BLOCK_SIZE_N, pid_k * BLOCK_SIZE_K]))
+
+
+def test_solution_passes():
+    kernel = notebook_kernel("05_grouped_gemm_tma", "expert_tile_kernel_solution")
+    verdict = exercises.check_expert_tile(kernel, notebook_function("expert_weight_desc_solution"), strict=True)
+    assert verdict.passed and str(verdict).startswith("PASS expert_tile_kernel:")
+    assert exercises.check_expert_tile(kernel, strict=True).passed  # the checker's own descriptor
+
+
+STUB = notebook_kernel("05_grouped_gemm_tma", "expert_tile_kernel")
+
+
+@pytest.mark.parametrize("kernel, make_desc, says", [
+    (expert_forgotten, desc_3d, ["expert offset is forgotten", "expert 0",
+                                 "unused M-blocks (expert_ids = -1) were written too"]),
+    (block_as_expert, desc_3d, ["M-block index is used as the expert"]),
+    (n0_in_blocks, desc_3d, ["n0 is in block units", "pid_n * BLOCK_SIZE_N"]),
+    (k0_in_blocks, desc_3d, ["not a multiple of 16 bytes", "k0 = pid_k * BLOCK_SIZE_K"]),
+    (flat_rows, desc_2d, ["2-D descriptor over w.view(E * N, K)", "NEXT expert", "instead of zeros",
+                          "[1, BLOCK_SIZE_N, BLOCK_SIZE_K]"]),
+    (unused_not_skipped, desc_3d, ["unused M-blocks (expert_ids = -1) were written", "return when it is -1"]),
+    (reshape_forgotten, desc_3d, ["reshape it to [BLOCK_SIZE_N, BLOCK_SIZE_K]"]),
+    (two_offsets, desc_3d, ["one offset per dimension", "[expert, n0, k0]"]),
+    (notebook_kernel("05_grouped_gemm_tma", "expert_tile_kernel_solution"), desc_2d_block,
+     ["raised AssertionError: rank mismatch", "one entry per dimension of w"]),
+    (STUB, notebook_function("expert_weight_desc"), ["expert_weight_desc(w, 16, 32) returned None"]),
+    (STUB, desc_3d, ["stores nothing"]),
+], ids=lambda v: getattr(v, "__name__", "") if callable(v) else "")
+def test_wrong_kernels_are_named(kernel, make_desc, says, capsys):
+    verdict = exercises.check_expert_tile(kernel, make_desc)
+    assert verdict.status == "NOT YET"
+    for text in says:
+        assert text in verdict.message
+    assert capsys.readouterr().out.startswith("NOT YET expert_tile_kernel: ")
+    with pytest.raises(AssertionError, match="^FAIL expert_tile_kernel: "):
+        exercises.check_expert_tile(kernel, make_desc, strict=True)

@@ -249,9 +249,9 @@ quiz = {
 quiz_answers = {"a": None, "b": None, "c": None, "d": None, "e": None, "f": None}  # your answers: True / False
 
 
-def check_quiz(answers):
-    """Compare answers with moe_lab.descriptor_problem; print PASS/FAIL per case, hints for blanks."""
-    right = 0
+def check_quiz(answers, strict=False):
+    """Compare answers with moe_lab.descriptor_problem: a line per case, then the verdict."""
+    right, wrong = 0, []
     for key, (label, tensor, block) in quiz.items():
         problem = moe_lab.descriptor_problem(tensor, block)
         ok = problem is None
@@ -260,11 +260,14 @@ def check_quiz(answers):
             print(f"  {key}) {label}: not answered yet (hint: walk through rules 1-4 above)")
         elif given == ok:
             right += 1
-            print(f"PASS {key}) {label}: {'yes' if ok else 'no — ' + problem}")
+            print(f"  {key}) {label}: right, {'yes' if ok else 'no — ' + problem}")
         else:
-            print(f"FAIL {key}) {label}: you said {given}, but "
+            wrong.append(key)
+            print(f"  {key}) {label}: you said {given}, but "
                   f"{'a descriptor can be built' if ok else 'it breaks a rule: ' + problem}")
-    print(f"{right} of {len(quiz)} right")
+    problem = None if right == len(quiz) else f"{right} of {len(quiz)} right" + (
+        f"; look again at {', '.join(wrong)}" if wrong else "")
+    return exercises.report("descriptor quiz", problem, f"all {len(quiz)} right", strict)
 
 
 check_quiz(quiz_answers)
@@ -272,7 +275,7 @@ check_quiz(quiz_answers)
 # %% jupyter={"source_hidden": true}
 # Solution
 quiz_solution = {"a": True, "b": False, "c": False, "d": False, "e": False, "f": True}
-check_quiz(quiz_solution)
+check_quiz(quiz_solution, strict=True)
 
 # %% [markdown]
 # ## 6. A descriptor made inside the kernel: `tl.make_tensor_descriptor`

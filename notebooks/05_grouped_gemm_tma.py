@@ -11,6 +11,7 @@
 # 3. See the tile that would cross an expert boundary, and how moe-lab's padding avoids it.
 # 4. Build a small TMA grouped GEMM and check it; then check that moe-lab's TMA and pointer paths agree.
 # 5. Compare pointer and TMA timings (live on a GPU, committed H200 data otherwise).
+# 6. Look inside a kernel: print from it, step through it, and read the PTX that shows the TMA copies.
 
 # %%
 # %matplotlib inline
@@ -336,19 +337,19 @@ def padding_rows(counts, block_size_m):
     return None  # TODO: your code here
 
 
-def check_padding_rows(fn):
+def check_padding_rows(fn, strict=False):
     if fn([3, 0, 5], 4) is None:
-        print("not done yet: padding_rows returns None (hint: round each count up to block_size_m)")
-        return
+        return exercises.report("padding_rows", "it returns None (hint: round each count up to block_size_m)",
+                                "", strict)
     cases = [(routing.counts.tolist(), BLOCK_SIZE_M, routing.num_tokens_post_padded.item() - T * TOP_K),
              ([3, 0, 5], 4, 4), ([16, 16], 16, 0), ([0, 0, 1], 8, 7)]
     for c, bm, want in cases:
         got = fn(c, bm)
         if got != want:
             extra = " (an expert with 0 rows needs no block)" if got and got > want and 0 in c else ""
-            print(f"FAIL padding_rows({c}, {bm}) = {got}, expected {want}{extra}")
-            return
-    print(f"PASS padding_rows: all {len(cases)} cases right")
+            return exercises.report("padding_rows", f"padding_rows({c}, {bm}) = {got}, expected {want}{extra}",
+                                    "", strict)
+    return exercises.report("padding_rows", None, f"all {len(cases)} cases right", strict)
 
 
 check_padding_rows(padding_rows)
@@ -359,7 +360,7 @@ def padding_rows_solution(counts, block_size_m):
     return sum((-c) % block_size_m for c in counts)
 
 
-check_padding_rows(padding_rows_solution)
+check_padding_rows(padding_rows_solution, strict=True)
 
 # %% [markdown]
 # ### Taking back part of the padding price
@@ -378,6 +379,102 @@ check_padding_rows(padding_rows_solution)
 #   faster, Qwen3's (N = 1536) slower.
 
 # %% [markdown]
+# ## 7. Look inside: print, step, and read the compiled code
+#
+# A kernel that gives wrong numbers, or a fast path you are not sure was taken, needs a look inside.
+# Three ways, from the quickest:
+#
+# 1. **`tl.static_print`** runs when the kernel is *compiled* (once per specialization) and prints
+#    compile-time facts: constexprs, block shapes, dtypes. **`tl.device_print`** runs in every program
+#    and prints run-time values. Under the interpreter both go to this notebook, and since nothing is
+#    compiled there, `static_print` prints once per program. On a GPU `device_print`
+#    writes from the GPU to the process's standard output: in Jupyter that is the terminal the server runs
+#    in, not the cell; keep the grid and the blocks tiny, every thread prints.
+
+# %%
+@triton.jit
+def peek_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    tl.static_print("compiling peek_kernel, BLOCK =", BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.device_print("x", x)
+    tl.store(out_ptr + offs, 2 * x, mask=offs < n)
+
+
+x_peek = torch.arange(6, dtype=torch.float32, device=device)
+out_peek = torch.empty_like(x_peek)
+peek_kernel[(2,)](x_peek, out_peek, 6, BLOCK=4)
+if device.type == "cuda":
+    torch.cuda.synchronize()  # device_print's output is flushed when the kernel ends
+_ = workbook.check("peek_kernel", out_peek, 2 * x_peek, tol=1e-6)
+
+# %% [markdown]
+# 2. **A debugger, under the interpreter.** With `TRITON_INTERPRET=1` a kernel is ordinary Python run once
+#    per program, so `breakpoint()` inside it stops there, and `p offs`, `p x` show the blocks as numpy
+#    arrays (`c` goes on to the next program, `q` stops). JupyterLab's debugger (the bug icon) stops at a
+#    breakpoint set in a kernel's cell the same way. Remove the `breakpoint()` before compiling for a GPU:
+#    Triton cannot compile it.
+#
+#    ```python
+#    @triton.jit
+#    def peek_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+#        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+#        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+#        breakpoint()          # (Pdb) p offs  ->  array([0, 1, 2, 3], dtype=int32)
+#        ...
+#    ```
+#
+# 3. **The compiled code.** Triton lowers a kernel through its own IRs to **PTX**, NVIDIA's virtual GPU
+#    assembly, which `ptxas` turns into machine code. Compiling needs no GPU, only a target, so this works
+#    on a laptop: `moe_lab.look_inside` compiles the package's grouped matmul for a chosen GPU in a child
+#    process (with the interpreter off) and counts the instructions that move tiles. The layout is the
+#    down projection's (rows already in sorted order), where both A and w can go through descriptors.
+
+# %%
+from moe_lab import look_inside
+
+compiled = {(path, cc): look_inside.compile_grouped_matmul(path, cc)
+            for path, cc in (("tma", 90), ("pointer", 90), ("tma", 80))}
+for kernel_code in compiled.values():
+    print(kernel_code.summary())
+print()
+for instruction, meaning in look_inside.MEMORY_INSTRUCTIONS.items():
+    print(f"{instruction:<27} {meaning}")
+
+# %% [markdown]
+# The TMA path still holds a few `cp.async` copies and `mma.sync`: the tail tiles (a mostly padded block run
+# as a half or quarter tile) read A by pointer, since the descriptor's box is BLOCK_SIZE_M rows, and
+# multiply with `mma.sync`, since `wgmma` works on 64 rows at a time.
+#
+# The TMA copies of the sm_90 kernel. The coordinates in braces go innermost first: `{k0, row}` for the
+# 2-D descriptor of A, `{k0, n0, expert}` for the 3-D weight descriptor, the load at `[expert, n0, k0]`
+# that this notebook built. One thread issues each copy; the `mbarrier` tells the waiting warps when the
+# box's bytes have arrived.
+
+# %%
+tma_code = compiled[("tma", 90)]
+for line in tma_code.lines("cp.async.bulk.tensor", limit=2):
+    print(line)
+print("...")
+for line in compiled[("pointer", 90)].lines("cp.async.cg.shared.global", limit=2):
+    print(line)
+tma_copies = {key: code.count("cp.async.bulk.tensor") for key, code in compiled.items()}
+if not (tma_copies[("tma", 90)] > 0 and tma_copies[("pointer", 90)] == 0 and tma_copies[("tma", 80)] == 0):
+    raise AssertionError(f"FAIL look inside: TMA copies per (path, target) {tma_copies}; expected some on the "
+                         "sm_90 TMA path only")
+print(f"PASS look inside: {tma_copies[('tma', 90)]} TMA copies on sm_90's TMA path, none on its pointer path "
+      "or on sm_80 (no TMA there: the same request takes pointer loads)")
+
+# %% [markdown]
+# The pointer path moves the same tiles with `cp.async.cg.shared.global`: every thread copies 16 bytes
+# (`0x10`), so a 64x64 fp16 tile takes 512 of them spread over the warps, plus the address arithmetic for
+# each. With TMA one thread hands over a descriptor and two coordinates, and the copy engine does the rest,
+# which frees registers and issue slots for the math (`wgmma.mma_async`, Hopper's warpgroup matmul).
+# On a GPU, a kernel you launched keeps its compiled forms too: `k = my_kernel[grid](...)` returns it,
+# and `k.asm["ptx"]` (also "ttir", "ttgir", "llir", "cubin") holds each stage.
+
+# %% [markdown]
 # ## Summary
 #
 # - Weights: a 3-D descriptor, block `[1, BLOCK_SIZE_N, BLOCK_SIZE_K]`, for both GEMMs.
@@ -388,5 +485,8 @@ check_padding_rows(padding_rows_solution)
 #   per expert and masked stores.
 # - Both paths give the same numbers; on the H200 TMA pays off once tiles are full (T ≥ a few hundred).
 # - Tail tiles and prepermute win back part of the padding and gather costs; the tuner decides per shape.
+# - To look inside a kernel: `tl.static_print` (compile time), `tl.device_print` (run time), `breakpoint()`
+#   under the interpreter, and the PTX, which shows the TMA copies (`cp.async.bulk.tensor`) on sm_90's TMA
+#   path only, compiled here without a GPU (`moe_lab.look_inside`).
 #
 # Next: notebook 06 puts all stages together into the fused MoE layer.

@@ -16,7 +16,7 @@ module is imported when its checker is first asked for.
 """
 import importlib
 
-from ._grade import Verdict, grade
+from ._grade import Verdict, grade, report
 
 # checker -> module, in workbook order
 CHECKERS = {
@@ -31,7 +31,7 @@ CHECKERS = {
     "check_pipelined_matmul": "pipelined_matmul",        # 07: a K loop with num_stages
 }
 
-__all__ = ["CHECKERS", "Verdict", "grade", *CHECKERS]
+__all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
 
 
 def __getattr__(name):

@@ -57,6 +57,16 @@ def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
     return text
 
 
+def report(exercise: str, problem: Optional[str], passed: str, strict: bool = False) -> Verdict:
+    """The verdict of a checker that is not a kernel's (a PyTorch function, a quiz): print "PASS exercise:
+    passed" when `problem` is None, else "NOT YET exercise: problem", or raise "FAIL ..." if `strict`."""
+    if problem is not None and strict:
+        raise AssertionError(f"FAIL {exercise}: {problem}")
+    verdict = Verdict(exercise, "PASS", passed) if problem is None else Verdict(exercise, "NOT YET", problem)
+    print(verdict)
+    return verdict
+
+
 def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, tol: float = 1e-5,
           mistakes: Sequence[Tuple[str, torch.Tensor]] = (), out_of_bounds_hint: str = "",
           nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",

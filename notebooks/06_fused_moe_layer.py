@@ -214,16 +214,29 @@ def my_combine(out_k_plain, topk_weights):
 def check_combine(fn):
     got = fn(out_k_plain, topk_weights)
     if got is None:
-        print("not done yet: my_combine returns None (hint: view as [T, k, H], weight each slot, sum over k)")
+        print("NOT YET my_combine: it returns None (hint: view as [T, k, H], weight each slot, sum over k)")
         return
     plain = out_k_plain.float().view(T, K, H)
+    w = topk_weights.float()
+    slips = [  # (what went wrong, what that slip computes)
+        ("you summed over k but did not multiply by topk_weights", plain.sum(1)),
+        ("the k weights are swapped (reversed): slot j of token t took topk_weights[t, k-1-j]; row t*k + j "
+         "of out_k_plain takes topk_weights[t, j], so weight the [T, k, H] view with topk_weights[:, :, None]",
+         (plain * w.flip(1)[:, :, None]).sum(1)),
+        ("the slots were read as [k, T, H] (row j*T + t for slot j of token t); the k rows of a token are "
+         "consecutive: view out_k_plain as [T, k, H]", (out_k_plain.float().view(K, T, H) * w.T[:, :, None]).sum(0)),
+    ]
     if tuple(got.shape) != (T, H):
-        print(f"FAIL shape {tuple(got.shape)}, expected {(T, H)}: did you sum over the k dimension (dim=1)?")
-    elif moe_lab.relative_error(got, plain.sum(1)) < 1e-2:
-        print("FAIL you summed over k but did not multiply by topk_weights")
-    elif moe_lab.relative_error(got, reference) >= 1e-2:
-        print(f"FAIL relative error {moe_lab.relative_error(got, reference):.1e} vs the reference: check that "
-              "topk_weights [T, k] is broadcast over H ([T, k, 1])")
+        print(f"NOT YET my_combine: shape {tuple(got.shape)}, expected {(T, H)}: did you sum over the k dimension "
+              "(dim=1)?")
+        return
+    for why, slip in slips:
+        if moe_lab.relative_error(got, reference) >= 1e-2 and moe_lab.relative_error(got, slip) < 1e-2:
+            print(f"NOT YET my_combine: {why}")
+            return
+    if moe_lab.relative_error(got, reference) >= 1e-2:
+        print(f"NOT YET my_combine: relative error {moe_lab.relative_error(got, reference):.1e} vs the reference: "
+              "weight row t*k + j of out_k_plain by topk_weights[t, j] (broadcast over H: [T, k, 1]), then sum over k")
     else:
         workbook.check("my_combine vs fused_moe_reference", got, reference)
 
@@ -238,6 +251,79 @@ def my_combine_solution(out_k_plain, topk_weights):
 
 
 check_combine(my_combine_solution)
+
+# %% [markdown]
+# ### Exercise: the top-k reduce as a Triton kernel
+#
+# The same combine, as the layer's last kernel does it: `out[t, :] = sum_j topk_weights[t, j] * y[t * TOP_K + j, :]`.
+# `y` is the down GEMM's output `[num_slots, H]` (num_slots = T·TOP_K), one row per (token, k) slot: the
+# k slots of token `t` are the consecutive rows `t * TOP_K + j`, j = 0 … TOP_K-1. One program handles one
+# token (`program_id(0)`) and one block of `BLOCK_H` columns (`program_id(1)`), so the grid is
+# `(T, cdiv(H, BLOCK_H))`.
+#
+# - `y_ptr + (t * TOP_K + j) * stride_y_row + offs_h`: slot j's columns `offs_h` (a `[BLOCK_H]` block).
+# - `topk_weights_ptr + t * stride_w_token + j`: the scalar weight of that slot.
+# - `out_ptr + t * stride_out_row + offs_h`: where the token's sum goes.
+#
+# Use the strides you are given: the checker's `y` and `topk_weights` are views of wider buffers, so their
+# rows are further apart than `H` and `TOP_K`. It runs `TOP_K = 6` (not a power of two; `tl.static_range`
+# unrolls the loop over it) and `H = 200`, not a multiple of `BLOCK_H = 64`: mask the last H block.
+# Accumulate in float32.
+
+# %%
+import triton
+import triton.language as tl
+
+from moe_lab import exercises
+
+
+@triton.jit
+def topk_reduce_kernel(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
+                       TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0)                                          # the token
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's columns of H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        # TODO: load the weight topk_weights[t, j] and the row y[t * TOP_K + j, offs_h] (masked: offs_h < H),
+        #       and add weight * row to acc
+        pass
+    # TODO: store acc into out[t, offs_h] (masked)
+
+
+# %%
+exercises.check_topk_reduce(topk_reduce_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def topk_reduce_kernel_solution(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
+                                TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+    t = tl.program_id(0)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask = offs_h < H
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
+        row = tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=mask, other=0.0)
+        acc += weight * row.to(tl.float32)
+    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=mask)
+
+
+exercises.check_topk_reduce(topk_reduce_kernel_solution, strict=True)
+
+# %% [markdown]
+# The solution on this notebook's own data: the unweighted down-GEMM rows `out_k_plain` ([T·k, H], bf16)
+# and the routed weights give the layer's output.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+BLOCK_H = 64
+out_reduce = torch.empty(T, H, device=device)
+topk_reduce_kernel_solution[(T, triton.cdiv(H, BLOCK_H))](
+    out_k_plain, topk_weights, out_reduce, H, out_k_plain.stride(0), topk_weights.stride(0), out_reduce.stride(0),
+    TOP_K=K, BLOCK_H=BLOCK_H)
+_ = workbook.check("topk_reduce_kernel_solution on out_k_plain vs fused_moe_reference", out_reduce, reference)
 
 # %% [markdown]
 # ## 5. Every preset

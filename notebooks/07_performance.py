@@ -9,6 +9,8 @@
 # 2. Draw the roofline (arithmetic intensity against attainable TFLOP/s) from measured H200 ceilings.
 # 3. Compare moe-lab's pointer path, its TMA path and `torch._grouped_mm` against T, per model.
 # 4. Try block sizes in a widget that times live on a GPU (and says why it does not on the CPU).
+# 5. Write the K loop of a tiled matmul with `tl.range(..., num_stages=...)`, and see what each pipeline
+#    stage costs in shared memory (and, on a GPU, what it buys in time).
 #
 # All times below come from `benchmarks/results/*.json` (**committed data** from `moe-lab bench` on an
 # H200), unless a cell says it measured them live.
@@ -19,7 +21,7 @@ import moe_lab  # first: picks GPU or interpreter before any kernel is defined
 
 import torch
 
-from moe_lab import workbook
+from moe_lab import exercises, workbook
 from moe_lab.viz import performance as perf
 
 results = perf.load_results()
@@ -73,6 +75,16 @@ print(perf.cost_table(list(moe_lab.PRESETS), [1, 64, 4096]))
 
 # %%
 perf.plot_roofline(results["ceilings"], results=results, presets=["qwen3-30b-a3b"])
+
+# %% [markdown]
+# The two ceilings the figure is drawn from (the same `results["ceilings"]`):
+
+# %%
+# NBVAL_CHECK_OUTPUT
+ceilings = results["ceilings"]
+print(f"memory: {ceilings['copy_tbps']:.2f} TB/s copy; compute: {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s bf16 "
+      f"matmul; ridge: {ceilings['bf16_matmul_tflops'] / ceilings['copy_tbps']:.0f} FLOP/B "
+      f"(measured on an H200, {results['environment']['date']}, committed)")
 
 # %% [markdown]
 # ## 3. Pointer vs TMA vs `torch._grouped_mm` against T
@@ -132,23 +144,22 @@ def compute_bound_tokens(preset_name, ceilings):
     return None  # TODO: your code here
 
 
-def check_compute_bound(fn):
+def check_compute_bound(fn, strict=False):
     got = fn("qwen3-30b-a3b", results["ceilings"])
     if got is None:
-        print("not done yet (hint: ridge = bf16_matmul_tflops / copy_tbps; try T = 1, 2, 4, ... until "
-              "layer_cost(...)['intensity'] >= ridge)")
-        return
+        return exercises.report("compute_bound_tokens", "it returns None (hint: ridge = bf16_matmul_tflops / "
+                                "copy_tbps; try T = 1, 2, 4, ... until layer_cost(...)['intensity'] >= ridge)",
+                                "", strict)
     c = results["ceilings"]
     ridge = c["bf16_matmul_tflops"] / c["copy_tbps"]
     t = 1
     while perf.layer_cost(moe_lab.get_preset("qwen3-30b-a3b"), t)["intensity"] < ridge:
         t *= 2
-    if got == t:
-        print(f"PASS compute-bound from T = {t} (ridge {ridge:.0f} FLOP/B)")
-    elif got == t // 2:
-        print(f"FAIL T = {got} is one step too early: its intensity is still below the ridge ({ridge:.0f} FLOP/B)")
-    else:
-        print(f"FAIL T = {got}; the answer lies where the intensity first reaches {ridge:.0f} FLOP/B")
+    problem = (None if got == t else
+               f"T = {got} is one step too early: its intensity is still below the ridge ({ridge:.0f} FLOP/B)"
+               if got == t // 2 else f"T = {got}; the answer lies where the intensity first reaches {ridge:.0f} FLOP/B")
+    return exercises.report("compute_bound_tokens", problem, f"compute-bound from T = {t} (ridge {ridge:.0f} FLOP/B)",
+                            strict)
 
 
 check_compute_bound(compute_bound_tokens)
@@ -163,15 +174,137 @@ def compute_bound_tokens_solution(preset_name, ceilings):
     return t
 
 
-check_compute_bound(compute_bound_tokens_solution)
+check_compute_bound(compute_bound_tokens_solution, strict=True)
+
+# %% [markdown]
+# ## 5. Build: a pipelined K loop
+#
+# Every GEMM of the layer is a loop over K: each program owns one `BLOCK_SIZE_M × BLOCK_SIZE_N` tile of C,
+# and each step loads an A tile `[BLOCK_SIZE_M, BLOCK_SIZE_K]` and a B tile `[BLOCK_SIZE_K, BLOCK_SIZE_N]`
+# and adds their product to a float32 accumulator. Written with
+# `for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES)`, the loop is **software-pipelined**
+# on a GPU: the compiler issues the loads of the next `NUM_STAGES - 1` K blocks while `tl.dot` works on
+# the current one, so the tensor cores do not wait for memory. (The interpreter runs the loop plainly; the
+# result is the same.)
+#
+# ### Exercise: write the K loop
+#
+# The stub sets up the pointers of the first K block:
+# - `a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak`: the A tile
+#   `[BLOCK_SIZE_M, BLOCK_SIZE_K]`, columns `offs_k` of the rows `offs_m`;
+# - `b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn`: the B tile
+#   `[BLOCK_SIZE_K, BLOCK_SIZE_N]`, rows `offs_k` of the columns `offs_n`.
+#
+# In step `k` they point at K block `k` (columns `k * BLOCK_SIZE_K + offs_k` of A, the same rows of B).
+# Fill in the loop body: load both tiles, add `tl.dot(a, b)` to the accumulator, advance both pointers by
+# one K block (`BLOCK_SIZE_K * stride_ak` and `BLOCK_SIZE_K * stride_bk`). The checker runs float16 A
+# `[64, 200]` and B `[200, 96]` (a transposed view of a weight `[96, 200]`, as the MoE GEMMs read `w1`/`w2`),
+# with 32 × 32 × 32 blocks: K = 200 is **not** a multiple of BLOCK_SIZE_K, so mask the last block's 8
+# columns (`offs_k < K - k * BLOCK_SIZE_K`, `other=0.0`). Keep the accumulator in float32.
+
+# %%
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                  BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                  NUM_STAGES: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = tl.program_id(1) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES):
+        # TODO: load the A tile and the B tile of K block k (mask: offs_k < K - k * BLOCK_SIZE_K, other=0.0)
+        # TODO: accumulator += tl.dot(a, b)
+        # TODO: advance a_ptrs and b_ptrs by one K block
+        pass
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, accumulator, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+# %%
+matmul_verdict = exercises.check_pipelined_matmul(matmul_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def matmul_kernel_solution(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm,
+                           stride_cn, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                           BLOCK_SIZE_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = tl.program_id(1) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        accumulator += tl.dot(a, b)
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, accumulator, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+exercises.check_pipelined_matmul(matmul_kernel_solution, strict=True)
+
+# %% [markdown]
+# ### What the stages cost, and what they buy
+#
+# Each stage holds one A tile and one B tile in shared memory, so a pipeline of `num_stages` stages needs
+# (BM·BK + BK·BN) · 2 bytes · num_stages (float16), and an H200 gives one block at most 227 KiB: a config
+# that does not fit fails to launch (`OutOfResources`). What the tiles buy is reuse: one K step does
+# 2·BM·BN·BK FLOPs on (BM·BK + BK·BN)·2 loaded bytes, an intensity of 2·BM·BN / ((BM + BN)·2) FLOP/B,
+# larger for larger tiles. The cost model needs no GPU:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+SWEEP_BLOCKS = [(64, 64, 32), (128, 128, 32), (128, 128, 64), (128, 256, 64), (256, 128, 128)]
+SWEEP_STAGES = [1, 2, 3, 4, 5]
+stage_costs = perf.stage_sweep(SWEEP_BLOCKS, SWEEP_STAGES)
+print(perf.stage_sweep_table(stage_costs))
+
+# %%
+perf.plot_stage_sweep(stage_costs, title="num_stages against shared memory (cost model, float16 tiles)")
+
+# %% [markdown]
+# How good is the model? Compiled for an H200 (sm_90, Triton 3.6, no GPU needed: `moe_lab.compile_only`),
+# the solution's kernel uses exactly the table's shared memory from 3 stages on, and fails to launch
+# (`OutOfResources`) exactly at the rows marked NO. With 1 or 2 stages it can use more than the table
+# says: the float32 C tile (BM·BN·4 bytes) passes through shared memory once, after the loop.
+#
+# On a GPU the next cell times your kernel (the solution's while yours is NOT YET) at M = N = K = 4096 for
+# each block shape and `num_stages`, live; under the interpreter it times nothing and says why. More
+# stages help until the loads are hidden, and a config past the shared-memory limit fails to launch.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if workbook.timing_allowed("the num_stages sweep"):
+    sweep_kernel, which = ((matmul_kernel, "your matmul_kernel") if matmul_verdict.passed
+                           else (matmul_kernel_solution, "matmul_kernel_solution (yours is NOT YET)"))
+    print(f"timing {which}, live on this GPU")
+    stage_times = perf.stage_sweep(SWEEP_BLOCKS, SWEEP_STAGES, kernel=sweep_kernel, size=4096)
+    print(perf.stage_sweep_table(stage_times))
+    display(perf.plot_stage_sweep(stage_times, title="matmul 4096³, float16 in, float32 out: live on this GPU"))
 
 # %% [markdown]
 # ## Summary
 #
 # - FLOPs per token are fixed (6·k·H·I); bytes per token fall with T because the weights are shared, so
 #   decode (small T) is memory-bound and prefill (large T) compute-bound.
-# - The roofline of an H200 (measured: about 4.2 TB/s copy, about 690 TFLOP/s bf16 matmul) bounds every
-#   point; small-T points should be judged against bandwidth, large-T points against the matmul peak.
+# - The roofline of an H200 (the copy bandwidth and bf16 matmul peak measured in the committed run, printed
+#   under the roofline figure) bounds every point; small-T points should be judged against bandwidth,
+#   large-T points against the matmul peak.
 # - In the committed run the TMA path beats the pointer path once tiles are full, and `torch._grouped_mm`
 #   is the peer to beat at large T for the GEMMs alone.
 # - Block sizes matter; time them on a GPU, never under the interpreter.
+# - `num_stages` keeps that many A and B tiles in flight: more stages hide more load latency, but each
+#   costs (BM·BK + BK·BN)·2 bytes of shared memory, and past 227 KiB per block (an H200) the kernel does not
+#   launch.

@@ -5,11 +5,16 @@ Committed results are the JSON files `moe-lab bench` writes to benchmarks/result
 `ceilings` {copy_tbps, read_tbps, bf16_matmul_tflops}, `rows` with model, T, impl, up_ms, down_ms, gemms_ms,
 layer_ms, gemms_tflops, gemms_tbps, pct_roofline, rel_err). Every picture says its units and that the data
 is committed, not measured here.
+
+The `num_stages` sweep of notebook 07 lives here too: the shared memory a software-pipelined K loop holds
+(`pipeline_shared_memory`), each tile's arithmetic intensity, and live times of a matmul kernel on a GPU
+(`stage_sweep`, which never times under the interpreter).
 """
 from __future__ import annotations
 
 import glob
 import json
+import numbers
 import os
 from typing import Dict, List, Optional, Sequence
 
@@ -81,6 +86,16 @@ def select_rows(results: dict, model: Optional[str] = None, impl: Optional[str] 
     return sorted(rows, key=lambda r: r["T"])
 
 
+def check_token_count(value, name: str = "T") -> int:
+    """`value` if it is a whole token count (an int >= 1; numpy integers too). Raises TypeError for
+    anything else (12.5, True, "64": a bool is not a count) and ValueError below 1, each naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} (the token count) must be an int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} (the token count) must be >= 1, got {value}")
+    return int(value)
+
+
 def expected_experts_used(num_experts: int, top_k: int, num_tokens: int) -> float:
     """Expected number of distinct experts hit by T tokens routed uniformly at random, k each."""
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
@@ -100,6 +115,7 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     """
     from ..timing import gemm_costs
+    num_tokens = check_token_count(num_tokens)
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
@@ -110,6 +126,7 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
 
 def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 2) -> str:
     """A text table of FLOP/token, bytes/token and arithmetic intensity for each model and T."""
+    tokens = [check_token_count(t) for t in tokens]
     lines = [f"{'model':<18} {'T':>6} {'experts hit':>11} {'MFLOP/token':>12} {'MB/token':>10} {'FLOP/B':>8}"]
     for name in models:
         p = get_preset(name)
@@ -131,12 +148,15 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
         results: optional committed results; their GEMM rows are drawn as measured points (intensity =
             gemms_tflops / gemms_tbps, height = gemms_tflops).
         presets: model names whose intensity (at each of `tokens`) is marked on the x axis.
-        tokens: token counts for the preset marks.
+        tokens: token counts T for the preset marks (ints >= 1).
         impls: which implementations of `results` to draw.
         ax: optional Axes.
     Returns:
         The Figure.
+    Raises:
+        TypeError / ValueError for a token count that is not an int >= 1.
     """
+    tokens = [check_token_count(t) for t in tokens]
     fig, ax = figure_and_ax(ax, (8, 5))
     bw, peak = ceilings["copy_tbps"], ceilings["bf16_matmul_tflops"]
     x = np.logspace(-0.5, 4, 200)
@@ -268,6 +288,7 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
         RuntimeError under the interpreter or without a GPU (timings there mean nothing).
     """
     from ..runtime import require_gpu_timing
+    num_tokens = check_token_count(num_tokens)
     require_gpu_timing("time_layer")
     import torch
 
@@ -302,7 +323,8 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
 
     Args:
         model: preset name (full size; only timed on a GPU).
-        num_tokens: T; on the interpreter the closest committed T is shown.
+        num_tokens: T, an int >= 1 (TypeError / ValueError otherwise); on the interpreter the committed
+            rows of that T are shown.
         results: committed results (default: `load_results()`).
     Returns:
         ipywidgets.VBox; `.figure` is the current Figure, `.summary` the HTML line, `.timings` a list of
@@ -314,6 +336,7 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     from ..presets import PRESETS
     from ..runtime import require_gpu_timing
 
+    num_tokens = check_token_count(num_tokens)
     results = results if results is not None else load_results()
     name = widgets.Dropdown(options=list(PRESETS), value=model, description="model")
     tokens = widgets.Dropdown(options=sorted({r["T"] for r in results["rows"]} | {num_tokens}), value=num_tokens,
@@ -357,3 +380,156 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     draw()
     box.summary = summary
     return box
+
+
+# --- the num_stages sweep (notebook 07) -------------------------------------------------------------------
+
+H200_SHARED_MEMORY_BYTES = 232448   # 227 KiB per block (opt-in), what an H200 reports (moe_lab.compile_only)
+
+
+def pipeline_shared_memory(block_m: int, block_n: int, block_k: int, num_stages: int, itemsize: int = 2) -> int:
+    """Bytes of shared memory a software-pipelined K loop holds: one A tile (block_m x block_k) and one B
+    tile (block_k x block_n) per stage, `itemsize` bytes each: (BM*BK + BK*BN) * itemsize * stages. (The
+    launcher's `GemmConfig.shared_memory_bytes` is the same estimate for num_stages >= 2.)"""
+    return (block_m * block_k + block_k * block_n) * itemsize * num_stages
+
+
+def tile_intensity(block_m: int, block_n: int, block_k: int, itemsize: int = 2) -> float:
+    """FLOP per byte loaded in one K step of one tile: 2*BM*BN*BK / ((BM*BK + BK*BN) * itemsize), which is
+    2*BM*BN / ((BM + BN) * itemsize): larger tiles reuse each loaded byte more often. BLOCK_K drops out."""
+    return 2 * block_m * block_n * block_k / ((block_m * block_k + block_k * block_n) * itemsize)
+
+
+def _default_shared_memory_limit() -> int:
+    from ..runtime import default_device
+    if default_device().type == "cuda":
+        from ..capability import shared_memory_limit
+        return shared_memory_limit()
+    return H200_SHARED_MEMORY_BYTES
+
+
+def time_matmul(kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_stages: int,
+                num_warps: Optional[int] = None) -> float:
+    """Median time in ms of one launch of a matmul kernel with notebook 07's signature (`matmul_kernel(a_ptr,
+    b_ptr, c_ptr, M, N, K, strides..., BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES)`), C = A @ B,
+    L2 flushed before each run. num_warps: default 8 for tiles of 128 x 128 or more, else 4. Raises
+    RuntimeError under the interpreter or without a GPU (timings there mean nothing), and whatever the
+    launch raises (e.g. triton's OutOfResources when the stages do not fit in shared memory)."""
+    from ..runtime import require_gpu_timing
+    from ..timing import median_ms
+    require_gpu_timing("time_matmul")
+    import triton
+
+    (m, k), n = a.shape, b.shape[1]
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    warps = num_warps or (8 if block_m * block_n >= 128 * 128 else 4)
+
+    def launch():
+        kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+                     BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k, NUM_STAGES=num_stages,
+                     num_warps=warps)
+    launch()  # compile outside the timed runs
+    return median_ms(launch)
+
+
+def stage_sweep(blocks: Sequence[tuple], stages: Sequence[int], *, kernel=None, size: int = 4096,
+                itemsize: int = 2, limit: Optional[int] = None) -> List[dict]:
+    """The cost model of each (block shape, num_stages), and with `kernel` its measured time on a GPU.
+
+    Args:
+        blocks: (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K) triples.
+        stages: num_stages values.
+        kernel: None (cost model only: works anywhere), or a matmul kernel with notebook 07's signature,
+            timed on float16 A [size, size] and B [size, size] (a transposed view, like the exercise's),
+            float32 C. Timing raises RuntimeError under the interpreter or without a GPU.
+        size: M = N = K of the timed matmul.
+        itemsize: bytes per A/B element of the cost model (2: float16 / bf16).
+        limit: shared memory bytes per block; default this GPU's, or an H200's 227 KiB where kernels do
+            not run on a GPU.
+    Returns:
+        one dict per (block, stages): block_m, block_n, block_k, num_stages, itemsize, smem_bytes, limit, fits,
+        intensity (FLOP/B per K step), and when timed ms and tflops (None where the launch failed, with
+        its error in `error`).
+    """
+    limit = limit if limit is not None else _default_shared_memory_limit()
+    operands = None
+    if kernel is not None:
+        from ..runtime import require_gpu_timing
+        require_gpu_timing("stage_sweep")
+        import torch
+        operands = (torch.randn(size, size, device="cuda", dtype=torch.float16),
+                    torch.randn(size, size, device="cuda", dtype=torch.float16).T,
+                    torch.empty(size, size, device="cuda", dtype=torch.float32))
+    rows = []
+    for bm, bn, bk in blocks:
+        for s in stages:
+            smem = pipeline_shared_memory(bm, bn, bk, s, itemsize)
+            row = dict(block_m=bm, block_n=bn, block_k=bk, num_stages=s, itemsize=itemsize, smem_bytes=smem,
+                       limit=limit, fits=smem <= limit, intensity=tile_intensity(bm, bn, bk, itemsize))
+            if operands is not None:
+                try:
+                    row["ms"] = time_matmul(kernel, *operands, bm, bn, bk, s)
+                    row["tflops"] = 2 * size ** 3 / row["ms"] / 1e9
+                except Exception as exc:  # noqa: BLE001 - e.g. OutOfResources: the stages do not fit
+                    row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
+            rows.append(row)
+    return rows
+
+
+def stage_sweep_table(rows: Sequence[dict]) -> str:
+    """A text table of `stage_sweep` rows: shared memory (KiB) against the limit, intensity, and the
+    measured time and TFLOP/s where the rows were timed."""
+    timed = any("ms" in r for r in rows)
+    limit = rows[0]["limit"] if rows else H200_SHARED_MEMORY_BYTES
+    head = (f"{'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'stages':>6} {'smem KiB':>9} "
+            f"{'fits ' + format(limit / 1024, 'g') + ' KiB':>13} {'FLOP/B':>7}")
+    lines = [head + (f" {'ms':>8} {'TFLOP/s':>8}" if timed else "")]
+    for r in rows:
+        line = (f"{r['block_m']:>7} {r['block_n']:>7} {r['block_k']:>7} {r['num_stages']:>6} "
+                f"{r['smem_bytes'] / 1024:>9.0f} {'yes' if r['fits'] else 'NO':>13} {r['intensity']:>7.1f}")
+        if timed:
+            line += (f" {r['ms']:>8.3f} {r['tflops']:>8.0f}" if r.get("ms") else f"  failed: {r.get('error', '')}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def plot_stage_sweep(rows: Sequence[dict], *, title: str = "") -> Figure:
+    """Shared memory against num_stages for each block shape, with the per-block limit; a second panel
+    with the measured TFLOP/s when the rows were timed. Returns the Figure."""
+    shapes = list(dict.fromkeys((r["block_m"], r["block_n"], r["block_k"]) for r in rows))
+    timed = any(r.get("tflops") for r in rows)
+    fig = Figure(figsize=(13 if timed else 8.5, 4), layout="constrained")
+    axes = fig.subplots(1, 2 if timed else 1, squeeze=False)[0]
+    limit = rows[0]["limit"] if rows else H200_SHARED_MEMORY_BYTES
+    for shape in shapes:
+        mine = [r for r in rows if (r["block_m"], r["block_n"], r["block_k"]) == shape]
+        label = f"{shape[0]}x{shape[1]}x{shape[2]} ({mine[0]['intensity']:.0f} FLOP/B)"
+        line, = axes[0].plot([r["num_stages"] for r in mine], [r["smem_bytes"] / 1024 for r in mine], marker="o",
+                             label=label)
+        if timed:
+            pts = [(r["num_stages"], r["tflops"]) for r in mine if r.get("tflops")]
+            if pts:
+                axes[1].plot(*zip(*pts), marker="o", color=line.get_color(), label=label)
+    top = max([r["smem_bytes"] for r in rows] + [limit]) / 1024 * 1.08
+    axes[0].axhspan(limit / 1024, top, color="#C44E52", alpha=0.08)
+    axes[0].axhline(limit / 1024, color="black", ls="--", lw=1)
+    axes[0].text(min(r["num_stages"] for r in rows) if rows else 1, limit / 1024 * 1.03,
+                 f"limit {limit / 1024:g} KiB per block: above it the kernel does not launch", fontsize=8)
+    axes[0].set_ylim(0, top)
+    axes[0].set_xticks(sorted({r["num_stages"] for r in rows}))
+    axes[0].set_xlabel("num_stages")
+    axes[0].set_ylabel("shared memory of the A and B tiles (KiB)")
+    itemsize = rows[0].get("itemsize", 2) if rows else 2
+    axes[0].set_title(f"cost model: (BM*BK + BK*BN) * {itemsize} bytes * num_stages", fontsize=9)
+    axes[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, title="BLOCK M x N x K (tile intensity)",
+                    title_fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[0].grid(True, alpha=0.2)
+    if timed:
+        axes[1].set_xticks(sorted({r["num_stages"] for r in rows}))
+        axes[1].set_xlabel("num_stages")
+        axes[1].set_ylabel("TFLOP/s (measured here, median, L2 flushed)")
+        axes[1].set_title("measured live on this GPU; missing points failed to launch", fontsize=9)
+        axes[1].grid(True, alpha=0.2)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig

@@ -344,7 +344,7 @@ def _jit_calls_interpreted():
     """Within: a call of a compiled `@triton.jit` function (a learner's helper, `tl.cdiv`, `tl.sum`) runs its
     interpreted version, as it would with TRITON_INTERPRET=1 (there every such function is interpreted
     from the start); outside a kernel Triton refuses such calls."""
-    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
     had_own_call = "__call__" in JITFunction.__dict__
@@ -353,8 +353,14 @@ def _jit_calls_interpreted():
 
     def call(self, *args, **kwargs):
         if self.fn not in interpreted:
-            interpreted[self.fn] = InterpretedFunction(self.fn)
-        return interpreted[self.fn](*args, **kwargs)
+            interpreted[self.fn] = interpreter.InterpretedFunction(self.fn)
+        # As InterpretedFunction.__call__ does, but undoing its patches of triton.language afterwards (it
+        # leaves them, harmless when everything is interpreted; here the GPU compiles next).
+        scope = interpreter._patch_lang(self.fn)
+        try:
+            return interpreted[self.fn].rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
 
     JITFunction.__call__ = call
     try:

@@ -122,17 +122,26 @@ def double(x):
 @triton.jit
 def helper_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(out_ptr + offs, double(tl.load(x_ptr + offs, mask=offs < n)) + tl.cdiv(n, BLOCK))
+    x = double(tl.load(x_ptr + offs, mask=offs < n))
+    tl.store(out_ptr + offs, x + tl.cdiv(n, BLOCK) + tl.sum(x, axis=0))
 
+def language():
+    return {(owner.__name__, name): getattr(owner, name) for owner in (tl, tl.core, tl.tensor, tl.math)
+            for name in dir(owner) if not name.startswith("__")}
+
+before = language()
 run = run_guarded(helper_kernel, (2,), x_ptr=torch.ones(100), out_ptr=torch.zeros(100), n=100, BLOCK=64)
 print("RESULT", run.checked_by, run.problem())
+changed = sorted(str(key) for key, value in language().items() if key in before and before[key] is not value)
+print("CHANGED", changed)
 '''
 
 
 def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_first(tmp_path):
     """What a GPU run does first, reproduced without one (TRITON_INTERPRET=0: compiled kernels): the
     interpreter's check runs the kernel and the @triton.jit functions it calls (a learner's helper,
-    tl.cdiv), finds the unmasked store, and nothing reaches a device."""
+    tl.cdiv, tl.sum), finds the unmasked store, and nothing reaches a device; triton.language is left as
+    it was (else the GPU's compile that follows a clean check fails)."""
     import os
     import subprocess
     import sys
@@ -143,3 +152,4 @@ def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_fir
                           env=dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "RESULT interpreter 28 store(s) past the 100 elements of out_ptr" in done.stdout, done.stdout
+    assert "CHANGED []" in done.stdout, done.stdout

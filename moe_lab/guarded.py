@@ -26,8 +26,9 @@ What it cannot catch:
 - Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
   on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
 - A kernel that never ends (a loop whose bound is wrong) hangs the launch.
-- On a GPU, a kernel whose results differ from launch to launch (float atomics in varying order) can be
-  reported as reading out of bounds.
+- On a GPU, reads outside a tensor by a kernel whose results differ from launch to launch (a race
+  between programs, float atomics in varying order): a control launch shows it and the read check is
+  skipped (the interpreter's check, which runs first, still covers them).
 
 Why not triton-viz's sanitizer (PyPI `triton-viz` 3.0, checked 2026-11): it imports only with Triton 3.6
 and 3.7 (3.8 and 3.9: AttributeError on `create_make_block_ptr`), evaluates accesses symbolically so a
@@ -46,7 +47,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from .runtime import interpreter_active, interpreter_serialized
+from .runtime import interpreter_active, interpreter_numpy_problem, interpreter_serialized
 
 GUARD_BYTES = 4096          # canary bytes before and after every tensor (a few blocks of any exercise)
 CANARY = 0x7F               # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
@@ -305,7 +306,7 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
         return _interpreted_run(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
-    with _jit_calls_interpreted():
+    with _interpreting_beside_a_gpu():
         first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
     if not first.clean:
         first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
@@ -315,6 +316,11 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     if error is not None:
         return GuardedRun(tensors, [], error, "interpreter, then canaries", first.accesses)
     reports = _written_guards(guarded)
+    control, _, error = _launch(kernel, grid, args, check_accesses=False)
+    if error is not None or any(not torch.equal(control[n].buffer, g.buffer) for n, g in guarded.items()):
+        # The same launch wrote something else (a race between programs): changing canaries proves nothing.
+        return GuardedRun(tensors, reports, error, "interpreter, then canaries (writes only: the kernel's "
+                          "results vary from launch to launch)", first.accesses)
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
         if error is not None:
@@ -340,15 +346,21 @@ def _interpreted(kernel):
 
 
 @contextlib.contextmanager
-def _jit_calls_interpreted():
-    """Within: a call of a compiled `@triton.jit` function (a learner's helper, `tl.cdiv`, `tl.sum`) runs its
-    interpreted version, as it would with TRITON_INTERPRET=1 (there every such function is interpreted
-    from the start); outside a kernel Triton refuses such calls."""
+def _interpreting_beside_a_gpu():
+    """Within, the interpreter runs a compiled kernel's source as it would with TRITON_INTERPRET=1:
+    - a call of a compiled `@triton.jit` function (a learner's helper, `tl.cdiv`, `tl.sum`) runs its
+      interpreted version (with TRITON_INTERPRET=1 every such function is interpreted from the start;
+      outside a kernel Triton refuses such calls);
+    - with Triton <= 3.6 and numpy >= 2.4, a loop's run-time bound is read as Triton 3.7 reads it
+      (`int()` of a one-element array fails under numpy 2.4; see runtime.interpreter_numpy_problem).
+    Everything is put back on the way out: the GPU compiles the same kernel next."""
+    import triton
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
 
     had_own_call = "__call__" in JITFunction.__dict__
-    original = JITFunction.__dict__.get("__call__")
+    original_call = JITFunction.__dict__.get("__call__")
+    original_patch_tensor = interpreter._patch_lang_tensor
     interpreted = {}
 
     def call(self, *args, **kwargs):
@@ -362,12 +374,19 @@ def _jit_calls_interpreted():
         finally:
             scope.restore()
 
+    def patch_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
     JITFunction.__call__ = call
+    if interpreter_numpy_problem(triton.__version__, np.__version__):
+        interpreter._patch_lang_tensor = patch_tensor
     try:
         yield
     finally:
+        interpreter._patch_lang_tensor = original_patch_tensor
         if had_own_call:
-            JITFunction.__call__ = original
+            JITFunction.__call__ = original_call
         else:
             del JITFunction.__call__
 

@@ -13,7 +13,7 @@ NOTEBOOK = "03_grouped_gemm_pointers"
 @triton.jit
 def _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
             TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-            DIVIDE: tl.constexpr = True, ROW_MASK: tl.constexpr = "num_slots", ROW_STRIDE: tl.constexpr = "stride_am",
+            DIVIDE: tl.constexpr = True, ROW_MASK: tl.constexpr = 0, ROW_STRIDE_K: tl.constexpr = False,
             K_MASK_LOAD: tl.constexpr = True, K_MASK_STORE: tl.constexpr = True, ADD_K0: tl.constexpr = True,
             STORE_PADDING: tl.constexpr = True):
     """The solution, with switches that each make one typical mistake."""
@@ -24,16 +24,16 @@ def _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, strid
         tokens = (slots // TOP_K).to(tl.int64)
     else:
         tokens = slots.to(tl.int64)
-    if ROW_MASK == "num_slots":
+    if ROW_MASK == 0:  # slots < num_slots (right); 1: compared with T; 2: no row mask
         row_ok = slots < num_slots
-    elif ROW_MASK == "T":
+    elif ROW_MASK == 1:
         row_ok = slots < num_slots // TOP_K
     else:
         row_ok = slots >= 0
     for k0 in range(0, K, BLOCK_SIZE_K):
         k_ok = (k0 + offs_k) < K
         a_cols = k0 + offs_k if ADD_K0 else offs_k
-        if ROW_STRIDE == "K":
+        if ROW_STRIDE_K:
             a_ptrs = a_ptr + tokens[:, None] * K + a_cols[None, :] * stride_ak
         else:
             a_ptrs = a_ptr + tokens[:, None] * stride_am + a_cols[None, :] * stride_ak
@@ -61,28 +61,28 @@ def forgot_top_k(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, 
 def no_row_mask(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
                 TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
-            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_MASK="none")
+            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_MASK=2)
 
 
 @triton.jit
 def forgot_top_k_and_row_mask(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
                               TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
-            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, DIVIDE=False, ROW_MASK="none")
+            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, DIVIDE=False, ROW_MASK=2)
 
 
 @triton.jit
 def row_mask_against_t(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
                        TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
-            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_MASK="T")
+            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_MASK=1)
 
 
 @triton.jit
 def row_stride_k(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
                  TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
-            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_STRIDE="K")
+            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, ROW_STRIDE_K=True)
 
 
 @triton.jit

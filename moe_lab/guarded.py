@@ -69,13 +69,14 @@ class OutOfBounds:
     numel: int
     span: int                   # elements from the first to the last one of the tensor (numel if contiguous)
     far: bool = False           # outside every guarded buffer: `tensor` is only the nearest one
+    more: bool = False          # more distinct offsets than `offsets` lists
 
     def describe(self) -> str:
         if not self.offsets:
             return (f"{self.kind}s outside {self.tensor} (its results changed when only the memory around "
                     f"{self.tensor} changed)")
         shown = ", ".join(str(o) for o in self.offsets)
-        more = " and more" if self.count > len(self.offsets) else ""
+        more = " and more" if self.more else ""
         if self.far:
             return (f"{self.count} {self.kind}(s) far outside every tensor (the nearest is {self.tensor}: element "
                     f"offsets {shown}{more} from its start): check the strides and offsets")
@@ -118,6 +119,22 @@ class GuardedRun:
         if self.out_of_bounds:
             return "; ".join(o.describe() for o in self.out_of_bounds)
         return None
+
+
+class KernelMismatch(TypeError):
+    """What was handed over is not a kernel that takes these arguments (a learner's signature, or no
+    kernel at all): the exercise checkers turn it into a NOT YET."""
+
+
+def _not_a_kernel(kernel) -> str:
+    if kernel is None:
+        return "got None instead of a kernel: run the cell that defines it (with @triton.jit) first"
+    if getattr(kernel, "__name__", "") == "<lambda>" or type(kernel).__name__ == "partial":
+        return "got kernel[grid] (a launcher): pass the kernel itself, the checker chooses the grid"
+    if callable(kernel):
+        return (f"got {getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: a Triton "
+                "kernel needs the @triton.jit decorator")
+    return f"expected a @triton.jit function, got {type(kernel).__name__}"
 
 
 def describe_error(exc: BaseException) -> str:
@@ -236,7 +253,7 @@ def _findings_to_reports(findings, guarded: Dict[str, _Guarded]) -> List[OutOfBo
         offsets = np.unique(np.concatenate(chunks))
         count = int(sum(len(c) for c in chunks))
         reports.append(OutOfBounds(name, kind, tuple(int(o) for o in offsets[:SHOWN_OFFSETS]), count,
-                                   *guarded[name].extent(), far=far))
+                                   *guarded[name].extent(), far=far, more=len(offsets) > SHOWN_OFFSETS))
     return reports
 
 
@@ -247,7 +264,7 @@ def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
         if changed.any():
             offsets = np.unique(g.element_offsets(np.nonzero(changed)[0]))
             reports.append(OutOfBounds(g.name, "store", tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
-                                       len(offsets), *g.extent()))
+                                       len(offsets), *g.extent(), more=len(offsets) > SHOWN_OFFSETS))
     return reports
 
 
@@ -293,22 +310,25 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     kernel: a `@triton.jit` function. grid: a tuple of ints (or a callable, as Triton takes). args: every
     kernel argument by its parameter name; torch tensors (any dtype, shape and non-negative strides, on
     the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
-    caller's tensors are never written. Returns a `GuardedRun`; raises TypeError if `kernel` is not a
-    Triton kernel or an argument name is not one of its parameters.
+    caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
+    if `kernel` is not a Triton kernel or an argument name is not one of its parameters.
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):
-        raise TypeError(f"kernel: expected a @triton.jit function, got {type(kernel).__name__}")
-    unknown = sorted(set(args) - set(names))
+        raise KernelMismatch(_not_a_kernel(kernel))
+    unknown = [name for name in args if name not in names]
     if unknown:
-        raise TypeError(f"{', '.join(unknown)}: not parameters of {kernel.__name__}({', '.join(names)})")
-    if interpreter_active():
+        raise KernelMismatch(f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
+                             f"exercise passes {', '.join(args)}. Keep the stub's parameter names.")
+    from triton.runtime.jit import JITFunction
+    if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1
         return _interpreted_run(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
     with _interpreting_beside_a_gpu():
         first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
-    if not first.clean:
+    if not first.clean or interpreter_active() or not torch.cuda.is_available():
+        # (a compiled kernel with the interpreter on: defined before `import moe_lab` switched it on)
         first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
         return first
     guarded, _, error = _launch(kernel, grid, args, check_accesses=False)

@@ -1,11 +1,13 @@
 """moe_lab.guarded: a learner's kernel runs on guarded copies; out-of-bounds accesses are reported with the
 tensor's parameter name and offsets (dropped under the interpreter, found by canaries on a GPU)."""
+import re
+
 import pytest
 import torch
 import triton
 import triton.language as tl
 
-from moe_lab.guarded import GUARD_BYTES, run_guarded
+from moe_lab.guarded import GUARD_BYTES, KernelMismatch, run_guarded
 from moe_lab.runtime import interpreter_active
 
 from .conftest import ON_GPU
@@ -80,9 +82,14 @@ def test_an_error_in_the_kernel_is_returned_not_raised(device):
 
 
 def test_wrong_calls_of_the_runner_raise_type_errors():
-    with pytest.raises(TypeError, match="kernel: expected a @triton.jit function"):
-        run_guarded(lambda: None, (1,))
-    with pytest.raises(TypeError, match="y_ptr: not parameters of copy_kernel"):
+    def plain(x_ptr):
+        pass
+
+    for kernel, says in ((None, "got None"), (plain, "plain Python function"), (copy_kernel[(1,)], "kernel[grid]"),
+                         ("copy_kernel", "expected a @triton.jit function, got str")):
+        with pytest.raises(KernelMismatch, match=re.escape(says)):
+            run_guarded(kernel, (1,))
+    with pytest.raises(TypeError, match="has no parameter y_ptr: this exercise passes y_ptr"):
         run_guarded(copy_kernel, (1,), y_ptr=torch.zeros(1))
 
 

@@ -14,8 +14,10 @@ run of a notebook.
 One module per exercise; the checkers are reached from here (`exercises.check_scale(kernel)`), and a
 module is imported when its checker is first asked for.
 """
+import functools
 import importlib
 
+from ..guarded import KernelMismatch
 from ._grade import Verdict, grade, report
 
 # checker -> module, in workbook order
@@ -36,5 +38,19 @@ __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
 
 def __getattr__(name):
     if name in CHECKERS:
-        return getattr(importlib.import_module(f"{__name__}.{CHECKERS[name]}"), name)
+        return _verdict_for_any_kernel(getattr(importlib.import_module(f"{__name__}.{CHECKERS[name]}"), name))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _verdict_for_any_kernel(checker):
+    """The checker, answering NOT YET (not a traceback) when handed something that is not a kernel taking
+    the exercise's arguments: None, a plain function, kernel[grid], renamed parameters."""
+    @functools.wraps(checker)
+    def checked(kernel, *args, strict: bool = False, **kwargs):
+        try:
+            return checker(kernel, *args, strict=strict, **kwargs)
+        except KernelMismatch as mismatch:
+            exercise = getattr(kernel, "__name__", None) or checker.__name__.removeprefix("check_")
+            return report(exercise if exercise != "<lambda>" else checker.__name__.removeprefix("check_"),
+                          str(mismatch), "", strict)
+    return checked

@@ -87,7 +87,9 @@ def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, to
         before = untouched if untouched is not None else torch.full_like(got, float("nan"))
         if torch.equal(torch.nan_to_num(got.cpu().double(), nan=-1.5e300),
                        torch.nan_to_num(before.cpu().double(), nan=-1.5e300)):
-            problem = nothing_written
+            elsewhere = sorted({a.tensor for a in run.accesses if a.kind != "load" and a.tensor != output})
+            problem = (f"nothing was stored into {output}; the kernel stored into {', '.join(elsewhere)} instead: "
+                       "check which pointer each tl.store writes to" if elsewhere else nothing_written)
         else:
             problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) \
                 or _difference(got, want, tol)

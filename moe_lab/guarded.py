@@ -112,6 +112,19 @@ class GuardedRun:
     def clean(self) -> bool:
         return self.error is None and not self.out_of_bounds
 
+    def offsets(self, tensor: Optional[str] = None, kind: Optional[str] = None,
+                outside_only: bool = True) -> np.ndarray:
+        """Every element offset the launch's accesses of `tensor` of `kind` (None: any) reached, only those
+        outside the tensor by default; from the interpreter's record of each access, else (an access seen
+        on a GPU only) the offsets the out-of-bounds reports list."""
+        def wanted(a):
+            return (tensor is None or a.tensor == tensor) and (kind is None or a.kind == kind)
+        chunks = [a.offsets[~a.in_bounds] if outside_only else a.offsets for a in self.accesses if wanted(a)]
+        found = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+        if outside_only and not found.size:
+            found = np.array([x for o in self.out_of_bounds if wanted(o) for x in o.offsets], dtype=np.int64)
+        return found
+
     def problem(self) -> Optional[str]:
         """One line for a learner, or None when the launch ran within bounds and raised nothing."""
         if self.error is not None:

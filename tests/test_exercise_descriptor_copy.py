@@ -39,6 +39,25 @@ def blocks_mixed_up(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.const
 
 
 @triton.jit
+def program_axes_swapped(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(1) * BLOCK_M
+    col = tl.program_id(0) * BLOCK_N
+    dst_desc.store([row, col], src_desc.load([row, col]))
+
+
+@triton.jit
+def offsets_not_a_list(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0) * BLOCK_M
+    col = tl.program_id(1) * BLOCK_N
+    dst_desc.store([row, col], src_desc.load(row, col))
+
+
+@triton.jit
+def tl_load_of_a_descriptor(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    tl.store(dst_desc, tl.load(src_desc))
+
+
+@triton.jit
 def first_box_only(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     dst_desc.store([0, 0], src_desc.load([0, 0]))
 
@@ -60,6 +79,9 @@ def test_solution_passes():
     (swapped, ["row and column offsets swapped", "pid_m * BLOCK_M"]),
     (load_swapped, ["the load's row and column offsets are swapped"]),
     (blocks_mixed_up, ["BLOCK_M and BLOCK_N mixed up", "pid_m * BLOCK_M"]),
+    (program_axes_swapped, ["program axes are swapped", "(4, 3)", "row = tl.program_id(0) * BLOCK_M"]),
+    (offsets_not_a_list, ["offsets go in one list", "desc.load([row, col])", "not desc.load(row, col)", "Launch:"]),
+    (tl_load_of_a_descriptor, ["not a pointer", "desc.load([row, col])", "Launch:"]),
     (first_box_only, ["box at [0, 0]", "[pid_m * BLOCK_M, pid_n * BLOCK_N]"]),
     (load_only, ["stores nothing", "dst_desc.store"]),
     (notebook_kernel("04_tma_basics", "copy_2d_kernel"), ["stores nothing"]),
@@ -137,10 +159,10 @@ def test_device_solution_passes():
 
 
 @pytest.mark.parametrize("kernel, says", [
-    (padded_shape, ["load(s) outside", "of src_ptr", "store(s) past the 3780 elements of dst_ptr",
+    (padded_shape, ["load(s) outside", "of src_ptr", "store(s) past the 5040 elements of dst_ptr",
                     "not the grid's padded size"]),
     (contiguous_assumed, ["of src_ptr", "stride_src_m = 100 elements apart, not N = 84"]),
-    (src_stride_for_dst, ["store(s) past the 3780 elements of dst_ptr", "strides=[stride_dst_m, 1]"]),
+    (src_stride_for_dst, ["store(s) past the 5040 elements of dst_ptr", "strides=[stride_dst_m, 1]"]),
     (strides_swapped, ["strides are swapped", "strides=[stride_m, 1]"]),
     (device_block_indices, ["not a multiple of 16 bytes"]),
     (device_swapped, ["row and column offsets swapped"]),

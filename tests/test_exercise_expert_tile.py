@@ -158,6 +158,9 @@ STUB = notebook_kernel("05_grouped_gemm_tma", "expert_tile_kernel")
      ["raised AssertionError: rank mismatch", "one entry per dimension of w"]),
     (STUB, notebook_function("expert_weight_desc"), ["expert_weight_desc(w, 16, 32) returned None"]),
     (STUB, desc_3d, ["stores nothing"]),
+    (desc_3d, notebook_kernel("05_grouped_gemm_tma", "expert_tile_kernel_solution"),
+     ["the arguments are swapped", "kernel first", "check_expert_tile(expert_tile_kernel_solution, desc_3d)"]),
+    (STUB, STUB, ["is a @triton.jit kernel, passed where the descriptor helper goes", "expert_weight_desc("]),
 ], ids=lambda v: getattr(v, "__name__", "") if callable(v) else "")
 def test_wrong_kernels_are_named(kernel, make_desc, says, capsys):
     verdict = exercises.check_expert_tile(kernel, make_desc)

@@ -15,7 +15,7 @@ def _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, strid
             TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
             DIVIDE: tl.constexpr = True, ROW_MASK: tl.constexpr = 0, ROW_STRIDE_K: tl.constexpr = False,
             K_MASK_LOAD: tl.constexpr = True, K_MASK_STORE: tl.constexpr = True, ADD_K0: tl.constexpr = True,
-            STORE_PADDING: tl.constexpr = True):
+            STORE_PADDING: tl.constexpr = True, OUT_STRIDE_AM: tl.constexpr = False):
     """The solution, with switches that each make one typical mistake."""
     offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     slots = tl.load(sorted_token_ids_ptr + offs_m)
@@ -41,7 +41,10 @@ def _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, strid
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None], other=0.0)
-        out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + (k0 + offs_k)[None, :]
+        if OUT_STRIDE_AM:
+            out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_am + (k0 + offs_k)[None, :]
+        else:
+            out_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + (k0 + offs_k)[None, :]
         if STORE_PADDING and K_MASK_STORE:
             tl.store(out_ptrs, a, mask=k_ok[None, :])
         elif K_MASK_STORE:
@@ -120,6 +123,13 @@ def padding_rows_skipped(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, str
             TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, STORE_PADDING=False)
 
 
+@triton.jit
+def out_rows_by_stride_am(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
+                          TOP_K: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+    _gather(a_ptr, out_ptr, sorted_token_ids_ptr, num_slots, K, stride_am, stride_ak, stride_om,
+            TOP_K, BLOCK_SIZE_M, BLOCK_SIZE_K, OUT_STRIDE_AM=True)
+
+
 def test_solution_passes():
     verdict = exercises.check_gather_rows(notebook_kernel(NOTEBOOK, "gather_rows_kernel_solution"), strict=True)
     assert verdict.passed and str(verdict).startswith("PASS gather_rows_kernel:")
@@ -136,6 +146,8 @@ def test_solution_passes():
     (no_k_mask_on_the_store, ["store(s) past the", "of out_ptr", "no K mask"]),
     (k0_left_out, ["first BLOCK_SIZE_K columns", "add k0"]),
     (padding_rows_skipped, ["padding rows left unwritten", "zeros"]),
+    (out_rows_by_stride_am, ["store(s) past the", "of out_ptr", "wrong out stride", "stride_om = 24",
+                             "stride_am = 32 (A's row stride)"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_wrong_kernels_are_named(kernel, says, capsys):
     verdict = exercises.check_gather_rows(kernel)
@@ -151,3 +163,8 @@ def test_the_notebook_stub_gets_not_yet(capsys):
     verdict = exercises.check_gather_rows(notebook_kernel(NOTEBOOK, "gather_rows_kernel"))
     assert verdict.status == "NOT YET" and "fill in tokens, row_ok, k_ok and a_ptrs" in verdict.message
     assert capsys.readouterr().out.startswith("NOT YET gather_rows_kernel: ")
+
+
+def test_out_stride_is_not_taken_for_a_missing_k_mask():
+    # its first stores past out's end are where a missing K mask would put them; the rest are not
+    assert "no K mask" not in exercises.check_gather_rows(out_rows_by_stride_am).message

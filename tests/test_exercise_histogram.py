@@ -62,6 +62,14 @@ def indexed_by_slot(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def ids_plus_one(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_slots
+    ids = tl.load(topk_ids_ptr + offs, mask=mask)
+    tl.atomic_add(counts_ptr + ids + 1, 1, mask=mask)
+
+
+@triton.jit
 def first_block_only(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     mask = offs < num_slots
@@ -101,6 +109,8 @@ def test_solution_passes():
     (no_expert_offset, ["bin 0", "counts[0] = 270", "expert id offset is missing", "counts_ptr + ids"]),
     (indexed_by_slot, ["atomic(s) past the 10 elements of counts_ptr", "counts_ptr + ids",
                        "not at counts_ptr + offs"]),
+    (ids_plus_one, ["atomic(s) past the 10 elements of counts_ptr", "off by one on the expert id: counts_ptr + ids",
+                    "counts_ptr + 10 = E"]),
     (first_block_only, ["block 0", "tl.program_id(0) * BLOCK"]),
     (adds_the_id, ["add 1 for each slot"]),
     (shape_error, ["raised", "64 and 128"]),

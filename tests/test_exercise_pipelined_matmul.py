@@ -167,6 +167,75 @@ def advanced_before_load_own_mask(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, strid
     tl.store(c_ptrs, accumulator, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
 
 
+@triton.jit
+def _variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+             NUM_STAGES: tl.constexpr, A_STRIDE: tl.constexpr = True, B_STRIDE: tl.constexpr = True,
+             LOOP_IN_COLUMNS: tl.constexpr = False, DOT_BA: tl.constexpr = False):
+    """The solution, with switches that each make one typical mistake."""
+    offs_m = tl.program_id(0) * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_n = tl.program_id(1) * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    accumulator = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    if LOOP_IN_COLUMNS:
+        end = K
+        step = BLOCK_SIZE_K
+    else:
+        end = tl.cdiv(K, BLOCK_SIZE_K)
+        step = 1
+    for k in tl.range(0, end, step, num_stages=NUM_STAGES):
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < K - k * BLOCK_SIZE_K, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < K - k * BLOCK_SIZE_K, other=0.0)
+        if DOT_BA:
+            accumulator += tl.dot(b, a)
+        else:
+            accumulator += tl.dot(a, b)
+        if A_STRIDE:
+            a_ptrs += BLOCK_SIZE_K * stride_ak
+        else:
+            a_ptrs += BLOCK_SIZE_K
+        if B_STRIDE:
+            b_ptrs += BLOCK_SIZE_K * stride_bk
+        else:
+            b_ptrs += BLOCK_SIZE_K
+    c_ptrs = c_ptr + offs_m[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, accumulator, mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+
+
+@triton.jit
+def a_stride_dropped(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr):
+    _variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES, A_STRIDE=False, B_STRIDE=False)
+
+
+@triton.jit
+def b_stride_dropped(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                     NUM_STAGES: tl.constexpr):
+    _variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES, B_STRIDE=False)
+
+
+@triton.jit
+def loop_in_columns(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+                    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+                    NUM_STAGES: tl.constexpr):
+    _variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES, LOOP_IN_COLUMNS=True)
+
+
+@triton.jit
+def dot_b_a(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+            BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+            NUM_STAGES: tl.constexpr):
+    _variant(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+             BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES, DOT_BA=True)
+
+
 def test_solution_passes():
     kernel = notebook_kernel("07_performance", "matmul_kernel_solution")
     verdict = exercises.check_pipelined_matmul(kernel, strict=True)
@@ -182,9 +251,15 @@ def test_solution_passes():
     (mask_one_block_ahead, ["off-by-one block offset", "next one"]),
     (advanced_before_load, ["off-by-one block offset", "first K block is missing"]),
     (advanced_before_load_own_mask, ["even when K is a multiple of BLOCK_SIZE_K", "off-by-one block offset"]),
+    (a_stride_dropped, ["a_ptrs moved by BLOCK_SIZE_K elements", "column-major", "stride_ak = 64",
+                        "BLOCK_SIZE_K * stride_ak"]),
+    (b_stride_dropped, ["B row-major", "b_ptrs moved by BLOCK_SIZE_K elements", "BLOCK_SIZE_K * stride_bk"]),
+    (loop_in_columns, ["only the first K block counts", "tl.range(0, K, BLOCK_SIZE_K)", "tl.cdiv(K, BLOCK_SIZE_K)"]),
+    (dot_b_a, ["tl.dot(b, a)", "swapped", "tl.dot(a, b)"]),
     (notebook_kernel("07_performance", "matmul_kernel"), ["C is all zeros", "tl.dot(a, b)"]),
 ], ids=["no_k_mask", "not_advanced", "overwritten", "fp16_accumulator", "fp16_block_products",
-        "mask_one_block_ahead", "advanced_before_load", "advanced_before_load_own_mask", "notebook_stub"])
+        "mask_one_block_ahead", "advanced_before_load", "advanced_before_load_own_mask", "a_stride_dropped",
+        "b_stride_dropped", "loop_in_columns", "dot_b_a", "notebook_stub"])
 def test_wrong_kernels_are_named(kernel, says, capsys):
     verdict = exercises.check_pipelined_matmul(kernel)
     assert verdict.status == "NOT YET"

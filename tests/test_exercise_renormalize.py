@@ -75,6 +75,30 @@ def token_zero_only(topk_weights_ptr, out_ptr, weights_row_stride, out_row_strid
 
 
 @triton.jit
+def row_zero_only(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k, BLOCK_K: tl.constexpr):
+    t = tl.program_id(1)
+    j = tl.arange(0, BLOCK_K)
+    w = tl.load(topk_weights_ptr + t * weights_row_stride + j, mask=j < top_k, other=0.0)
+    tl.store(out_ptr + t * out_row_stride + j, w / tl.sum(w, axis=0), mask=j < top_k)
+
+
+@triton.jit
+def float16_weights(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    j = tl.arange(0, BLOCK_K)
+    w = tl.load(topk_weights_ptr + t * weights_row_stride + j, mask=j < top_k, other=0.0).to(tl.float16)
+    tl.store(out_ptr + t * out_row_stride + j, w / tl.sum(w, axis=0), mask=j < top_k)
+
+
+@triton.jit
+def other_one(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k, BLOCK_K: tl.constexpr):
+    t = tl.program_id(0)
+    j = tl.arange(0, BLOCK_K)
+    w = tl.load(topk_weights_ptr + t * weights_row_stride + j, mask=j < top_k, other=1.0)
+    tl.store(out_ptr + t * out_row_stride + j, w / tl.sum(w, axis=0), mask=j < top_k)
+
+
+@triton.jit
 def shape_error(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k, BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
     j = tl.arange(0, BLOCK_K) + tl.arange(0, 2 * BLOCK_K)
@@ -98,6 +122,9 @@ def test_solution_passes():
     (by_max, ["largest weight", "sum"]),
     (softmaxed, ["softmax"]),
     (token_zero_only, ["token 0", "tl.program_id(0)"]),
+    (row_zero_only, ["only row 0 was written", "token 0", "t = tl.program_id(0)"]),
+    (float16_weights, ["float16 rounding", "Keep them float32"]),
+    (other_one, ["added 2 to each row's sum", "other=0.0"]),
     (shape_error, ["raised", "8 and 16"]),
 ], ids=lambda v: getattr(v, "__name__", ""))
 def test_wrong_kernels_are_named(kernel, says, capsys):

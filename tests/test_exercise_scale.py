@@ -45,6 +45,18 @@ def stores_into_x(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def int8_offsets(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = (tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)).to(tl.int8)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs))
+
+
+@triton.jit
+def strided_offsets(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + 2 * offs, alpha * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
 def stub(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # noqa: F841 - the notebook's stub
     pass
@@ -65,6 +77,8 @@ def test_solution_passes():
     (unmasked, ["store(s) past the 1000 elements of out_ptr", "offsets 1000, 1001", "offs < n"]),
     (store_masked_only, ["load(s) past the 1000 elements of x_ptr", "offs < n"]),
     (without_alpha, ["multiply by alpha"]),
+    (int8_offsets, ["before the first element of x_ptr", "offsets -128", "the offsets are wrong", "int8"]),
+    (strided_offsets, ["store(s) past the 1000 elements of out_ptr", "the offsets are wrong", "no stride"]),
     (first_block_only, ["program_id(0) * BLOCK"]),
     (stub, ["stores nothing"]),
     (stores_into_x, ["nothing was stored into out_ptr; the kernel stored into x_ptr instead"]),
@@ -136,3 +150,8 @@ def test_a_kernel_defined_before_moe_lab_switched_the_interpreter_on_is_graded(t
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().endswith("PASS"), done.stdout
+
+
+@pytest.mark.parametrize("kernel", [int8_offsets, strided_offsets])
+def test_wrong_offsets_are_not_told_to_mask(kernel):
+    assert "mask the last block" not in exercises.check_scale(kernel).message

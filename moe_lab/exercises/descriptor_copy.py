@@ -2,10 +2,11 @@
 
 `check_descriptor_copy`: the descriptors are built on the host (`TensorDescriptor`) and passed in;
 `check_device_descriptor_copy`: the kernel builds them itself with `tl.make_tensor_descriptor`.
-Both copy a 45 x 84 float32 view `src = x[:, :84]` of a 45 x 100 tensor (row stride 100 elements =
+Both copy a 60 x 84 float32 view `src = x[:, :84]` of a 60 x 100 tensor (row stride 100 elements =
 400 bytes, 16-byte aligned, bigger than the width) into a contiguous `dst` poisoned with NaN, with
-boxes of 16 x 32 on a (3, 3) grid: the boxes of the last row and column stick out of the tensor, and
-the descriptor, not a mask, keeps them inside.
+boxes of 16 x 32 on a (4, 3) grid: the boxes of the last row and column stick out of the tensor, and
+the descriptor, not a mask, keeps them inside. The grid is not square, so program axes taken the other
+way round (the row block from program_id(1)) leave boxes uncopied.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..guarded import GuardedRun, run_guarded
 from ..runtime import default_device, interpreter_active
 from ._grade import Verdict, grade
 
-M, N, ROW_STRIDE = 45, 84, 100   # src = x[:, :N] of x [M, ROW_STRIDE]: neither size a multiple of its block
+M, N, ROW_STRIDE = 60, 84, 100   # src = x[:, :N] of x [M, ROW_STRIDE]: neither size a multiple of its block
 BLOCK_M, BLOCK_N = 16, 32
 GRID = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
 
@@ -31,8 +32,15 @@ ALIGNMENT_HINT = (
     "'illegal instruction', and the CUDA context stays unusable until the Python kernel restarts)")
 STRIDES_HINT = ("the strides are swapped: strides=[stride_m, 1], the row stride first; the last stride is the "
                 "constant 1 (the elements of a row are contiguous)")
+OFFSETS_LIST_HINT = ("the offsets go in one list, one per dimension of the descriptor: desc.load([row, col]) and "
+                     "desc.store([row, col], tile), not desc.load(row, col)")
+NOT_A_POINTER_HINT = ("a tensor descriptor is not a pointer: tl.load, tl.store and pointer arithmetic do not take "
+                      "it. Load a box with tile = desc.load([row, col]) and store one with desc.store([row, col], "
+                      "tile)")
 ERROR_HINTS = [
     (r"16-byte aligned|illegal instruction", ALIGNMENT_HINT),
+    (r"(load|store)\(\) got multiple values for argument '_(semantic|builder)'", OFFSETS_LIST_HINT),
+    (r"tensor_descriptor\w*' object has no attribute", NOT_A_POINTER_HINT),
     (r"last dim must be 1", STRIDES_HINT),
     # Compiled for a GPU (Triton 3.6-3.9), a run-time last stride fails with this message instead.
     (r"make_tensor_descriptor[\s\S]*`_semantic` argument must be provided", STRIDES_HINT),
@@ -95,10 +103,17 @@ def _mistakes(src: torch.Tensor, dst: torch.Tensor) -> List[Tuple[str, torch.Ten
     right = lambda pm, pn: (pm * BLOCK_M, pn * BLOCK_N)      # noqa: E731
     swapped = lambda pm, pn: (pn * BLOCK_N, pm * BLOCK_M)    # noqa: E731
     first = lambda pm, pn: (0, 0)                            # noqa: E731
+    axes = lambda pm, pn: (pn * BLOCK_M, pm * BLOCK_N)      # noqa: E731
+    mixed = lambda pm, pn: (pm * BLOCK_N, pn * BLOCK_M)     # noqa: E731
     return [
+        (f"the program axes are swapped: the grid is (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) = {GRID}, so the row "
+         "block is tl.program_id(0) and the column block tl.program_id(1): row = tl.program_id(0) * BLOCK_M, "
+         "col = tl.program_id(1) * BLOCK_N", box_copy(src, dst, axes, axes)),
         ("row and column offsets swapped (or BLOCK_M and BLOCK_N mixed up): the first offset is the row, "
          "pid_m * BLOCK_M, the second the column, pid_n * BLOCK_N; as written, some boxes are copied twice and "
          "others never", box_copy(src, dst, swapped, swapped)),
+        ("BLOCK_M and BLOCK_N mixed up: the row offset is pid_m * BLOCK_M (boxes are BLOCK_M rows tall), the "
+         "column offset pid_n * BLOCK_N", box_copy(src, dst, mixed, mixed)),
         ("the load's row and column offsets are swapped: load at [pid_m * BLOCK_M, pid_n * BLOCK_N], the row first",
          box_copy(src, dst, swapped, right)),
         ("the store's row and column offsets are swapped: store at [pid_m * BLOCK_M, pid_n * BLOCK_N], the row first",
@@ -113,12 +128,13 @@ def check_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     (pid_m, pid_n) of grid (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) copies the box at element offsets
     [pid_m * BLOCK_M, pid_n * BLOCK_N] from `src_desc` to `dst_desc`.
 
-    Sizes: float32 src = x[:, :84] of x [45, 100] (non-contiguous), dst [45, 84] poisoned with NaN,
-    BLOCK_M = 16, BLOCK_N = 32, grid (3, 3); host descriptors
-    `TensorDescriptor(src, shape=[45, 84], strides=[100, 1], block_shape=[16, 32])` and
+    Sizes: float32 src = x[:, :84] of x [60, 100] (non-contiguous), dst [60, 84] poisoned with NaN,
+    BLOCK_M = 16, BLOCK_N = 32, grid (4, 3) (not square); host descriptors
+    `TensorDescriptor(src, shape=[60, 84], strides=[100, 1], block_shape=[16, 32])` and
     `TensorDescriptor.from_tensor(dst, [16, 32])`. Names: block indices passed as offsets (`[pid_m,
-    pid_n]`: the 16-byte rule), row and column offsets swapped (in the load, the store or both), every
-    program at [0, 0], nothing stored.
+    pid_n]`: the 16-byte rule), the program axes swapped, row and column offsets swapped (in the load,
+    the store or both), every program at [0, 0], nothing stored, offsets not in a list
+    (`desc.load(row, col)`), a descriptor used as a pointer (`tl.load(desc)`).
     """
     src, dst = _inputs()
     run = run_guarded(kernel, GRID, src_desc=TensorDescriptor(src, [M, N], [src.stride(0), 1], [BLOCK_M, BLOCK_N]),
@@ -157,7 +173,7 @@ def check_device_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     the descriptors built in the kernel, `tl.make_tensor_descriptor(src_ptr, shape=[M, N],
     strides=[stride_src_m, 1], block_shape=[BLOCK_M, BLOCK_N])` (and the same over dst_ptr).
 
-    Same sizes: src = x[:, :84] of x [45, 100] (stride_src_m = 100), dst [45, 84] (stride_dst_m = 84).
+    Same sizes: src = x[:, :84] of x [60, 100] (stride_src_m = 100), dst [60, 84] (stride_dst_m = 84).
     On a GPU such a kernel needs scratch memory for its tensor maps: this checker sets
     `triton.set_allocator` itself, in the call that launches (the allocator lives in a ContextVar, which
     Jupyter does not carry from cell to cell); the interpreter needs none. Names: block indices passed as

@@ -33,6 +33,11 @@ ERROR_HINTS = [
      ALIGNMENT_HINT.replace("pid_n * BLOCK_N", "k0 = pid_k * BLOCK_SIZE_K").replace("index pid_n", "index pid_k")),
     (r"expected \d+ offsets",
      "the load needs one offset per dimension of the descriptor: [expert, n0, k0] for a descriptor over w [E, N, K]"),
+    (r"(load|store)\(\) got multiple values for argument '_(semantic|builder)'",
+     "the offsets go in one list: w_desc.load([expert, n0, k0]), not w_desc.load(expert, n0, k0)"),
+    (r"tensor_descriptor\w*' object has no attribute",
+     "a tensor descriptor is not a pointer: tl.load and pointer arithmetic do not take it. Load the box with "
+     "tile = w_desc.load([expert, n0, k0])"),
 ]
 
 
@@ -98,6 +103,26 @@ def _mistakes(w: torch.Tensor):
     return right, mistakes
 
 
+def _is_kernel(fn) -> bool:
+    """A @triton.jit function (compiled or interpreted), as run_guarded takes it."""
+    return hasattr(fn, "arg_names") and hasattr(fn, "__getitem__")
+
+
+def _misplaced(kernel, make_w_desc):
+    """What is wrong with the call itself when a @triton.jit function stands where the host helper goes
+    (the arguments swapped, or the kernel passed twice), or None."""
+    if make_w_desc is None or not _is_kernel(make_w_desc):
+        return None
+    name = lambda fn: getattr(fn, "__name__", type(fn).__name__)   # noqa: E731
+    if not _is_kernel(kernel):
+        return (f"the arguments are swapped: check_expert_tile(kernel, make_w_desc) takes the @triton.jit kernel "
+                f"first, then the host helper that builds the descriptor; {name(make_w_desc)} is the kernel and "
+                f"{name(kernel)} the helper: check_expert_tile({name(make_w_desc)}, {name(kernel)})")
+    return (f"{name(make_w_desc)} is a @triton.jit kernel, passed where the descriptor helper goes: the second "
+            "argument is the plain Python function that builds the host TensorDescriptor, "
+            "expert_weight_desc(w, BLOCK_SIZE_N, BLOCK_SIZE_K)")
+
+
 def _learner_desc(make_w_desc, w: torch.Tensor):
     """(the learner's descriptor, None) or (None, what is wrong with the helper)."""
     name = getattr(make_w_desc, "__name__", "make_w_desc")
@@ -132,8 +157,12 @@ def check_expert_tile(kernel, make_w_desc=None, strict: bool = False) -> Verdict
     Names: the expert offset forgotten (every block reads expert 0), the M-block index used as the
     expert, n0 or k0 in block units, a 2-D descriptor over w.view(E * N, K) (the last box reads the next
     expert's rows), -1 blocks not skipped, the reshape forgotten, a wrong number of offsets, nothing
-    stored, a descriptor helper that returns something else or raises.
+    stored, a descriptor helper that returns something else or raises, the two arguments swapped (a
+    @triton.jit function where the helper goes).
     """
+    misplaced = _misplaced(kernel, make_w_desc)
+    if misplaced:
+        return verdict(EXERCISE, misplaced, strict)
     device = default_device()
     w = torch.randn(E, N, K, device=device).to(torch.float16)
     expert_ids = torch.tensor(EXPERT_IDS, dtype=torch.int32, device=device)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Tuple
 
+import numpy as np
 import torch
 import triton
 
@@ -25,6 +26,7 @@ EXERCISE = "gather_rows_kernel"
 NUM_TOKENS, TOP_K, NUM_EXPERTS = 6, 6, 7   # top_k = 6 is not a power of two; 36 slots over 7 experts
 K, BLOCK_SIZE_K = 24, 16                   # K is not a multiple of BLOCK_SIZE_K: the last K block is half empty
 BLOCK_SIZE_M = 16
+K_PADDED = triton.cdiv(K, BLOCK_SIZE_K) * BLOCK_SIZE_K   # 32: the columns the K blocks reach
 ROW_STRIDE = K + 8                         # A is a [T, K + 8] buffer sliced to [:, :K]: stride_am = 32, not K
 # Small on purpose: a kernel that forgets `// TOP_K` reads up to row T*TOP_K of A, and that stays inside
 # the guard bytes around A (4 KiB), so on a GPU too the read is seen and nothing far away is touched.
@@ -72,22 +74,39 @@ def _matches(run: GuardedRun, got: torch.Tensor, values: torch.Tensor, outside: 
 
 def _k_mask_missing(run: GuardedRun, a: torch.Tensor, out: torch.Tensor) -> bool:
     """Out-of-bounds accesses that only a missing K mask makes: loads in the gap columns K..stride_am-1
-    of A's rows, or stores just past the end of out (its last row's columns K and on). A read seen on a GPU
-    has no offsets: it neither shows nor rules out the shape."""
-    seen = False
-    span = (a.shape[0] - 1) * a.stride(0) + a.shape[1]
+    of A's rows, or stores just past the end of out (its last row's columns K and on), all of them. A read
+    seen on a GPU has no offsets: it neither shows nor rules out the shape."""
+    spill = K_PADDED - K
     for o in run.out_of_bounds:
+        if o.far:
+            return False
         if not o.offsets:
             continue
+        x = run.offsets(o.tensor, o.kind)
         if o.tensor == "a_ptr" and o.kind == "load":
-            seen = all(0 <= x < span and x % a.stride(0) >= K for x in o.offsets)
+            ok = (x >= 0) & (x < a.shape[0] * a.stride(0)) & (x % a.stride(0) >= K)
         elif o.tensor == "out_ptr" and o.kind == "store":
-            seen = all(out.numel() <= x < out.numel() + BLOCK_SIZE_K for x in o.offsets)
+            ok = (x >= out.numel()) & (x < out.numel() + spill)
         else:
             return False
-        if not seen:
+        if not bool(ok.all()):
             return False
-    return seen
+    return any(o.offsets for o in run.out_of_bounds)
+
+
+def _out_stride_hint(run: GuardedRun, out: torch.Tensor) -> Optional[str]:
+    """The hint for stores past out's end farther than a missing K mask reaches: its rows stepped by
+    another stride than stride_om (A's stride_am, if every column stored fits rows stride_am apart)."""
+    beyond = run.offsets("out_ptr", "store")
+    if not beyond.size or beyond.max() < out.numel() + K_PADDED - K:
+        return None
+    stored = np.unique(run.offsets("out_ptr", "store", outside_only=False))
+    rows = np.arange(out.shape[0])[:, None] * ROW_STRIDE
+    like_a = any(np.array_equal(stored, np.unique(rows + np.arange(width)[None, :])) for width in (K, K_PADDED))
+    used = f"stride_am = {ROW_STRIDE} (A's row stride)" if like_a else "another stride"
+    return (f"wrong out stride: out's rows are stride_om = {out.stride(0)} elements apart (out is a contiguous "
+            f"[num_tokens_post_padded, {K}] tensor), and the kernel stepped them by {used}, so the last rows land "
+            "past its end: store at `out_ptr + offs_m[:, None] * stride_om + (k0 + offs_k)[None, :]`")
 
 
 def check_gather_rows(kernel, strict: bool = False) -> Verdict:
@@ -153,8 +172,8 @@ def check_gather_rows(kernel, strict: bool = False) -> Verdict:
                        (unwritten, torch.zeros_like(unwritten, dtype=torch.bool))))
 
     why = next((text for text, (values, outside) in signatures if _matches(run, got, values, outside)), None)
-    if why is None and run.error is None and run.out_of_bounds and _k_mask_missing(run, a, out):
-        why = K_MASK_HINT
+    if why is None and run.error is None and run.out_of_bounds:
+        why = _out_stride_hint(run, out) or (K_MASK_HINT if _k_mask_missing(run, a, out) else None)
     return grade(EXERCISE, run, "out_ptr", want, tol=1e-6, strict=strict,
                  out_of_bounds_hint=why or GENERAL_HINT, mistakes=[(why, got)] if why else [],
                  nothing_written="out is untouched: every row or column is masked off (the stub's placeholders); "

@@ -29,13 +29,24 @@ SPARE_LANES_HINT = ("The last block's lanes past num_slots added 1 at the id the
                     "`other`): mask the tl.atomic_add with offs < num_slots too")
 
 
+OFF_BY_ONE_HINT = (f"off by one on the expert id: counts_ptr + ids, not counts_ptr + ids + 1. Every atomic outside "
+                   f"counts is at counts_ptr + {NUM_EXPERTS} = E, one past the last bin: expert ids run 0 .. E - 1 = "
+                   f"{NUM_EXPERTS - 1}, and expert e's count goes in bin e")
+
+
 def _out_of_bounds_hint(run) -> str:
     hints = []
     for o in run.out_of_bounds:
         if o.tensor == "topk_ids_ptr":
             hints.append(MASK_HINT)
         elif o.tensor == "counts_ptr":
-            hints.append(SPARE_LANES_HINT if o.offsets and max(o.offsets) < 0 else SLOT_INDEX_HINT)
+            offsets = run.offsets(o.tensor, o.kind)
+            if o.far or not offsets.size:
+                hints.append(SLOT_INDEX_HINT)
+            elif (offsets == NUM_EXPERTS).all():
+                hints.append(OFF_BY_ONE_HINT)
+            else:
+                hints.append(SPARE_LANES_HINT if (offsets < 0).all() else SLOT_INDEX_HINT)
     return ". ".join(dict.fromkeys(hints)) or MASK_HINT
 
 
@@ -60,7 +71,8 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
     into it). Names: a missing mask (load past topk_ids; an atomic outside counts), the last block's spare
     lanes counted as expert 0 (load masked, atomic not), tl.store instead of tl.atomic_add (counts too
     low, recognised by that shape since the exact result depends on the order of the writes), every
-    count in bin 0 (no expert id offset), every program counting block 0, and adding the id instead of 1.
+    count in bin 0 (no expert id offset), every program counting block 0, adding the id instead of 1,
+    and the expert id off by one (`counts_ptr + ids + 1`: every atomic outside counts lands at E).
     """
     device = default_device()
     logits = torch.randn(NUM_TOKENS, NUM_EXPERTS) - torch.log1p(torch.arange(NUM_EXPERTS, dtype=torch.float32))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..guarded import run_guarded
+from ..reference import relative_error
 from ..runtime import default_device
 from ._grade import Verdict, grade
 
@@ -46,7 +47,8 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
     poisoned with NaN. Names: a missing mask (lanes 6 and 7: out of bounds), rows stepped by top_k instead
     of weights_row_stride (found by a second launch on a contiguous copy, where that kernel is right),
     out equal to the input (not normalised), division by the row's maximum instead of its sum, a softmax
-    of the weights, and every program working on token 0.
+    of the weights, every program working on token 0 (storing into every row, or into row 0 only), and
+    float16 rounding.
     """
     device = default_device()
     logits = torch.randn(NUM_TOKENS, NUM_EXPERTS, device=device)
@@ -63,6 +65,8 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
                            BLOCK_K=BLOCK_K)
 
     run = launch(topk_weights)
+    row_zero_only = torch.full_like(want, float("nan"))
+    row_zero_only[0] = want[0]
     hint = MASK_HINT
     if run.error is None and (run.out_of_bounds or not _close_enough(run.tensors["out_ptr"], want)):
         contiguous = launch(weights.contiguous())   # weights_row_stride = top_k: a stride mistake is harmless
@@ -80,7 +84,32 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
                            ("you applied a softmax: the weights are probabilities already; divide them by "
                             "their sum instead", torch.softmax(weights, dim=-1)),
                            ("every row is token 0's: each program must load and store its own token's row, "
-                            "t = tl.program_id(0)", want[:1].expand_as(want))])
+                            "t = tl.program_id(0)", want[:1].expand_as(want)),
+                           (f"the masked lanes added {BLOCK_K - TOP_K} to each row's sum: the load's other= gave "
+                            "them 1.0 (or another non-zero value); use other=0.0, which adds nothing",
+                            weights / (weights.sum(dim=-1, keepdim=True) + (BLOCK_K - TOP_K))),
+                           ("only row 0 was written: every program worked on token 0 (t = tl.program_id(1), or "
+                            "no program id at all, is 0 for every program of this 1-D grid); t = "
+                            "tl.program_id(0)", row_zero_only),
+                           *_float16_rounding(run.tensors["out_ptr"], want, weights)])
+
+
+def _float16_rounding(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor):
+    """[(explanation, got)] when `got` is `want` up to float16 rounding, else []: recognised by its rounding
+    (every value a float16 number, or far closer to the result from float16-rounded weights than to the
+    truth), not by one exact result."""
+    if not torch.isfinite(got).all():
+        return []
+    error = relative_error(got, want)
+    if not 1e-6 <= error < 2e-3:
+        return []
+    w16 = weights.half().float()
+    sum32, sum16 = w16.sum(dim=-1, keepdim=True), w16.sum(dim=-1, keepdim=True).half().float()
+    rounded = [w16 / sum32, w16 / sum16, (w16 / sum16).half().float()]   # where float16 came in, and left
+    if not (torch.equal(got.half().float(), got) or min(relative_error(got, r) for r in rounded) < 0.3 * error):
+        return []
+    return [(f"float16 rounding (relative error {error:.1e}): the weights or their sum went through float16. Keep "
+             "them float32, as loaded (no .to(tl.float16))", got)]
 
 
 def _close_enough(got: torch.Tensor, want: torch.Tensor) -> bool:

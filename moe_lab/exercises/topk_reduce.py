@@ -9,6 +9,7 @@ rows, one per (token, k) slot: slot j of token t is row t * TOP_K + j.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 import triton
 
@@ -88,6 +89,18 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
             return ("wrong stride: the kernel is right on contiguous tensors but ignores a row stride it is "
                     "given: " + "; ".join(strides))
     hints = []
+    stores = run.offsets("out_ptr", "store")
+    reach = (T - 1) * H + triton.cdiv(H, BLOCK_H) * BLOCK_H   # how far a store with the right stride but no mask goes
+    if stores.size and stores.max() >= reach:
+        stored = np.unique(run.offsets("out_ptr", "store", outside_only=False)) if run.accesses else np.unique(stores)
+        rows = np.arange(T)[:, None] * Y_ROW_STRIDE
+        by_y = any(np.array_equal(stored, np.unique(rows + np.arange(width)[None, :]))
+                   for width in (H, triton.cdiv(H, BLOCK_H) * BLOCK_H))
+        used = f"not t * stride_y_row (= {Y_ROW_STRIDE}, y's row stride)" if by_y else "not t times another stride"
+        hints.append(f"wrong stride for out: row t of out starts at out_ptr + t * stride_out_row (out is a "
+                     f"contiguous [T, H] tensor: stride_out_row = {H}), {used}; the stores reach element "
+                     f"{int(stores.max())}, past the last row plus a whole BLOCK_H, which no missing mask explains")
+        where = where - {"out_ptr"}
     if where & {"y_ptr", "out_ptr"}:
         hints.append(f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its "
                      "store with `offs_h < H`. Row r of y starts at y_ptr + r * stride_y_row (here "
@@ -109,9 +122,12 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
     Names: the weights not applied (a plain sum over the k rows); the weights paired with the wrong slots
     (reversed, or any other order); slot j of token t read at row j * T + t instead of t * TOP_K + j; no
     mask on the last H block (out-of-bounds loads or stores); the weights or y read with the wrong row
-    stride (out-of-bounds reads of the gaps between rows)."""
+    stride (out-of-bounds reads of the gaps between rows); out's rows stepped by y's stride (stores past
+    the last row plus BLOCK_H); the accumulator overwritten (only the last slot counts)."""
     y, weights = _inputs(default_device())
     run = _launch(kernel, y, weights)
+    last_only = torch.zeros_like(weights)
+    last_only[:, -1] = weights[:, -1]
     slot_major = y.view(TOP_K, T, H).transpose(0, 1).reshape(T * TOP_K, H)   # row j * T + t taken as slot (t, j)
     mistakes = [
         ("the weights are not applied: out is the plain sum of each token's k rows. Multiply row "
@@ -122,6 +138,9 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
          "read row t * TOP_K + j", _weighted(slot_major, weights)),
         ("slot j of token t was read at row j * T + t of y and not weighted: read row t * TOP_K + j and "
          "multiply it by topk_weights[t, j]", _weighted(slot_major, torch.ones_like(weights))),
+        ("only the last slot counts: out is topk_weights[t, TOP_K - 1] * y[t * TOP_K + TOP_K - 1], so the "
+         "accumulator was overwritten in each step (acc = w * row). Add to it: acc += w * row",
+         _weighted(y, last_only)),
     ]
     if run.problem() is None:
         permuted = _permuted_weights(run.tensors["out_ptr"], y, weights)

@@ -79,16 +79,17 @@ print("box bytes   ", 8 * 8 * x.element_size())
 #
 # ### Exercise: a copy through host descriptors
 #
-# Write `copy_2d_kernel`. The check copies a float32 `src` of 45 × 84 that is a view `x[:, :84]` of a
-# 45 × 100 tensor (its rows are 100 elements = 400 bytes apart: a multiple of 16 bytes, as descriptors
-# need), into a contiguous `dst` filled with NaN, with boxes of 16 × 32 on a grid of 3 × 3 programs.
-# Neither 45 nor 84 is a multiple of the box, so the last row and column of boxes stick out. The
+# Write `copy_2d_kernel`. The check copies a float32 `src` of 60 × 84 that is a view `x[:, :84]` of a
+# 60 × 100 tensor (its rows are 100 elements = 400 bytes apart: a multiple of 16 bytes, as descriptors
+# need), into a contiguous `dst` filled with NaN, with boxes of 16 × 32 on a grid of 4 × 3 programs
+# (axis 0 over rows, axis 1 over columns). Neither 60 nor 84 is a multiple of the box, so the last row
+# and column of boxes stick out. The
 # descriptors are built on the host and passed in:
 #
 # ```python
-# src_desc = TensorDescriptor(src, shape=[45, 84], strides=[100, 1], block_shape=[16, 32])
+# src_desc = TensorDescriptor(src, shape=[60, 84], strides=[100, 1], block_shape=[16, 32])
 # dst_desc = TensorDescriptor.from_tensor(dst, [16, 32])        # shape and strides from the tensor
-# copy_2d_kernel[(3, 3)](src_desc, dst_desc, BLOCK_M=16, BLOCK_N=32)
+# copy_2d_kernel[(4, 3)](src_desc, dst_desc, BLOCK_M=16, BLOCK_N=32)
 # ```
 
 # %%
@@ -308,15 +309,15 @@ check_quiz(quiz_solution, strict=True)
 #     return torch.empty(size, dtype=torch.int8, device="cuda")
 #
 # triton.set_allocator(scratch)    # same cell as the launch
-# copy_2d_device_kernel[(3, 3)](src, dst, 45, 84, src.stride(0), dst.stride(0), BLOCK_M=16, BLOCK_N=32)
+# copy_2d_device_kernel[(4, 3)](src, dst, 60, 84, src.stride(0), dst.stride(0), BLOCK_M=16, BLOCK_N=32)
 # ```
 #
 # ### Exercise: a copy through descriptors made in the kernel
 #
-# Write `copy_2d_device_kernel`: the copy of section 3, with the same `src` (the 45 × 84 view,
-# `stride_src_m = 100`) and `dst` (contiguous, `stride_dst_m = 84`), boxes of 16 × 32 on a 3 × 3 grid, but
+# Write `copy_2d_device_kernel`: the copy of section 3, with the same `src` (the 60 × 84 view,
+# `stride_src_m = 100`) and `dst` (contiguous, `stride_dst_m = 84`), boxes of 16 × 32 on a 4 × 3 grid, but
 # with pointers in place of descriptors. The shape you give is `[M, N]`, the tensor's own; not the
-# grid's padded size (48 × 96): the descriptor takes care of the boxes that stick out.
+# grid's padded size (64 × 96): the descriptor takes care of the boxes that stick out.
 
 # %%
 @triton.jit

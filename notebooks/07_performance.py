@@ -198,7 +198,9 @@ check_compute_bound(compute_bound_tokens_solution, strict=True)
 # In step `k` they point at K block `k` (columns `k * BLOCK_SIZE_K + offs_k` of A, the same rows of B).
 # Fill in the loop body: load both tiles, add `tl.dot(a, b)` to the accumulator, advance both pointers by
 # one K block (`BLOCK_SIZE_K * stride_ak` and `BLOCK_SIZE_K * stride_bk`). The checker runs float16 A
-# `[64, 200]` and B `[200, 96]` (a transposed view of a weight `[96, 200]`, as the MoE GEMMs read `w1`/`w2`),
+# `[64, 200]`, stored column-major (strides (1, 64): a step along K is 64 elements, so the stride matters),
+# and B `[200, 96]` (a transposed view of a weight `[96, 200]`, as the MoE GEMMs read `w1`/`w2`); a kernel
+# that passes runs once more with B row-major, where `stride_bk` is not 1 either.
 # with 32 × 32 × 32 blocks: K = 200 is **not** a multiple of BLOCK_SIZE_K, so mask the last block's 8
 # columns (`offs_k < K - k * BLOCK_SIZE_K`, `other=0.0`). Keep the accumulator in float32.
 

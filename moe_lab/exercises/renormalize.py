@@ -97,7 +97,8 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
 def _float16_rounding(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor):
     """[(explanation, got)] when `got` is `want` up to float16 rounding, else []: recognised by its rounding
     (every value a float16 number, or far closer to the result from float16-rounded weights than to the
-    truth), not by one exact result."""
+    truth, or an error at float16's level: a float32 kernel is near 1e-7 here, and a GPU's float16 sum
+    rounds in its own order), not by one exact result."""
     if not torch.isfinite(got).all():
         return []
     error = relative_error(got, want)
@@ -106,7 +107,8 @@ def _float16_rounding(got: torch.Tensor, want: torch.Tensor, weights: torch.Tens
     w16 = weights.half().float()
     sum32, sum16 = w16.sum(dim=-1, keepdim=True), w16.sum(dim=-1, keepdim=True).half().float()
     rounded = [w16 / sum32, w16 / sum16, (w16 / sum16).half().float()]   # where float16 came in, and left
-    if not (torch.equal(got.half().float(), got) or min(relative_error(got, r) for r in rounded) < 0.3 * error):
+    if not (torch.equal(got.half().float(), got) or min(relative_error(got, r) for r in rounded) < 0.3 * error
+            or error >= 5e-5):
         return []
     return [(f"float16 rounding (relative error {error:.1e}): the weights or their sum went through float16. Keep "
              "them float32, as loaded (no .to(tl.float16))", got)]

@@ -178,19 +178,22 @@ class _Guarded:
 
     def extent(self) -> Tuple[int, int]:
         """(numel, span): its element count, and elements from its first to its last one."""
-        t = self.original
-        return t.numel(), 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+        return self.original.numel(), _span(self.original)
 
     def element_offsets(self, byte_index: np.ndarray) -> np.ndarray:
         return (byte_index - GUARD_BYTES) // self.original.element_size()
+
+
+def _span(tensor: torch.Tensor) -> int:
+    """Elements from the tensor's first to its last one (numel if contiguous, 0 if empty)."""
+    return 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
 
 
 def _guard(name: str, tensor: torch.Tensor, canary: int) -> _Guarded:
     item = tensor.element_size()
     if tensor.numel() and any(s < 0 for s in tensor.stride()):
         raise ValueError(f"{name}: negative strides are not supported, got {tensor.stride()}")
-    span = 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
-    buffer = torch.full((2 * GUARD_BYTES + span * item,), canary, dtype=torch.uint8, device=tensor.device)
+    buffer = torch.full((2 * GUARD_BYTES + _span(tensor) * item,), canary, dtype=torch.uint8, device=tensor.device)
     typed = buffer.view(tensor.dtype)
     view = typed.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item)
     view.copy_(tensor)

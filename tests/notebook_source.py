@@ -1,8 +1,11 @@
 """Kernels defined in the notebooks' py:percent sources, for tests of the exercise checkers: the tests
-grade the notebooks' own solutions, so a solution and its checker cannot drift apart."""
+grade the notebooks' own solutions, so a solution and its checker cannot drift apart; and the one check of
+a wrong kernel that they all make."""
 import ast
 import os
+import re
 
+import pytest
 import torch
 import triton
 import triton.language as tl
@@ -28,3 +31,15 @@ def notebook_kernel(notebook: str, name: str):
             exec(compile(ast.Module([node], []), path, "exec"), scope)
             return scope[name]
     raise LookupError(f"no function {name} in {path}")
+
+
+def assert_not_yet(checker, kernel, words, exercise, capsys):
+    """`checker(kernel)` says NOT YET with each of `words` in its message, prints a line that starts with
+    "NOT YET <exercise>: ", and with strict=True raises an AssertionError that starts with "FAIL <exercise>: "."""
+    verdict = checker(kernel)
+    assert verdict.status == "NOT YET", verdict
+    for text in words:
+        assert text in verdict.message, verdict.message
+    assert capsys.readouterr().out.startswith(f"NOT YET {exercise}: ")
+    with pytest.raises(AssertionError, match=f"^FAIL {re.escape(exercise)}: "):
+        checker(kernel, strict=True)

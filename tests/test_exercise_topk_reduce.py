@@ -5,115 +5,108 @@ import triton
 import triton.language as tl
 
 from moe_lab import exercises
-from tests.notebook_source import notebook_kernel
+from tests.notebook_source import assert_not_yet, notebook_kernel
+
+
+@triton.jit
+def _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
+            TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, WEIGHTS: tl.constexpr = 0, SLOT_MAJOR: tl.constexpr = False,
+            H_MASK: tl.constexpr = True, W_STRIDE_TOP_K: tl.constexpr = False, Y_STRIDE_H: tl.constexpr = False,
+            OUT_STRIDE_Y: tl.constexpr = False, OVERWRITE: tl.constexpr = False):
+    """The solution, with switches that each make one typical mistake (WEIGHTS: 0 slot j's, right; 1 none,
+    a plain sum; 2 slot TOP_K - 1 - j's; 3 slot (j + 1) % TOP_K's)."""
+    t = tl.program_id(0)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        if SLOT_MAJOR:
+            y_row = j * tl.num_programs(0) + t
+        else:
+            y_row = t * TOP_K + j
+        y_ptrs = y_ptr + y_row * (H if Y_STRIDE_H else stride_y_row) + offs_h
+        if H_MASK:
+            row = tl.load(y_ptrs, mask=offs_h < H, other=0.0)
+        else:
+            row = tl.load(y_ptrs)
+        w_ptrs = topk_weights_ptr + t * (TOP_K if W_STRIDE_TOP_K else stride_w_token)
+        if WEIGHTS == 0:
+            row = tl.load(w_ptrs + j) * row
+        elif WEIGHTS == 2:
+            row = tl.load(w_ptrs + (TOP_K - 1 - j)) * row
+        elif WEIGHTS == 3:
+            row = tl.load(w_ptrs + (j + 1) % TOP_K) * row
+        if OVERWRITE:
+            acc = row
+        else:
+            acc += row
+    out_ptrs = out_ptr + t * (stride_y_row if OUT_STRIDE_Y else stride_out_row) + offs_h
+    if H_MASK:
+        tl.store(out_ptrs, acc, mask=offs_h < H)
+    else:
+        tl.store(out_ptrs, acc)
 
 
 @triton.jit
 def plain_sum(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
               TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        acc += tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            WEIGHTS=1)
 
 
 @triton.jit
 def reversed_weights(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                      TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + (TOP_K - 1 - j))
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            WEIGHTS=2)
 
 
 @triton.jit
 def rotated_weights(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + (j + 1) % TOP_K)
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            WEIGHTS=3)
 
 
 @triton.jit
 def slot_major(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    num_tokens = tl.num_programs(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
-        acc += weight * tl.load(y_ptr + (j * num_tokens + t) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            SLOT_MAJOR=True)
 
 
 @triton.jit
 def no_h_mask(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
               TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            H_MASK=False)
 
 
 @triton.jit
 def weights_stride_top_k(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                          TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * TOP_K + j)
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            W_STRIDE_TOP_K=True)
 
 
 @triton.jit
 def y_stride_h(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * H + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            Y_STRIDE_H=True)
 
 
 @triton.jit
 def out_stride_y(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                  TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
-        acc += weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_y_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            OUT_STRIDE_Y=True)
 
 
 @triton.jit
 def acc_overwritten(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                     TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
-    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        weight = tl.load(topk_weights_ptr + t * stride_w_token + j)
-        acc = weight * tl.load(y_ptr + (t * TOP_K + j) * stride_y_row + offs_h, mask=offs_h < H, other=0.0)
-    tl.store(out_ptr + t * stride_out_row + offs_h, acc, mask=offs_h < H)
+    _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H,
+            OVERWRITE=True)
 
 
 def test_solution_passes():
@@ -137,10 +130,4 @@ def test_solution_passes():
 ], ids=["plain_sum", "reversed_weights", "rotated_weights", "slot_major", "no_h_mask", "weights_stride_top_k",
         "y_stride_h", "out_stride_y", "acc_overwritten", "notebook_stub"])
 def test_wrong_kernels_are_named(kernel, says, capsys):
-    verdict = exercises.check_topk_reduce(kernel)
-    assert verdict.status == "NOT YET"
-    for text in says:
-        assert text in verdict.message, verdict.message
-    assert capsys.readouterr().out.startswith("NOT YET topk_reduce_kernel: ")
-    with pytest.raises(AssertionError, match="^FAIL topk_reduce_kernel: "):
-        exercises.check_topk_reduce(kernel, strict=True)
+    assert_not_yet(exercises.check_topk_reduce, kernel, says, "topk_reduce_kernel", capsys)

@@ -1,0 +1,46 @@
+"""Batch invariance: a token's output does not depend on the batch it comes in (alone, with 40 others,
+with 4095 others). Every row's K reduction runs in the same order whatever the batch: each M-block holds
+one expert's rows, tiles never split K across programs, and the top-k reduce adds a token's k rows in
+slot order. Inference engines rely on it (a request's output must not change with the server's load)."""
+import pytest
+import torch
+
+from moe_lab import fused_moe, get_preset, topk_routing
+
+from .conftest import DEVICE
+
+
+def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device):
+    """The output row of one fixed token placed at a fixed position of batches of the given sizes (its
+    routing comes from its own logits; the other tokens are random)."""
+    gen = torch.Generator(device="cpu").manual_seed(7)
+    w1 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5).to(device, dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5).to(device, dtype)
+    token = torch.randn(1, hidden, generator=gen).to(device, dtype)
+    token_logits = torch.randn(1, num_experts, generator=gen).to(device)
+    rows = []
+    for size in batch_sizes:
+        hs = torch.randn(size, hidden, generator=gen).to(device, dtype)
+        logits = torch.randn(size, num_experts, generator=gen).to(device)
+        where = size // 2
+        hs[where], logits[where] = token[0], token_logits[0]
+        topk_weights, topk_ids = topk_routing(logits, top_k=top_k)
+        rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids)[where])
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_a_tokens_output_is_bitwise_the_same_in_any_batch(dtype):
+    alone, *in_batches = _token_in_batches(64, 32, 6, 2, (1, 5, 40), dtype, DEVICE)
+    for row in in_batches:
+        assert torch.equal(row, alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_batch_invariance_at_real_shapes(model):
+    p = get_preset(model)
+    alone, *in_batches = _token_in_batches(p.hidden_size, p.intermediate_size, p.num_experts, p.top_k,
+                                           (1, 40, 4096), torch.bfloat16, "cuda")
+    for row in in_batches:
+        assert torch.equal(row, alone)

@@ -12,7 +12,8 @@ Nothing here asks the host for a size: buffers are sized by the tight bound
     (u + (T*k - u) // BLOCK_SIZE_M) * BLOCK_SIZE_M,   u = min(E, T*k)   (see `max_num_tokens_padded`),
 and blocks past `num_tokens_post_padded` are tagged -1, so the layer can be captured in a CUDA graph.
 The layout follows vLLM's `moe_align_block_size` (vllm-project/vllm, fused_moe); the kernels are three
-launches (count, prefix, scatter), see `moe_lab/_kernels/align.py`.
+launches (count, prefix, scatter), or one for at most ONE_PROGRAM_MAX_SLOTS slots over at most
+ONE_PROGRAM_MAX_EXPERTS experts, see `moe_lab/_kernels/align.py`.
 """
 from __future__ import annotations
 
@@ -22,13 +23,19 @@ from typing import Optional
 import torch
 import triton
 
-from ._kernels.align import count_kernel, prefix_kernel, scatter_kernel
+from ._kernels.align import align_one_program_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 from .runtime import interpreter_serialized
 
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
 MAX_EXPERTS = 4096        # the block map holds one row of all experts per program
 BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
+# Up to one CHUNK of slots over at most this many experts (decode), one program runs all three steps: one
+# launch instead of three. On an H200 that took Qwen3-30B-A3B's align at T=1 from 12.6 to 10.5 us; at 512
+# slots the single program's loops cost 26.5 us against 12.7 for three launches
+# (benchmarks/experiments/lean_layer-H200-2026-11-30.txt).
+ONE_PROGRAM_MAX_SLOTS = 128
+ONE_PROGRAM_MAX_EXPERTS = 512
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,13 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     has_map = expert_map is not None
     emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
+    if 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS:
+        align_one_program_kernel[(1,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
+                                       sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_m_blocks,
+                                       HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
+                                       BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=4 * BLOCKS_PER_PROGRAM)
+        return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
+                              block_size_m, num_tokens, top_k, num_experts)
     if num_chunks:
         count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
                                     HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)

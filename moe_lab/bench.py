@@ -3,6 +3,8 @@
 For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
 before each (`moe_lab.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
+    moe-lab's up GEMM is the one the layer runs: with its SwiGLU epilogue where the config fuses it
+    (`GemmConfig.fuse_swiglu`), else the GEMM alone (the activation is then timed with the layer);
   - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
 checks each against the float32 reference, and reports TFLOP/s, weight TB/s and % of the roofline set by
@@ -116,10 +118,12 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
     # Both paths run the same config, so the difference is the load path alone.
     for impl, use_tma in (("moe-lab pointer", False), ("moe-lab tma", True)):
         try:
-            gate_up = grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, use_tma=use_tma)
-            act = silu_and_mul(gate_up, routing=routing)
+            fused = cfg.up.swiglu_epilogue
+            gate_up = grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, use_tma=use_tma, swiglu=fused)
+            act = gate_up if fused else silu_and_mul(gate_up, routing=routing)
             out_k = torch.empty(num_tokens * preset.top_k, preset.hidden_size, dtype=dtype, device="cuda")
-            up = lambda: grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, out=gate_up, use_tma=use_tma)  # noqa: E731
+            up = lambda: grouped_matmul(hs, w1, routing, cfg.up, gather_a=True, out=gate_up, use_tma=use_tma,  # noqa: E731
+                                        swiglu=fused)
             down = lambda: grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,  # noqa: E731
                                           topk_weights=tw, out=out_k, use_tma=use_tma)
             out = fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)
@@ -130,7 +134,7 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
                 down()
             row(impl, graph_ms(up), graph_ms(down), graph_ms(both, rounds=ROUNDS),
                 graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma), rounds=ROUNDS), err,
-                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()))
+                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()), swiglu_epilogue=fused)
         except (ValueError, RuntimeError) as exc:  # e.g. TMA refused on this device
             row(impl, None, None, None, None, None, error=str(exc))
     if peers and hasattr(torch, "_grouped_mm"):

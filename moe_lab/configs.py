@@ -30,7 +30,11 @@ class GemmConfig:
     valid rows fit, instead of multiplying padding rows (see `moe_lab/_kernels/grouped_matmul.py`).
     `prepermute`: for a GEMM that gathers token rows (the up projection), copy them into expert order
     first and read them like sorted rows, through a tensor descriptor where TMA is on (see
-    `moe_lab.permute`); pays off when N is wide."""
+    `moe_lab.permute`); pays off when N is wide.
+    `fuse_swiglu`: in the layer's up projection, apply SiLU-and-mul in the GEMM's epilogue
+    (`grouped_matmul(..., swiglu=True)`) instead of a separate kernel over a [rows, 2I] buffer. BLOCK_SIZE_N
+    still counts the weight rows a program reads, half gate and half up, so a tile costs the same either
+    way; a tile of BLOCK_SIZE_N = 16 cannot be halved and runs unfused (see `swiglu_epilogue`)."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -40,6 +44,7 @@ class GemmConfig:
     tma: bool = True
     tail_tiles: bool = True
     prepermute: bool = False
+    fuse_swiglu: bool = True
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
@@ -48,9 +53,14 @@ class GemmConfig:
         check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
         check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
         check_positive_int("config.num_stages", self.num_stages)
-        for name in ("tma", "tail_tiles", "prepermute"):
+        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
+
+    @property
+    def swiglu_epilogue(self) -> bool:
+        """Whether a layer's up projection with this config applies SiLU-and-mul in its epilogue."""
+        return self.fuse_swiglu and self.BLOCK_SIZE_N >= 32
 
     @property
     def tail_splits(self) -> int:

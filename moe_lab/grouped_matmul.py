@@ -7,7 +7,9 @@ with a in one of two layouts:
     gather_a=False: a is [max_num_tokens_padded, K], rows already in the padded expert-sorted order
                     (the intermediate of the down projection).
 and the output either in the same padded order ([max_num_tokens_padded, N], scatter=False) or scattered
-to flat (token, k) slots ([T*k, N], scatter=True).
+to flat (token, k) slots ([T*k, N], scatter=True). With swiglu=True (the up projection of SwiGLU experts,
+w = w1 = [gate; up] of 2I rows) the epilogue writes silu(a @ gate.T) * (a @ up.T), [max_num_tokens_padded, I],
+from the float32 accumulators: the separate activation kernel and its [rows, 2I] buffer are not needed.
 
 Load paths (see `select_load_path`): weights through a 3-D tensor descriptor (block [1, BLOCK_SIZE_N,
 BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, BLOCK_SIZE_K]) on Hopper;
@@ -69,13 +71,21 @@ class LaunchPlan:
     path: each operand's load path and why (`select_load_path`).
     gather_a: the kernel gathers token rows itself; prepermute: they were copied into expert order first
         (`moe_lab.permute_tokens`) and the kernel reads them as sorted rows.
-    scatter: output rows go to their (token, k) slot. grid: programs launched (M-blocks x N-tiles)."""
+    scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
+    program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
+    grid: programs launched (M-blocks x N-tiles)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
     prepermute: bool
     scatter: bool
     grid: int
+    swiglu: bool = False
+
+    @property
+    def tile_n(self) -> int:
+        """Output columns per program: BLOCK_SIZE_N, or half of it with the SwiGLU epilogue."""
+        return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
 
 
 def check_use_tma(use_tma: UseTma) -> None:
@@ -85,14 +95,15 @@ def check_use_tma(use_tma: UseTma) -> None:
 
 
 def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
-                     use_tma: UseTma = "auto") -> LoadPath:
+                     use_tma: UseTma = "auto", swiglu: bool = False) -> LoadPath:
     """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
     other question, whether this device and Triton can). Precedence, first match wins:
     1. `use_tma=False`: pointer loads. 2. `MOE_LAB_TMA=0`, or a device/Triton without TMA: pointer loads
     (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
     pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
     descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
-    `use_tma=True` (for w, and for a sorted-layout or prepermuted a)."""
+    `use_tma=True` (for w, and for a sorted-layout or prepermuted a). With `swiglu` the weights are read
+    as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile."""
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -104,7 +115,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
             raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
         return LoadPath(False, False, f"no TMA: {support.reason}")
     reasons = []
-    w_problem = descriptor_problem(w, [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K])
+    w_problem = descriptor_problem(*_weight_box(w, config, swiglu))
     if w_problem and use_tma is True:
         raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}) cannot be read through a tensor "
                          f"descriptor: {w_problem}")
@@ -135,7 +146,8 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
 @interpreter_serialized
 def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
-                   out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto", return_plan: bool = False):
+                   swiglu: bool = False, out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto",
+                   return_plan: bool = False):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
@@ -153,7 +165,11 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         scatter: write row r of each block to out[sorted_token_ids[r]] ([T*k, N]) instead of out[r]
             ([max_num_tokens_padded, N]); padding rows are then dropped.
         topk_weights: [T, k] routed weights; when given, each row is multiplied by its slot's weight.
-        out: optional output buffer of the shape above, dtype of a. Rows of blocks past
+        swiglu: the SwiGLU epilogue: w is w1 [E, 2I, K] (gate rows first, then up rows) and the output is
+            silu(gate) * up, [rows, I], computed in float32 and rounded once. Needs config.BLOCK_SIZE_N >= 32:
+            each program reads BLOCK_SIZE_N/2 gate and BLOCK_SIZE_N/2 up rows (the same weight tile and
+            accumulator size as without the epilogue) and writes BLOCK_SIZE_N/2 columns. Not with scatter.
+        out: optional output buffer of the shape above (N = I with swiglu), dtype of a. Rows of blocks past
             `num_tokens_post_padded` (sorted layout), or of slots not routed here (scatter with an
             expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
             mostly padded block as a smaller tile (`silu_and_mul(..., routing=)` zeroes them).
@@ -169,7 +185,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("swiglu", swiglu),
+                       ("return_plan", return_plan)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, shape=(routing.num_experts, None, None), layout="[E, N, K]")
@@ -183,8 +200,18 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if topk_weights is not None:
         check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES,
                      shape=(routing.num_tokens, routing.top_k), layout="[T, k]")
+    if swiglu:
+        if n % 2 or n == 0:
+            raise ValueError(f"swiglu=True needs w [E, 2I, K] with an even, non-zero 2I, got {tuple(w.shape)}")
+        if config.BLOCK_SIZE_N < 32:
+            raise ValueError(f"swiglu=True needs config.BLOCK_SIZE_N >= 32 (half for the gate rows, half for the "
+                             f"up rows, each at least 16 for tl.dot), got {config.BLOCK_SIZE_N}")
+        if scatter:
+            raise ValueError("swiglu=True with scatter=True is not supported: the SwiGLU epilogue belongs to the "
+                             "up projection, which writes sorted rows")
+    out_cols = n // 2 if swiglu else n
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
-    out = output_buffer(out, (out_rows, n), a.dtype, a.device, "[rows, N]")
+    out = output_buffer(out, (out_rows, out_cols), a.dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
 
     if gather_a and scatter:
@@ -192,7 +219,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                          "writes sorted rows; the down projection reads them and scatters)")
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
-    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, use_tma=use_tma)
+    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma)
     if plan.grid == 0:
         return (out, plan) if return_plan else out
     if plan.prepermute:
@@ -204,8 +231,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
                                       [plan.config.BLOCK_SIZE_M, plan.config.BLOCK_SIZE_K])
         if plan.path.w_tma:
-            w_desc = TensorDescriptor(w, list(w.shape), list(w.stride()),
-                                      [1, plan.config.BLOCK_SIZE_N, plan.config.BLOCK_SIZE_K])
+            w_view, box = _weight_box(w, plan.config, plan.swiglu)
+            w_desc = TensorDescriptor(w_view, list(w_view.shape), list(w_view.stride()), box)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
@@ -221,20 +248,31 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
 
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
-                        gather_a: bool, scatter: bool = False, use_tma: UseTma = "auto") -> LaunchPlan:
+                 gather_a: bool, scatter: bool = False, swiglu: bool = False,
+                 use_tma: UseTma = "auto") -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
     the config fitted to the device's shared memory, the load paths, the grid. Launches nothing. Callers
     get the plan with `grouped_matmul(..., return_plan=True)`."""
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, a.element_size(), budget)
+    # With the SwiGLU epilogue a program covers BLOCK_SIZE_N/2 of the I output columns: the same grid.
     grid = routing.max_num_m_blocks * triton.cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
     if grid == 0:
         path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
     else:
-        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma)
+        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
-    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid)
+    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu)
+
+
+def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
+    """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
+    [1, BLOCK_SIZE_N, BLOCK_SIZE_K]; with the SwiGLU epilogue [E, 2, I, K] in boxes of
+    [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K], whose two halves are a gate tile and the matching up tile."""
+    if swiglu:
+        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, config.BLOCK_SIZE_K]
+    return w, [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K]
 
 
 def _shared_memory_budget(device: torch.device) -> Optional[int]:
@@ -247,13 +285,15 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
 
 def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
     config, (_, n, k) = plan.config, w.shape
+    if plan.swiglu:
+        n //= 2  # the output width I; the up rows start at row I of w
     grouped_matmul_kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
         n, k, routing.num_slots, routing.max_num_m_blocks,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
         FP32_IEEE=full_precision_fp32(a.dtype),
         TAIL_SPLITS=config.tail_splits,

@@ -1,9 +1,11 @@
-"""The fused MoE layer: align, gate/up GEMM, SiLU-and-mul, down GEMM with routed weights, top-k reduce.
+"""The fused MoE layer: align, gate/up GEMM with SiLU-and-mul, down GEMM with routed weights, top-k reduce.
 
     topk_ids ──moe_align──▶ routing (sorted_token_ids, expert_ids, num_tokens_post_padded)
-    hidden_states [T, H] ──grouped_matmul(w1, gather rows)──▶ gate_up [padded, 2I], expert-sorted
-    gate_up ──silu_and_mul──▶ act [padded, I], same order
+    hidden_states [T, H] ──grouped_matmul(w1, gather rows, swiglu)──▶ act [padded, I], expert-sorted
     act ──grouped_matmul(w2, × topk_weights, scatter)──▶ out_k [T*k, H] ──topk_reduce──▶ out [T, H]
+
+The up GEMM applies SiLU-and-mul in its epilogue (`GemmConfig.fuse_swiglu`, on by default); with it off,
+the up GEMM writes gate_up [padded, 2I] and `silu_and_mul` makes act from it, as the workbook builds it.
 
 No stage asks the host for a size, so the layer can be captured in a CUDA graph. The layer computes the
 same function as vLLM's `fused_experts` (vllm-project/vllm, model_executor/layers/fused_moe), with its
@@ -118,7 +120,8 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
             rank (expert parallelism); slots on other ranks contribute zero.
         out: optional [T, H] output buffer (last stride 1), dtype of hidden_states.
         chunk_size: process at most this many tokens at a time, bounding the intermediate buffers
-            (about chunk_size*k*(3I + H) elements) for very large T.
+            (about chunk_size*k*(I + H) elements; chunk_size*k*(3I + H) with the activation unfused)
+            for very large T.
         check_ids: raise ValueError for topk_ids outside [0, E) and expert_map entries outside [-1, E).
             Default: on CPU tensors only, since on a GPU it costs a device-to-host sync; unchecked
             out-of-range ids (and map entries) contribute zero.
@@ -164,14 +167,18 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     cfg = choice.config
     if num_tokens == 0:  # an idle rank: nothing to launch, but use_tma=True holds to its rules as at T > 0
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
-            select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True)
+            select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True, swiglu=cfg.up.swiglu_epilogue)
             select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
                              gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
-    gate_up, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
-                                      return_plan=True)
-    act = silu_and_mul(gate_up, routing=routing)
+    if cfg.up.swiglu_epilogue:
+        act, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, swiglu=True,
+                                      use_tma=use_tma, return_plan=True)
+    else:
+        gate_up, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
+                                          return_plan=True)
+        act = silu_and_mul(gate_up, routing=routing)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
                                   topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True)

@@ -3,7 +3,9 @@
 For each preset and T it times (CUDA-graph replays, L2 flushed before each, median) the up and the down
 GEMM over a candidate set that depends on the expected rows per expert (T*k/E): BLOCK_SIZE_M shared by
 both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load path (TMA or pointer),
-tail tiles on or off, and for the up GEMM whether to permute token rows first. Candidates whose pipeline
+tail tiles on or off, and for the up GEMM whether to permute token rows first. The up GEMM is timed as the
+layer runs it: with its SwiGLU epilogue (`GemmConfig.fuse_swiglu`). That switch is not tuned per point: a
+token's output would then round differently alone and in a batch (see the README's batch invariance). Candidates whose pipeline
 would not fit the device's shared memory (read from the device) are pruned; any that still fail to
 compile are skipped. Kernels are compiled ahead in parallel worker processes (Triton's on-disk cache is
 shared), so the search costs timing, not compiling. The heuristic default is timed too, so the table
@@ -99,8 +101,16 @@ class _Problem:
         return self._buffers[block_m]
 
     def up(self, cfg: GemmConfig):
-        routing, gate_up, _ = self.buffers(cfg.BLOCK_SIZE_M)
-        return lambda: grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, out=gate_up, use_tma=cfg.tma)
+        """The up projection as the layer runs it with `cfg`: fused, or the GEMM and then the activation."""
+        routing, gate_up, act = self.buffers(cfg.BLOCK_SIZE_M)
+        if cfg.swiglu_epilogue:
+            return lambda: grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, swiglu=True, out=act,
+                                          use_tma=cfg.tma)
+
+        def unfused():
+            grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, out=gate_up, use_tma=cfg.tma)
+            silu_and_mul(gate_up, routing=routing, out=act)
+        return unfused
 
     def down(self, cfg: GemmConfig):
         routing, _, act = self.buffers(cfg.BLOCK_SIZE_M)

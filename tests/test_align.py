@@ -108,3 +108,25 @@ def test_int64_ids_and_noncontiguous():
 def test_bad_input(args, kwargs, exc, match):
     with pytest.raises(exc, match=match):
         moe_align(*args, **kwargs)
+
+
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,block_size_m", [
+    (1, 8, 2, 16), (16, 128, 8, 16), (16, 256, 8, 32), (16, 8, 8, 64), (42, 3, 3, 16), (25, 512, 5, 128),
+])
+def test_one_program_align_gives_the_three_kernel_schedule(monkeypatch, num_tokens, num_experts, top_k, block_size_m):
+    """Few slots take one launch (`align_one_program_kernel`); it must give the very same schedule as the
+    count, prefix and scatter kernels, with an expert map and with ids out of range too."""
+    import moe_lab.align as align
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    assert num_tokens * top_k <= align.ONE_PROGRAM_MAX_SLOTS and num_experts <= align.ONE_PROGRAM_MAX_EXPERTS
+    ids_bad = ids.clone()
+    ids_bad.view(-1)[::7] = num_experts + 3  # dropped: counted nowhere
+    emap = torch.randperm(num_experts, device=DEVICE).to(torch.int32)
+    emap[emap % 3 == 0] = -1
+    local = int((emap >= 0).sum())
+    cases = [(ids, num_experts, None), (ids_bad, num_experts, None), (ids, max(local, 1), emap if local else None)]
+    one = [moe_align(i, e, block_size_m, expert_map=m) for i, e, m in cases]
+    monkeypatch.setattr(align, "ONE_PROGRAM_MAX_SLOTS", 0)
+    for got, (i, e, m) in zip(one, cases):
+        assert_same(got, moe_align(i, e, block_size_m, expert_map=m))
+        assert_same(got, moe_align_reference(i, e, block_size_m, expert_map=m))

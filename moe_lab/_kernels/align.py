@@ -1,4 +1,5 @@
-"""Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in three launches.
+"""Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in three launches (one for
+few slots: `align_one_program_kernel` runs the same three steps in one program).
 
 1. `count_kernel`    one program per CHUNK of flat (token, k) slots: a histogram per chunk.
 2. `prefix_kernel`   one program: per-expert totals, padded exclusive prefix sum over experts, and for
@@ -76,34 +77,91 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
                    BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
     if pid < num_chunks:
-        # Scatter: position = the chunk's first free slot of this expert + rank among equal ids before it.
-        lane = tl.arange(0, CHUNK)
-        offs = pid * CHUNK + lane
-        ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
-                                  HAS_EXPERT_MAP)
-        earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
-        rank = tl.sum(earlier_same.to(tl.int32), axis=1)
-        base = tl.load(chunk_offsets_ptr + pid * num_experts + ids, mask=keep, other=0)
-        tl.store(sorted_token_ids_ptr + base + rank, offs, mask=keep)
+        _scatter_chunk(pid, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
+                       num_slots, num_ids, num_experts, HAS_EXPERT_MAP, CHUNK)
     else:
-        # Block map: the expert of each M-block (-1 past the end) and the sentinel `num_slots` in padding rows.
-        blocks = (pid - num_chunks) * BLOCKS_PER_PROGRAM + tl.arange(0, BLOCKS_PER_PROGRAM)
-        block_mask = blocks < num_m_blocks
-        first_row = blocks * BLOCK_SIZE_M
-        experts = tl.arange(0, NUM_BINS)
-        expert_mask = experts < num_experts
-        start = tl.load(expert_start_ptr + experts, mask=expert_mask, other=0)
-        count = tl.load(counts_ptr + experts, mask=expert_mask, other=0)
-        end = tl.where(expert_mask, start + tl.cdiv(count, BLOCK_SIZE_M) * BLOCK_SIZE_M, 2147483647)
-        # The block's expert is the number of experts whose padded range ends at or before its first row.
-        block_expert = tl.sum((end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
-        used = first_row < tl.load(num_tokens_post_padded_ptr)
-        tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
+        _block_map((pid - num_chunks) * BLOCKS_PER_PROGRAM, counts_ptr, expert_start_ptr,
+                   num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_experts,
+                   num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
 
-        safe_expert = tl.where(used, block_expert, 0)
-        filled_end = tl.load(expert_start_ptr + safe_expert, mask=block_mask) \
-            + tl.load(counts_ptr + safe_expert, mask=block_mask)
-        rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
-        is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
-        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
-                 mask=block_mask[:, None] & is_padding)
+
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                             num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+                             num_slots, num_ids, num_experts, num_m_blocks,
+                             HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
+                             BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+    """All three steps in one program, for few slots (decode): one launch instead of three. The same
+    chunks, positions and block map as the three kernels, so the same schedule, bit for bit."""
+    bins = tl.arange(0, NUM_BINS)
+    expert_mask = bins < num_experts
+    total = tl.zeros([NUM_BINS], dtype=tl.int32)
+    for c0 in range(0, num_slots, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+                               HAS_EXPERT_MAP)
+        total += tl.histogram(ids, NUM_BINS)
+    total = tl.where(expert_mask, total, 0)
+    padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
+    start = tl.cumsum(padded, axis=0) - padded
+    tl.store(counts_ptr + bins, total, mask=expert_mask)
+    tl.store(expert_start_ptr + bins, start, mask=expert_mask)
+    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, axis=0))
+    # Each chunk's first free position per expert, as prefix_kernel writes them.
+    running = start
+    for c0 in range(0, num_slots, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+                               HAS_EXPERT_MAP)
+        tl.store(chunk_offsets_ptr + (c0 // CHUNK) * num_experts + bins, running, mask=expert_mask)
+        running += tl.histogram(ids, NUM_BINS)
+    tl.debug_barrier()  # the stores above are read back by other threads of this program below
+    for c0 in range(0, num_slots, CHUNK):
+        _scatter_chunk(c0 // CHUNK, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
+                       num_slots, num_ids, num_experts, HAS_EXPERT_MAP, CHUNK)
+    for b0 in range(0, num_m_blocks, BLOCKS_PER_PROGRAM):
+        _block_map(b0, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr,
+                   expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
+
+
+@triton.jit
+def _scatter_chunk(chunk, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
+                   num_slots, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr):
+    """Each slot of the chunk to its position: the chunk's first free position of its expert + its rank
+    among the chunk's earlier slots of that expert (a stable order, no atomics)."""
+    lane = tl.arange(0, CHUNK)
+    offs = chunk * CHUNK + lane
+    ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+                              HAS_EXPERT_MAP)
+    earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
+    rank = tl.sum(earlier_same.to(tl.int32), axis=1)
+    base = tl.load(chunk_offsets_ptr + chunk * num_experts + ids, mask=keep, other=0)
+    tl.store(sorted_token_ids_ptr + base + rank, offs, mask=keep)
+
+
+@triton.jit
+def _block_map(first_block, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr,
+               expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS: tl.constexpr,
+               BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+    """The expert of each M-block from first_block on (-1 past the end), and the sentinel `num_slots` in
+    its padding rows."""
+    blocks = first_block + tl.arange(0, BLOCKS_PER_PROGRAM)
+    block_mask = blocks < num_m_blocks
+    first_row = blocks * BLOCK_SIZE_M
+    experts = tl.arange(0, NUM_BINS)
+    expert_mask = experts < num_experts
+    start = tl.load(expert_start_ptr + experts, mask=expert_mask, other=0)
+    count = tl.load(counts_ptr + experts, mask=expert_mask, other=0)
+    end = tl.where(expert_mask, start + tl.cdiv(count, BLOCK_SIZE_M) * BLOCK_SIZE_M, 2147483647)
+    # The block's expert is the number of experts whose padded range ends at or before its first row.
+    block_expert = tl.sum((end[None, :] <= first_row[:, None]).to(tl.int32), axis=1)
+    used = first_row < tl.load(num_tokens_post_padded_ptr)
+    tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
+
+    safe_expert = tl.where(used, block_expert, 0)
+    filled_end = tl.load(expert_start_ptr + safe_expert, mask=block_mask) \
+        + tl.load(counts_ptr + safe_expert, mask=block_mask)
+    rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
+    is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
+    tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
+             mask=block_mask[:, None] & is_padding)

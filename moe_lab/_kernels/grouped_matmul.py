@@ -10,6 +10,14 @@ load path chosen at launch (constexpr):
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
 to their flat (token, k) slot (SCATTER_C).
 
+SwiGLU epilogue (SWIGLU, the up projection of a SwiGLU expert): W holds the gate rows [0, N) and the up
+rows [N, 2N) (w1 = [gate; up]). A program's BLOCK_SIZE_N weight rows are gate rows n0 .. n0 + BLOCK_SIZE_N/2
+and the up rows N + n0 .. (through TMA, one box of a 4-D descriptor over W viewed as [E, 2, N, K]), so the
+K loop runs one dot as wide as the unfused GEMM's; the epilogue splits the float32 accumulator into its
+gate and up halves and writes silu(gate) * up: [rows, N] activations, with no [rows, 2N] round trip
+through memory and no float16 overflow of a large pre-activation whose product is small (Shazeer, "GLU
+Variants Improve Transformer", arXiv:2002.05202).
+
 Tail tiles (TAIL_SPLITS): an expert's last M-block is mostly padding when its row count is not a multiple
 of BLOCK_SIZE_M, and padding rows cost as much tensor-core work as real ones. Valid rows come first in a
 block, so one look at the row halfway (a quarter of the way) in tells whether a half (quarter) tile
@@ -29,7 +37,7 @@ def grouped_matmul_kernel(
     N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
-    MUL_ROUTED_WEIGHT: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
@@ -38,9 +46,13 @@ def grouped_matmul_kernel(
     # routed weights only where rows are scattered to their slots (down).
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
+    tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")
     # GROUP_SIZE_M ordering: neighbouring programs share W tiles (same pid_n) while they sit in L2.
     pid = tl.program_id(0)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    if SWIGLU:  # a program writes BLOCK_SIZE_N/2 of the N outputs
+        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N // 2)
+    else:
+        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
     programs_per_group = GROUP_SIZE_M * num_pid_n
     first_pid_m = (pid // programs_per_group) * GROUP_SIZE_M
     group_rows = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)
@@ -66,19 +78,19 @@ def grouped_matmul_kernel(
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
@@ -88,10 +100,12 @@ def _tile(
     row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-    A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
+    SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
-    """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule."""
+    """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
+    With SWIGLU the BLOCK_SIZE_N weight rows are BLOCK_SIZE_N/2 gate rows and the matching up rows, one
+    dot as wide as without it, and the tile writes BLOCK_SIZE_N/2 columns of the N = I outputs."""
     offs_m = row0 + tl.arange(0, TILE_M)
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
     token_valid = token_ids < num_slots
@@ -100,12 +114,18 @@ def _tile(
         a_rows = (token_ids // TOP_K).to(tl.int64)
     else:
         a_rows = offs_m.to(tl.int64)
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     offs_k = tl.arange(0, BLOCK_SIZE_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-    # Wrap N instead of masking loads: columns past N are computed and then dropped by the store mask.
-    w_ptrs = (w_ptr + expert.to(tl.int64) * stride_we
-              + (offs_n % N)[None, :] * stride_wn + offs_k[:, None] * stride_wk)
+    # Weight rows of the tile. Wrap N instead of masking loads: columns past N are computed and then
+    # dropped by the store mask.
+    lane_n = tl.arange(0, BLOCK_SIZE_N)
+    if SWIGLU:  # gate rows n0 + j in the first half, up rows N + n0 + j in the second
+        n0 = pid_n * (BLOCK_SIZE_N // 2)
+        w_rows = (n0 + lane_n % (BLOCK_SIZE_N // 2)) % N + (lane_n >= BLOCK_SIZE_N // 2).to(tl.int32) * N
+    else:
+        n0 = pid_n * BLOCK_SIZE_N
+        w_rows = (n0 + lane_n) % N
+    w_ptrs = w_ptr + expert.to(tl.int64) * stride_we + w_rows[None, :] * stride_wn + offs_k[:, None] * stride_wk
 
     # Masks that are constant-true fold away: gathered rows need a row mask, a ragged K a column mask.
     if GATHER_A:
@@ -124,7 +144,10 @@ def _tile(
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             a_ptrs += BLOCK_SIZE_K * stride_ak
         if W_TMA:
-            w = w_desc.load([expert, pid_n * BLOCK_SIZE_N, kb * BLOCK_SIZE_K])
+            if SWIGLU:  # a 4-D descriptor over w viewed as [E, 2, N, K]: gate and up boxes land in one tile
+                w = w_desc.load([expert, 0, n0, kb * BLOCK_SIZE_K])
+            else:
+                w = w_desc.load([expert, n0, kb * BLOCK_SIZE_K])
             w = w.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
         else:
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
@@ -136,6 +159,13 @@ def _tile(
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
+
+    if SWIGLU:  # silu(gate) * up in float32, before anything is rounded to the output dtype
+        gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
+        acc = gate * tl.sigmoid(gate) * up
+        offs_n = n0 + tl.arange(0, BLOCK_SIZE_N // 2)
+    else:
+        offs_n = n0 + lane_n
 
     if MUL_ROUTED_WEIGHT:
         routed = tl.load(topk_weights_ptr + token_ids, mask=token_valid, other=0.0)

@@ -10,7 +10,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - every entry of every tuned table in moe_lab/configs/*.json (up and down GemmConfigs with their
   tma / tail_tiles / prepermute switches) at its shape, dtype and token bucket;
 - at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
-  loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), fp16, fp32 at full precision (matmul precision "highest", the default:
+  loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), bf16 through the
+  persistent kernel (`persistent=True`), fp16, fp32 at full precision (matmul precision "highest", the default:
   FMA dots, with tiles of their own) and fp32 with TF32 tensor cores ("high");
 - an odd shape (H = 511: rows not 16-byte aligned so w1 goes by pointer, ragged K, N = 511), bf16 and
   fp32 at T = 1 and 4096;
@@ -116,11 +117,13 @@ def heuristic_workloads() -> List[Workload]:
                         + ("" if use_tma == "auto" else " use_tma=False")
                     wl.append(((p.name, dname, cfg, precision, use_tma), label,
                                layer_call(t, *shape, dtype, cfg, use_tma=use_tma, precision=precision)))
-            if t in (TOKENS[0], TOKENS[-1]):  # the up GEMM without its SwiGLU epilogue, then silu_and_mul
-                cfg = heuristic(t, *shape, torch.bfloat16)
-                cfg = MoEConfig(replace(cfg.up, fuse_swiglu=False), cfg.down)
-                wl.append(((p.name, "bfloat16", cfg), f"heuristic {p.name} bfloat16 T={t} fuse_swiglu=False",
-                           layer_call(t, *shape, torch.bfloat16, cfg)))
+            if t in (TOKENS[0], TOKENS[-1]):  # the up GEMM without its SwiGLU epilogue; the persistent kernel
+                base = heuristic(t, *shape, torch.bfloat16)
+                for switch, cfg in (("fuse_swiglu=False", MoEConfig(replace(base.up, fuse_swiglu=False), base.down)),
+                                    ("persistent", MoEConfig(replace(base.up, persistent=True),
+                                                             replace(base.down, persistent=True)))):
+                    wl.append(((p.name, "bfloat16", cfg), f"heuristic {p.name} bfloat16 T={t} {switch}",
+                               layer_call(t, *shape, torch.bfloat16, cfg)))
     return _dedupe(wl)
 
 

@@ -154,8 +154,9 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
 
 
 def environment() -> dict:
+    now = datetime.datetime.now(datetime.timezone.utc)
     return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), date=datetime.date.today().isoformat(),
+                python=platform.python_version(), date=now.date().isoformat(), time=now.strftime("%H:%M UTC"),
                 capability=".".join(map(str, torch.cuda.get_device_capability())))
 
 

@@ -130,3 +130,12 @@ def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
     device = torch.device(device if device is not None else "cuda")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+@functools.lru_cache(maxsize=None)
+def multiprocessor_count(device: Optional[torch.device | str] = None) -> int:
+    """Streaming multiprocessors of a CUDA device (132 on an H200): the grid of a persistent kernel."""
+    import triton
+    device = torch.device(device if device is not None else "cuda")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return int(triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"])

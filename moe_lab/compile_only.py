@@ -145,6 +145,9 @@ def patch_moe_lab() -> None:
             raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/compile_only.py")
         module.tma_support = fake_tma_support
     gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
+    if not hasattr(gm, "multiprocessor_count"):
+        raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/compile_only.py")
+    gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).

@@ -34,7 +34,12 @@ class GemmConfig:
     `fuse_swiglu`: in the layer's up projection, apply SiLU-and-mul in the GEMM's epilogue
     (`grouped_matmul(..., swiglu=True)`) instead of a separate kernel over a [rows, 2I] buffer. BLOCK_SIZE_N
     still counts the weight rows a program reads, half gate and half up, so a tile costs the same either
-    way; a tile of BLOCK_SIZE_N = 16 cannot be halved and runs unfused (see `swiglu_epilogue`)."""
+    way; a tile of BLOCK_SIZE_N = 16 cannot be halved and runs unfused (see `swiglu_epilogue`). Fused and
+    unfused round differently (the fused path never rounds gate and up to the output dtype): keep one
+    setting for every token count, or a token's output changes with its batch.
+    `persistent`: launch one program per SM that walks the tiles (`grouped_matmul_persistent_kernel`),
+    software-pipelined across tiles so one tile's epilogue overlaps the next one's loads; tiles then run
+    whole (no tail tiles). Same results, bit for bit."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -45,6 +50,7 @@ class GemmConfig:
     tail_tiles: bool = True
     prepermute: bool = False
     fuse_swiglu: bool = True
+    persistent: bool = False
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
@@ -53,7 +59,7 @@ class GemmConfig:
         check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
         check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
         check_positive_int("config.num_stages", self.num_stages)
-        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu"):
+        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -32,10 +32,10 @@ from typing import Optional, Union
 import torch
 import triton
 
-from ._kernels.grouped_matmul import grouped_matmul_kernel
+from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import descriptor_problem, shared_memory_limit, tma_support
+from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
 from .runtime import interpreter_active, interpreter_serialized
@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 _logged_fallbacks: set = set()
 
 UseTma = Union[bool, str]
+# Programs of a persistent launch under the interpreter (no SMs to count): enough to make each walk tiles.
+INTERPRETER_PROGRAMS = 3
+# Flatten the persistent kernel's tile and K loops into one software-pipelined loop (Triton's tl.range flatten).
+PERSISTENT_FLATTEN = True
+# Triton's automatic warp specialization of that loop: Triton 3.6 documents it for Blackwell only.
+PERSISTENT_WARP_SPECIALIZE = False
 # use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
 # these are the words, mapped in this one place.
 USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
@@ -73,7 +79,8 @@ class LaunchPlan:
         (`moe_lab.permute_tokens`) and the kernel reads them as sorted rows.
     scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
     program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
-    grid: programs launched (M-blocks x N-tiles)."""
+    grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
+    persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -81,6 +88,7 @@ class LaunchPlan:
     scatter: bool
     grid: int
     swiglu: bool = False
+    persistent: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -258,12 +266,15 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         config = fit_to_shared_memory(config, a.element_size(), budget)
     # With the SwiGLU epilogue a program covers BLOCK_SIZE_N/2 of the I output columns: the same grid.
     grid = routing.max_num_m_blocks * triton.cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
+    if config.persistent and grid:
+        grid = min(grid, INTERPRETER_PROGRAMS if interpreter_active() else multiprocessor_count(a.device))
     if grid == 0:
         path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
     else:
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
-    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu)
+    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
+                      config.persistent)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -287,7 +298,12 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
     config, (_, n, k) = plan.config, w.shape
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
-    grouped_matmul_kernel[(plan.grid,)](
+    if plan.persistent:
+        kernel = grouped_matmul_persistent_kernel
+        schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE)
+    else:
+        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
+    kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
         n, k, routing.num_slots, routing.max_num_m_blocks,
@@ -295,8 +311,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
-        FP32_IEEE=full_precision_fp32(a.dtype),
-        TAIL_SPLITS=config.tail_splits,
+        FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -3,7 +3,8 @@
 For each preset and T it times (CUDA-graph replays, L2 flushed before each, median) the up and the down
 GEMM over a candidate set that depends on the expected rows per expert (T*k/E): BLOCK_SIZE_M shared by
 both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load path (TMA or pointer),
-tail tiles on or off, and for the up GEMM whether to permute token rows first. The up GEMM is timed as the
+tail tiles on or off, from 64 rows per expert on the persistent kernel or one program per tile, and for
+the up GEMM whether to permute token rows first. The up GEMM is timed as the
 layer runs it: with its SwiGLU epilogue (`GemmConfig.fuse_swiglu`). That switch is not tuned per point: a
 token's output would then round differently alone and in a batch (see the README's batch invariance). Candidates whose pipeline
 would not fit the device's shared memory (read from the device) are pruned; any that still fail to
@@ -51,16 +52,16 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         space = dict(G=[1], S=[3, 4], T=[True], tail=[True, False], pre=[False])
     elif rows_per_expert <= 512:
         shapes = [(128, 128, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8), (128, 128, 128, 4), (128, 128, 128, 8)]
-        space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], pre=[False, True])
+        space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
     else:                         # prefill: matrix-bound, large tiles
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
-        space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True])
+        space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
     out: Candidates = {}
-    for (m, n, k, w), g, s, t, tail, pre in itertools.product(
-            shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"]):
-        if m == 16 and not tail:  # no tail tiles below 16 rows: the same kernel either way
-            continue
-        cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre)
+    for (m, n, k, w), g, s, t, tail, pre, persistent in itertools.product(
+            shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"], space.get("persistent", [False])):
+        if (m == 16 or persistent) and not tail:  # no tail tiles below 16 rows or in the persistent kernel:
+            continue                                # the same kernel either way
+        cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre, persistent=persistent)
         if cfg.shared_memory_bytes(itemsize) <= smem_limit:
             ups, downs = out.setdefault(m, ([], []))
             ups.append(cfg)

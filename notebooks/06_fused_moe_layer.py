@@ -13,6 +13,8 @@
 
 # %%
 # %matplotlib inline
+import dataclasses
+
 import moe_lab  # first: picks GPU or interpreter before any kernel is defined
 
 import torch
@@ -136,6 +138,22 @@ padding_rows = act[:rows_used][~real]
 _ = workbook.check_equal("silu_and_mul (padding rows are zero)", padding_rows, torch.zeros_like(padding_rows))
 
 # %% [markdown]
+# ### The same two steps in one kernel: the SwiGLU epilogue
+#
+# `fused_moe` does not run these two steps apart. With `swiglu=True` each program of the up GEMM takes
+# BLOCK_SIZE_N/2 gate rows of `w1` and the matching BLOCK_SIZE_N/2 up rows, as one tile (through TMA, one
+# box of `w1` viewed as `[E, 2, I, H]`). Its float32 accumulator then holds both halves side by side, and
+# the epilogue writes `silu(gate) * up` straight away. The `[rows, 2I]` buffer never goes to memory, and
+# gate and up are never rounded to bf16 on the way (in float16 they could not overflow either: a gate of
+# 1e5 times an up of 1e-3 gives 100, where a float16 `gate_up` would hold inf). `GemmConfig.fuse_swiglu`
+# switches it (on by default).
+
+# %%
+act_fused = moe_lab.grouped_matmul(hidden_states, w1, routing, config.up, gather_a=True, swiglu=True)
+want_act = F.silu(want_gate_up[:, :I]) * want_gate_up[:, I:]   # from the float32 reference of the up GEMM
+_ = workbook.check("SwiGLU epilogue (real rows)", act_fused[:rows_used][real], want_act)
+
+# %% [markdown]
 # ### Down GEMM: `act @ w2[e].T`, times `topk_weights`, scattered to the (token, k) slot
 
 # %%
@@ -155,7 +173,10 @@ out_steps = out_k.view(T, K, H).sum(dim=1)
 _ = workbook.check("stage by stage vs fused_moe_reference", out_steps, reference)
 out_fused = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=config)
 _ = workbook.check("fused_moe vs fused_moe_reference", out_fused, reference)
-workbook.check_equal("fused_moe vs stage by stage", out_fused, out_steps)
+# With the activation unfused, the layer runs exactly the stages above, bit for bit.
+staged = moe_lab.MoEConfig(dataclasses.replace(config.up, fuse_swiglu=False), config.down)
+out_staged = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=staged)
+workbook.check_equal("fused_moe (fuse_swiglu=False) vs stage by stage", out_staged, out_steps)
 
 # %% [markdown]
 # ## 4. Which load path did each GEMM take?
@@ -345,8 +366,9 @@ for name in moe_lab.PRESETS:
 # %% [markdown]
 # ## Summary
 #
-# - The layer is five launches' worth of stages: align, up GEMM (gathered rows), SiLU-and-mul, down GEMM
-#   (routed weight and scatter in the epilogue), sum over k.
+# - The layer is five stages: align, up GEMM (gathered rows), SiLU-and-mul, down GEMM (routed weight and
+#   scatter in the epilogue), sum over k. `fused_moe` runs SiLU-and-mul in the up GEMM's epilogue, and the
+#   align in one launch for a handful of tokens.
 # - Each stage matches a few lines of PyTorch; the whole layer matches `fused_moe_reference` within bf16
 #   rounding.
 # - `return_info=True` tells which load path each GEMM used: the up GEMM's token rows are gathered by

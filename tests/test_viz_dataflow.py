@@ -25,8 +25,10 @@ def test_layer_stages_with_info_names_load_paths():
     hs, w1, w2, (tw, ti) = p.build(4, dtype=torch.float32)
     _, info = moe_lab.fused_moe(hs, w1, w2, tw, ti, return_info=True)
     stages = dataflow.layer_stages(p, 4, info.config.block_size_m, info)
+    assert info.up_plan.swiglu and "SwiGLU epilogue" in stages[3].name  # the layer fused the activation
     assert stages[3].note == f"load path {info.up_path.name}"
-    assert stages[5].note == f"load path {info.down_path.name}"
+    assert stages[4].note == f"load path {info.down_path.name}"
+    assert len(stages) == len(dataflow.layer_stages(p, 4, info.config.block_size_m)) - 1
 
 
 def test_plot_dataflow_returns_figure():

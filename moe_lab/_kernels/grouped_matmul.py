@@ -47,17 +47,7 @@ def grouped_matmul_kernel(
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
     tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")
-    # GROUP_SIZE_M ordering: neighbouring programs share W tiles (same pid_n) while they sit in L2.
-    pid = tl.program_id(0)
-    if SWIGLU:  # a program writes BLOCK_SIZE_N/2 of the N outputs
-        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N // 2)
-    else:
-        num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    programs_per_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (pid // programs_per_group) * GROUP_SIZE_M
-    group_rows = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + (pid % programs_per_group) % group_rows
-    pid_n = (pid % programs_per_group) // group_rows
+    pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, _num_pid_n(N, SWIGLU, BLOCK_SIZE_N), GROUP_SIZE_M)
 
     # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do.
     row0 = pid_m * BLOCK_SIZE_M
@@ -92,6 +82,65 @@ def grouped_matmul_kernel(
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+# Arguments that change with the token count are not specialized, so a new T never recompiles.
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+def grouped_matmul_persistent_kernel(
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr,
+    topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    N, K, num_slots, num_m_blocks,
+    stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """The same tiles as `grouped_matmul_kernel`, walked by a grid of P programs (one per SM): program p
+    takes tiles p, p + P, ... of the M-blocks in use, whose count it reads from
+    num_tokens_post_padded on the device (no host sync; the grid does not depend on T). With FLATTEN the
+    tile loop and the K loop become one loop that Triton software-pipelines across tile boundaries, so the
+    next tile's loads are in flight during this tile's epilogue (Triton's persistent-matmul tutorial,
+    python/tutorials/09-persistent-matmul.py). Every tile runs whole (no tail tiles): a loop nest with
+    branches of different tile sizes cannot be flattened. Each row's K reduction runs in the same order as
+    in `grouped_matmul_kernel`, so results are bitwise the same."""
+    tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
+    tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
+    tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")
+    num_pid_n = _num_pid_n(N, SWIGLU, BLOCK_SIZE_N)
+    # Blocks in use all belong to an expert (expert_ids is -1 only past them).
+    num_used_blocks = tl.load(num_tokens_post_padded_ptr) // BLOCK_SIZE_M
+    for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+              pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
+              stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+@triton.jit
+def _num_pid_n(N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """N-tiles per M-block: a program writes BLOCK_SIZE_N columns, BLOCK_SIZE_N/2 with SWIGLU."""
+    if SWIGLU:
+        n_tiles = tl.cdiv(N, BLOCK_SIZE_N // 2)
+    else:
+        n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
+    return n_tiles
+
+
+@triton.jit
+def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
+    """(M-block, N-tile) of tile number `tile`, in GROUP_SIZE_M ordering: neighbouring tiles share W tiles
+    (same N-tile) while they sit in L2 (Triton's matmul tutorial, python/tutorials/03-matrix-multiplication.py)."""
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (tile // tiles_per_group) * GROUP_SIZE_M
+    group_rows = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + (tile % tiles_per_group) % group_rows
+    pid_n = (tile % tiles_per_group) // group_rows
+    return pid_m, pid_n
 
 
 @triton.jit

@@ -36,7 +36,9 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
         preset: the layer's shape (H, I, E, k); a scaled preset gives the scaled shapes.
         num_tokens: T.
         block_size_m: BLOCK_SIZE_M of both GEMMs; sets the padded row bound of the aligned schedule.
-        info: optional `FusedMoEInfo` from `fused_moe(..., return_info=True)`: adds each GEMM's load path.
+        info: optional `FusedMoEInfo` from `fused_moe(..., return_info=True)`: adds each GEMM's load path,
+            and shows SiLU-and-mul inside the up GEMM where that call fused it (`GemmConfig.fuse_swiglu`).
+            Without it the stages are drawn apart, as notebook 06 builds them.
     Returns:
         List of Stage, in execution order.
     """
@@ -44,6 +46,7 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
     rows = max_num_tokens_padded(t * k, e, block_size_m)
     blocks = rows // block_size_m
     up_note = down_note = ""
+    fused = info is not None and info.up_plan is not None and info.up_plan.swiglu
     if info is not None and info.up_path is not None:
         up_note, down_note = f"load path {info.up_path.name}", f"load path {info.down_path.name}"
     return [
@@ -51,9 +54,14 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
         Stage("router + top-k", "topk_routing", f"topk_weights [{t}, {k}] fp32\ntopk_ids [{t}, {k}] int32", "torch"),
         Stage("align", "moe_align", f"sorted_token_ids [{rows}]\nexpert_ids [{blocks}]\nnum_tokens_post_padded [1]",
               "kernel", f"BLOCK_SIZE_M={block_size_m}; {rows} rows is the bound for T*k={t * k}"),
+    ] + ([
+        Stage("up GEMM + SwiGLU epilogue (gather rows)", "grouped_matmul(gather_a=True, swiglu=True)",
+              f"act [{rows}, {i}]", "kernel", up_note),
+    ] if fused else [
         Stage("up GEMM (gather rows)", "grouped_matmul(gather_a=True)", f"gate_up [{rows}, {2 * i}]", "kernel",
               up_note),
         Stage("SiLU and mul", "silu_and_mul", f"act [{rows}, {i}]", "kernel"),
+    ]) + [
         Stage("down GEMM (x topk_weights, scatter)", "grouped_matmul(scatter=True)", f"out_k [{t}*{k}, {h}]",
               "kernel", down_note),
         Stage("sum over k", "torch.sum(dim=1)", f"out [{t}, {h}]", "output"),

@@ -42,7 +42,7 @@ def load_results(path: Optional[str] = None) -> dict:
 
     Args:
         path: a results JSON file, or None for the newest benchmarks/results/*.json of the repository
-            (newest by the `environment.date` inside, then by file name).
+            (newest by the `environment.date` inside, then its `time` where recorded, then by file name).
     Returns:
         dict with `environment` (device, torch, triton, date, ...), `ceilings` (copy_tbps and read_tbps
         in TB/s, bf16_matmul_tflops in TFLOP/s, measured in the same run), `rows` (one dict per model, T
@@ -58,10 +58,10 @@ def load_results(path: Optional[str] = None) -> dict:
         def key(f):
             try:
                 with open(f) as fh:
-                    date = json.load(fh).get("environment", {}).get("date", "")
+                    env = json.load(fh).get("environment", {})
             except (OSError, ValueError):
-                date = ""
-            return (date, os.path.basename(f))
+                env = {}
+            return (env.get("date", ""), env.get("time", ""), os.path.basename(f))
         path = max(files, key=key)
     with open(path) as fh:
         data = json.load(fh)

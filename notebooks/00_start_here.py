@@ -163,6 +163,7 @@ NOTEBOOKS = {
     "05_grouped_gemm_tma": "the grouped matmul with TMA loads",
     "06_fused_moe_layer": "the whole layer: align, up GEMM, SiLU-and-mul, down GEMM",
     "07_performance": "measuring and tuning on an H200",
+    "08_persistent_and_fused": "one program per SM walking the tiles; SiLU-and-mul in the up GEMM's epilogue",
 }
 for name, what in NOTEBOOKS.items():
     print(f"{name:<26} {what}")

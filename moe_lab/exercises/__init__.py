@@ -31,6 +31,7 @@ CHECKERS = {
     "check_expert_tile": "expert_tile",                  # 05: a 3-D weight descriptor at [expert, n0, k0]
     "check_topk_reduce": "topk_reduce",                  # 06: the weighted sum of each token's k rows
     "check_pipelined_matmul": "pipelined_matmul",        # 07: a K loop with num_stages
+    "check_persistent_copy": "persistent_walk",          # 08: a persistent grid walking the tiles in use
 }
 
 __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]

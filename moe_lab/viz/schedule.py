@@ -1,0 +1,157 @@
+"""Pictures of notebook 08: the tile schedule of a persistent grouped GEMM over its programs, the gate and
+up rows one program of the SwiGLU epilogue reads, and the committed H200 timings of per-tile against
+persistent launches.
+
+`tile_schedule` computes which program takes which tile (plain data, the formula of the kernel's
+`_tile_coords`, easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import matplotlib.patches as mpatches
+from matplotlib.figure import Figure
+
+from ._common import expert_colors, figure_and_ax
+
+PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
+
+
+@dataclass(frozen=True)
+class ScheduledTile:
+    """Tile number `tile` (M-block `pid_m`, N-tile `pid_n`) is the `step`-th tile program `program` takes."""
+    tile: int
+    program: int
+    step: int
+    pid_m: int
+    pid_n: int
+
+
+def tile_coords(tile: int, num_m_blocks: int, num_pid_n: int, group_size_m: int) -> tuple:
+    """(M-block, N-tile) of tile number `tile` in GROUP_SIZE_M order, as the kernels compute it
+    (`moe_lab/_kernels/grouped_matmul.py`, `_tile_coords`)."""
+    tiles_per_group = group_size_m * num_pid_n
+    first_pid_m = (tile // tiles_per_group) * group_size_m
+    group_rows = min(num_m_blocks - first_pid_m, group_size_m)
+    return first_pid_m + (tile % tiles_per_group) % group_rows, (tile % tiles_per_group) // group_rows
+
+
+def tile_schedule(num_used_blocks: int, num_pid_n: int, num_programs: int, group_size_m: int = 1) -> List[ScheduledTile]:
+    """Every tile of the M-blocks in use, with the program that takes it in a persistent launch: program p
+    takes tiles p, p + num_programs, ... (`grouped_matmul_persistent_kernel`).
+
+    Args:
+        num_used_blocks: M-blocks in use, num_tokens_post_padded // BLOCK_SIZE_M.
+        num_pid_n: N-tiles per M-block, cdiv(N, BLOCK_SIZE_N).
+        num_programs: the grid (one program per SM on a GPU: 132 on an H200).
+        group_size_m: GROUP_SIZE_M.
+    Returns:
+        List of ScheduledTile in tile order. Raises ValueError for a count below 1 (num_used_blocks >= 0).
+    """
+    for name, value, least in (("num_used_blocks", num_used_blocks, 0), ("num_pid_n", num_pid_n, 1),
+                               ("num_programs", num_programs, 1), ("group_size_m", group_size_m, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return [ScheduledTile(t, t % num_programs, t // num_programs,
+                          *tile_coords(t, num_used_blocks, num_pid_n, group_size_m))
+            for t in range(num_used_blocks * num_pid_n)]
+
+
+def plot_tile_schedule(expert_ids: Sequence[int], num_used_blocks: int, num_pid_n: int, num_programs: int,
+                       group_size_m: int = 1, *, ax=None) -> Figure:
+    """The persistent schedule as a grid: one column per program (an SM), one row per step; each tile is
+    labelled with its (M-block, N-tile) and coloured by the expert of its M-block.
+
+    Args:
+        expert_ids: the expert of each M-block (`AlignedRouting.expert_ids`), at least num_used_blocks long.
+        num_used_blocks, num_pid_n, num_programs, group_size_m: as in `tile_schedule`.
+        ax: optional Axes.
+    Returns:
+        The Figure.
+    """
+    tiles = tile_schedule(num_used_blocks, num_pid_n, num_programs, group_size_m)
+    experts = [int(e) for e in expert_ids][:num_used_blocks]
+    if len(experts) < num_used_blocks:
+        raise ValueError(f"expert_ids has {len(experts)} entries, fewer than num_used_blocks = {num_used_blocks}")
+    steps = max((t.step for t in tiles), default=-1) + 1
+    fig, ax = figure_and_ax(ax, (min(2 + 1.1 * num_programs, 12), 0.9 + 0.45 * max(steps, 1)))
+    colors = expert_colors(max(experts, default=0) + 1)
+    for t in tiles:
+        ax.add_patch(mpatches.Rectangle((t.program, t.step), 0.94, 0.9, facecolor=colors(experts[t.pid_m]),
+                                        edgecolor="black", lw=0.8))
+        ax.text(t.program + 0.47, t.step + 0.45, f"tile {t.tile}\n(m{t.pid_m}, n{t.pid_n})", ha="center",
+                va="center", fontsize=7)
+    ax.set_xlim(-0.1, num_programs)
+    ax.set_ylim(max(steps, 1), -0.1)
+    ax.set_xticks([p + 0.47 for p in range(num_programs)], [f"program {p}" for p in range(num_programs)], fontsize=8)
+    ax.set_yticks([s + 0.45 for s in range(steps)], [f"step {s}" for s in range(steps)], fontsize=8)
+    ax.set_title(f"{len(tiles)} tiles ({num_used_blocks} M-blocks x {num_pid_n} N-tiles) over {num_programs} "
+                 "programs; colour = expert of the M-block", fontsize=9)
+    return fig
+
+
+def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> Figure:
+    """The 2I rows of one expert's w1 = [gate; up], and the rows program `pid_n` of the up GEMM with the
+    SwiGLU epilogue reads: BLOCK_SIZE_N/2 gate rows from pid_n * BLOCK_SIZE_N/2 and the up rows I further
+    down, as one [2, BLOCK_SIZE_N/2, BLOCK_SIZE_K] box of w1 viewed [E, 2, I, H]. Rows past I in a half are
+    out of the box's bounds (zero-filled).
+
+    Raises ValueError for an odd BLOCK_SIZE_N, sizes below 1, or a pid_n past the last N-tile."""
+    half = block_size_n // 2
+    if inter < 1 or block_size_n < 2 or block_size_n % 2:
+        raise ValueError(f"need inter >= 1 and an even block_size_n >= 2, got {inter} and {block_size_n}")
+    if not 0 <= pid_n < -(-inter // half):
+        raise ValueError(f"pid_n must be in [0, {-(-inter // half)}) for I = {inter} in steps of {half}, got {pid_n}")
+    fig, ax = figure_and_ax(ax, (9, 2.2))
+    for start, name, color in ((0, "gate rows 0 .. I-1", "#8172B2"), (inter, "up rows I .. 2I-1", "#55A868")):
+        ax.add_patch(mpatches.Rectangle((start, 0), inter, 1, facecolor=color, alpha=0.35, edgecolor="black"))
+        ax.text(start + inter / 2, 1.15, name, ha="center", va="bottom", fontsize=8)
+    lo = pid_n * half
+    for start in (lo, inter + lo):
+        width = min(half, inter - lo)
+        ax.add_patch(mpatches.Rectangle((start, 0), width, 1, facecolor="#C44E52", edgecolor="black"))
+        if width < half:  # the part of the box past the half: zero-filled by the TMA unit
+            ax.add_patch(mpatches.Rectangle((start + width, 0), half - width, 1, fill=False, hatch="//",
+                                            edgecolor="#C44E52"))
+    ax.set_xlim(0, 2 * inter)
+    ax.set_ylim(1.6, -0.2)
+    ax.set_yticks([])
+    ax.set_xlabel("row of w1[e] (each row is H long)")
+    ax.set_title(f"program pid_n = {pid_n}: gate rows {lo} .. {lo + half - 1} and up rows {inter + lo} .. "
+                 f"{inter + lo + half - 1} (red), one tile of BLOCK_SIZE_N = {block_size_n} rows; it writes "
+                 f"act columns {lo} .. {min(lo + half, inter) - 1}", fontsize=9)
+    return fig
+
+
+def load_persistent_experiment(path: Optional[str] = None) -> dict:
+    """The committed H200 timings of per-tile against persistent launches
+    (`benchmarks/experiments/persistent-H200-2026-11-30.json`, written by `benchmarks/experiments/persistent.py`):
+    {"environment": {...}, "rows": [{"model", "T", "gemm", "tile", "persistent", "no_flatten", "ws", ...}]}."""
+    if path is None:
+        from .performance import results_dir
+        path = os.path.join(os.path.dirname(results_dir()), "experiments", PERSISTENT_EXPERIMENT)
+    with open(path) as f:
+        return json.load(f)
+
+
+def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
+    """Per-tile time / persistent time of each GEMM in `data` (from `load_persistent_experiment`), grouped
+    by model and T: above 1 the persistent kernel is faster."""
+    rows = [r for r in data["rows"] if isinstance(r.get("tile"), float) and isinstance(r.get("persistent"), float)]
+    fig, ax = figure_and_ax(ax, (10, 3.2))
+    labels, xs = [], []
+    for i, r in enumerate(rows):
+        x = i + 0.6 * (i // 2)  # up and down of one (model, T) side by side
+        ax.bar(x, r["tile"] / r["persistent"], color="#4C72B0" if r["gemm"] == "up" else "#DD8452")
+        labels.append(f"{r['model'].split('-')[0]} {r['T']}\n{r['gemm']}")
+        xs.append(x)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_ylabel("per-tile ms / persistent ms")
+    env = data.get("environment", {})
+    ax.set_title(f"persistent vs one program per tile, same config ({env.get('device', '?')}, Triton "
+                 f"{env.get('triton', '?')}; committed)", fontsize=9)
+    return fig

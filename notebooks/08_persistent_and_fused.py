@@ -1,0 +1,272 @@
+# %% [markdown]
+# # 08 · Persistent and fused: one program per SM, and the activation in the epilogue
+#
+# Notebooks 03 to 07 launched one program per output tile. This notebook changes two things about the
+# grouped GEMM, and keeps its results bit for bit:
+#
+# **Goals**
+# 1. See what a grid of one program per tile costs: waves of programs, each with its own start and end.
+# 2. Draw the tile schedule of a persistent grid, where each program walks many tiles.
+# 3. Read the tile count on the device (`num_tokens_post_padded`), so the grid never depends on T and the
+#    layer stays CUDA-graph safe.
+# 4. Write a persistent kernel yourself (exercise), then run moe-lab's and compare it with the per-tile one.
+# 5. Move SiLU-and-mul into the up GEMM's epilogue: one tile holds gate and up rows.
+# 6. Timings: live on a GPU, committed H200 data otherwise.
+
+# %%
+# %matplotlib inline
+import moe_lab  # first: picks GPU or interpreter before any kernel below is defined
+
+import dataclasses
+
+import torch
+import triton
+import triton.language as tl
+
+from moe_lab import GemmConfig, exercises, workbook
+from moe_lab.viz import schedule as schedule_viz
+
+device = moe_lab.runtime.default_device()
+
+# %% [markdown]
+# ## 1. One program per tile: waves
+#
+# The grouped GEMM's grid has one program per (M-block, N-tile). An H200 has 132 SMs; with one
+# 128 x 256 program per SM at a time, the programs run in waves. Each program loads its first K tiles
+# before the tensor cores can start (the prologue), and converts and stores its tile at the end (the
+# epilogue), while the SM's memory pipes sit idle. When K is short, as in Qwen3-30B-A3B's down GEMM
+# (K = I = 768: 12 steps of 64), start and end are a large part of each program's time.
+#
+# The table counts tiles and waves at T = 4096 with the bound on padded rows (`max_num_tokens_padded`).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from moe_lab.align import max_num_tokens_padded
+
+SMS, BM, BN, BK = 132, 128, 256, 64
+print(f"{'model':<16} {'GEMM':<5} {'M-blocks':>8} {'N-tiles':>7} {'tiles':>6} {'waves':>6} {'K steps':>7}")
+for name in ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"):
+    p = moe_lab.get_preset(name)
+    blocks = max_num_tokens_padded(4096 * p.top_k, p.num_experts, BM) // BM
+    for gemm, n, k in (("up", 2 * p.intermediate_size, p.hidden_size), ("down", p.hidden_size, p.intermediate_size)):
+        tiles = blocks * triton.cdiv(n, BN)
+        print(f"{name:<16} {gemm:<5} {blocks:>8} {triton.cdiv(n, BN):>7} {tiles:>6} {tiles / SMS:>6.1f} "
+              f"{triton.cdiv(k, BK):>7}")
+
+# %% [markdown]
+# ## 2. A persistent grid
+#
+# A persistent kernel launches one program per SM, and each program walks tiles: program p takes tiles
+# p, p + P, p + 2P, ... (P programs). Triton's `tl.range(..., flatten=True)` then turns the tile loop and
+# the K loop into one loop, and software-pipelines it across tile boundaries: the loads of the next tile
+# are in flight while this tile's epilogue runs (Triton's persistent-matmul tutorial,
+# `python/tutorials/09-persistent-matmul.py`).
+#
+# A small routing, drawn: each box is one tile, in the column of the program that computes it, coloured
+# by its expert.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+T, E, TOP_K, H, I = 20, 6, 2, 64, 48
+BLOCK_SIZE_M = 16
+gen = torch.Generator().manual_seed(0)
+topk_ids = torch.rand(T, E, generator=gen).topk(TOP_K, dim=1).indices.to(torch.int32).to(device)
+routing = moe_lab.moe_align(topk_ids, E, BLOCK_SIZE_M)
+used_blocks = routing.num_tokens_post_padded.item() // BLOCK_SIZE_M
+print("tokens per expert:", routing.counts.tolist())
+print("M-blocks in use:  ", used_blocks, "of a bound of", routing.max_num_m_blocks)
+print("expert_ids:       ", routing.expert_ids.tolist())
+
+# %%
+schedule_viz.plot_tile_schedule(routing.expert_ids.tolist(), used_blocks, num_pid_n=2, num_programs=4)
+
+# %% [markdown]
+# ## 3. The tile count lives on the device
+#
+# How many M-blocks are in use depends on the routing, which only the GPU knows: `num_tokens_post_padded`
+# is a one-element tensor that `moe_align` writes. Reading it on the host would stop the CPU until the GPU
+# got there (and CUDA-graph capture forbids it). So the persistent kernel reads it itself:
+#
+# ```python
+# num_used_blocks = tl.load(num_tokens_post_padded_ptr) // BLOCK_SIZE_M
+# for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=True):
+#     pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
+#     ...  # the same tile as the per-tile kernel: K loop, then epilogue
+# ```
+#
+# The grid is `min(SMs, bound on tiles)`, known on the host from shapes alone. The per-tile kernel's grid
+# is the bound on tiles: its programs past the rows in use return at once.
+
+# %% [markdown]
+# ### Exercise: walk the tiles
+#
+# Write `persistent_copy_kernel`: it copies the rows in use of `x [MAX_ROWS, N]` into `out`, tile by tile,
+# with fewer programs than tiles.
+#
+# - `num_rows = tl.load(num_rows_ptr)`: the rows in use (a multiple of `BLOCK_M`), on the device.
+# - Tiles are `BLOCK_M x BLOCK_N`; there are `(num_rows // BLOCK_M) * tl.cdiv(N, BLOCK_N)` of them. Tile t is
+#   M-block `t // tl.cdiv(N, BLOCK_N)` and N-block `t % tl.cdiv(N, BLOCK_N)`.
+# - Program p takes tiles p, p + P, ...: `for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0))`.
+# - `x` and `out` are contiguous: element (r, c) is at `r * N + c`. `N` is not a multiple of `BLOCK_N`: mask.
+# - Rows past `num_rows` must stay as they are.
+#
+# The checker runs 3 programs over 15 tiles (80 of 128 rows in use, N = 40, blocks of 16), with `out`
+# poisoned (NaN), and tells which tiles went missing or were stored twice.
+
+# %%
+@triton.jit
+def persistent_copy_kernel(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # TODO: read num_rows from num_rows_ptr, and loop over this program's tiles
+    tile = tl.program_id(0)
+    rows = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # TODO: load the x tile at rows[:, None] * N + cols[None, :] (masked: cols < N) and store it into out
+
+
+# %%
+exercises.check_persistent_copy(persistent_copy_kernel)
+
+
+# %% jupyter={"source_hidden": true}
+# Solution
+@triton.jit
+def persistent_copy_kernel_solution(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = (tl.load(num_rows_ptr) // BLOCK_M) * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs = rows[:, None] * N + cols[None, :]
+        mask = cols[None, :] < N
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+exercises.check_persistent_copy(persistent_copy_kernel_solution, strict=True)
+
+# %% [markdown]
+# ## 4. moe-lab's persistent grouped GEMM
+#
+# `GemmConfig(persistent=True)` launches `grouped_matmul_persistent_kernel`. Each tile runs the same code
+# as in the per-tile kernel, so each row's K reduction runs in the same order: the outputs are equal bit
+# for bit, and a token's output still does not depend on its batch. (Tiles run whole in it: the tail
+# tiles of notebook 05 would put branches of different tile sizes in the loop, which Triton cannot
+# flatten.) Under the interpreter the grid is 3 programs; on a GPU one per SM.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+dtype = torch.float16  # the interpreter's float16 dot is exact enough to compare bit for bit
+hidden_states = (torch.randn(T, H, generator=gen)).to(dtype).to(device)
+w1 = (torch.randn(E, 2 * I, H, generator=gen) / H ** 0.5).to(dtype).to(device)
+w2 = (torch.randn(E, H, I, generator=gen) / I ** 0.5).to(dtype).to(device)
+topk_weights = torch.rand(T, TOP_K, generator=gen).to(device)
+per_tile = GemmConfig(BLOCK_SIZE_M, 32, 32, 1, 4, 2, tail_tiles=False)
+persistent = dataclasses.replace(per_tile, persistent=True)
+out_tile, plan_tile = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=per_tile,
+                                        return_info=True)
+out_pers, plan_pers = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=persistent,
+                                        return_info=True)
+print(f"per tile:   up grid {plan_tile.up_plan.grid:>3}, down grid {plan_tile.down_plan.grid:>3}")
+print(f"persistent: up grid {plan_pers.up_plan.grid:>3}, down grid {plan_pers.down_plan.grid:>3}")
+workbook.check_equal("persistent layer vs per-tile layer", out_pers, out_tile)
+_ = workbook.check("persistent layer vs fused_moe_reference", out_pers,
+                   moe_lab.fused_moe_reference(hidden_states, w1, w2, topk_weights, topk_ids))
+
+# %% [markdown]
+# ## 5. SiLU-and-mul in the epilogue
+#
+# The up GEMM computes `gate_up = x @ w1[e].T` with `w1 = [gate; up]` (2I rows), and SiLU-and-mul makes
+# `act = silu(gate) * up` from it. As two kernels, the `[rows, 2I]` intermediate goes to memory and back,
+# rounded to bf16 on the way. Fused, each program reads BLOCK_SIZE_N/2 gate rows and the matching
+# BLOCK_SIZE_N/2 up rows, I rows apart, as **one** tile: a descriptor over `w1` viewed as `[E, 2, I, H]`
+# with block shape `[1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]`. The K loop is the unfused GEMM's, one dot as wide;
+# the epilogue splits the float32 accumulator into its two halves and writes `silu(gate) * up`:
+#
+# ```python
+# gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
+# acc = gate * tl.sigmoid(gate) * up
+# ```
+#
+# The red rows are what program `pid_n = 1` reads (I = 48, BLOCK_SIZE_N = 32):
+
+# %%
+schedule_viz.plot_swiglu_rows(inter=I, block_size_n=32, pid_n=1)
+
+# %% [markdown]
+# The float32 accumulator also saves float16 from itself: a gate of 1e5 times an up of 1e-3 is 100, but
+# 1e5 is past float16's largest value (65504). Unfused, the intermediate holds inf (and a gate of -1e5
+# gives -inf * 0 = NaN); fused, the right answer comes out. Here with I = 16 and w2 = 0.01, so the layer
+# gives 16 for the first token and 0 for the second:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+import warnings
+
+x = torch.zeros(2, 32)
+x[:, 0], x[:, 1] = 316.25, 1e-3          # 316.25^2 = 100014: the gate pre-activation
+x[1, 0] = -316.25
+w1_big = torch.zeros(2, 32, 32)
+w1_big[:, :16, 0] = 316.25               # gate rows read x[:, 0]
+w1_big[:, 16:, 1] = 1.0                  # up rows read x[:, 1]
+w2_small = torch.full((2, 32, 16), 0.01)
+args = [t.to(device) for t in (x.half(), w1_big.half(), w2_small.half(), torch.ones(2, 1),
+                               torch.tensor([[0], [1]], dtype=torch.int32))]
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)  # the interpreter's float16 overflow, unfused
+    for fuse in (True, False):
+        out = moe_lab.fused_moe(*args, config=GemmConfig(16, 32, 32, 1, 4, 1, fuse_swiglu=fuse))
+        print(f"fuse_swiglu={fuse!s:<5}: token 0 -> {out[0, 0].item():g}, token 1 -> {out[1, 0].item():g}")
+
+# %% [markdown]
+# ## 6. What it buys, measured
+#
+# On a GPU the next cell times both GEMMs of Qwen3-30B-A3B at T = 4096, per tile and persistent, with the
+# shipped config for that size. Under the interpreter it refuses: a CPU time says nothing about a GPU.
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+if workbook.timing_allowed("the persistent vs per-tile timing"):
+    from moe_lab.timing import graph_ms
+
+    preset = moe_lab.get_preset("qwen3-30b-a3b")
+    hs, g1, g2, (tw, ti) = preset.build(4096, dtype=torch.bfloat16, device="cuda")
+    cfg = moe_lab.default_config(4096, preset.num_experts, preset.top_k, preset.hidden_size,
+                                 preset.intermediate_size)
+    r = moe_lab.moe_align(ti, preset.num_experts, cfg.block_size_m)
+    act = moe_lab.grouped_matmul(hs, g1, r, cfg.up, gather_a=True, swiglu=True)
+    out_k = torch.empty(4096 * preset.top_k, preset.hidden_size, dtype=torch.bfloat16, device="cuda")
+    for persistent in (False, True):
+        up = dataclasses.replace(cfg.up, persistent=persistent)
+        down = dataclasses.replace(cfg.down, persistent=persistent)
+        up_ms = graph_ms(lambda: moe_lab.grouped_matmul(hs, g1, r, up, gather_a=True, swiglu=True, out=act))
+        down_ms = graph_ms(lambda: moe_lab.grouped_matmul(act, g2, r, down, gather_a=False, scatter=True,
+                                                          topk_weights=tw, out=out_k))
+        print(f"persistent={persistent!s:<5}: up (with SwiGLU) {up_ms:.3f} ms, down {down_ms:.3f} ms "
+              f"(CUDA-graph median, L2 flushed, {torch.cuda.get_device_name()})")
+
+# %% [markdown]
+# The committed H200 measurement (`benchmarks/experiments/persistent-H200-2026-11-30.json`, **committed
+# data, not measured here**): per-tile time over persistent time for each GEMM, same config. Above 1 the
+# persistent kernel is faster.
+
+# %%
+experiment = schedule_viz.load_persistent_experiment()
+schedule_viz.plot_persistent_speedup(experiment)
+
+# %% [markdown]
+# How to read it: at T = 512 the per-tile kernel wins everywhere: its tail tiles skip the padding rows that
+# the persistent kernel computes. From T = 4096 on, Qwen3 and DeepSeek gain 4 to 8 % per GEMM (short K,
+# many tiles), Mixtral's long K leaves little to overlap. So it is a switch (`GemmConfig.persistent`) that
+# `moe-lab tune` sets per shape and token count.
+#
+# ## Summary
+#
+# - A persistent grid launches one program per SM; each walks tiles p, p + P, ..., and Triton pipelines
+#   the flattened loop, so a tile's epilogue overlaps the next tile's loads.
+# - The number of tiles in use is read on the device, from `num_tokens_post_padded`: no host sync, and the
+#   grid depends on shapes only.
+# - The SwiGLU epilogue reads gate and up rows as one tile and writes `silu(gate) * up` from the float32
+#   accumulator: no `[rows, 2I]` round trip, and no float16 overflow in between.
+# - The persistent kernel keeps every row's K reduction in the same order: its results are bitwise the
+#   per-tile kernel's, and a token's output still does not depend on its batch. The fused epilogue is not
+#   bitwise the two-kernel path (it skips a rounding), so the layer uses it at every T, never by turns.

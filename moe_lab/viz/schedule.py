@@ -138,19 +138,26 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
 
 
 def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
-    """Per-tile time / persistent time of each GEMM in `data` (from `load_persistent_experiment`), grouped
-    by model and T: above 1 the persistent kernel is faster."""
+    """Per-tile time / persistent time of each GEMM in `data` (from `load_persistent_experiment`), the up
+    and the down GEMM side by side for each model and T: above 1 the persistent kernel is faster."""
     rows = [r for r in data["rows"] if isinstance(r.get("tile"), float) and isinstance(r.get("persistent"), float)]
+    points = list(dict.fromkeys((r["model"], r["T"]) for r in rows))
     fig, ax = figure_and_ax(ax, (10, 3.2))
-    labels, xs = [], []
-    for i, r in enumerate(rows):
-        x = i + 0.6 * (i // 2)  # up and down of one (model, T) side by side
-        ax.bar(x, r["tile"] / r["persistent"], color="#4C72B0" if r["gemm"] == "up" else "#DD8452")
-        labels.append(f"{r['model'].split('-')[0]} {r['T']}\n{r['gemm']}")
-        xs.append(x)
+    ratios = []
+    for gemm, shift, color in (("up", -0.2, "#4C72B0"), ("down", 0.2, "#DD8452")):
+        xs, ys = [], []
+        for i, point in enumerate(points):
+            for r in rows:
+                if (r["model"], r["T"]) == point and r["gemm"] == gemm:
+                    xs.append(i + shift)
+                    ys.append(r["tile"] / r["persistent"])
+        ax.bar(xs, ys, width=0.38, color=color, label=f"{gemm} GEMM")
+        ratios += ys
     ax.axhline(1.0, color="black", lw=0.8)
-    ax.set_xticks(xs, labels, fontsize=7)
+    ax.set_xticks(range(len(points)), [f"{m.split('-')[0]}\nT={t}" for m, t in points], fontsize=8)
+    ax.set_ylim(min(0.75, min(ratios, default=1) - 0.05), max(1.15, max(ratios, default=1) + 0.05))
     ax.set_ylabel("per-tile ms / persistent ms")
+    ax.legend(fontsize=8, loc="upper left")
     env = data.get("environment", {})
     ax.set_title(f"persistent vs one program per tile, same config ({env.get('device', '?')}, Triton "
                  f"{env.get('triton', '?')}; committed)", fontsize=9)

@@ -122,3 +122,46 @@ def test_look_inside_shows_the_tma_copy_only_on_the_tma_path():
         look_inside.compile_grouped_matmul("descriptor")
     with pytest.raises(ValueError, match="cc must be one of"):
         look_inside.compile_grouped_matmul("tma", cc=89)
+
+
+# The up GEMM's weight loads by pointer for sm_90, with and without the SwiGLU epilogue, over a w1 whose rows
+# are H + PAD elements apart: counts of 16-byte cp.async copies and of scalar 2-byte loads in the PTX.
+SWIGLU_CHILD = textwrap.dedent("""
+    import json, re, sys
+    import torch
+    from moe_lab import compile_only as co
+    from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
+    co.patch_moe_lab()
+
+    E, I, H, BM, ROWS, PAD = 8, 512, 256, 128, 1408, int(sys.argv[1])
+    meta = lambda *shape, dtype=torch.int32: torch.empty(shape, dtype=dtype, device="meta")
+    routing = AlignedRouting(meta(E), meta(ROWS), meta(ROWS // BM), meta(1), BM, 256, 2, E)
+    a = meta(ROWS, H, dtype=torch.bfloat16)
+    w = meta(E, 2 * I, H + PAD, dtype=torch.bfloat16)[:, :, :H]
+    counts = {}
+    for swiglu in (False, True):
+        session = co.Session(compile_missing=True)
+        with co.fake_gpu(90, session):
+            grouped_matmul(a, w, routing, GemmConfig(BM, 256, 64, 8, 8, 3), gather_a=False, swiglu=swiglu,
+                           use_tma=False)
+        (k,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
+        ptx = k.asm["ptx"]
+        counts[str(swiglu)] = [len(re.findall(r"cp\\.async\\.cg\\.shared\\.global", ptx)), ptx.count("ld.global.b16")]
+    print(json.dumps(counts))
+""")
+
+
+@pytest.mark.parametrize("pad", [0, 1])
+def test_swiglu_weight_loads_vectorize_as_the_plain_gemm_does(pad):
+    """The SwiGLU epilogue's gate/up row indices must keep Triton's alignment analysis right: with rows
+    16-byte aligned (pad 0) the weight loads are 16-byte copies, as without the epilogue; with rows H + 1
+    elements apart (pad 1) they are scalar loads, as without it. A first version's indices made Triton
+    emit 16-byte copies from odd addresses there ("misaligned address" on an H200)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", SWIGLU_CHILD, str(pad)], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    counts = json.loads(done.stdout.strip().splitlines()[-1])
+    plain, fused = counts["False"], counts["True"]
+    assert fused == plain, counts
+    assert (fused[1] > 0) == bool(pad), counts  # scalar loads exactly where the rows are unaligned

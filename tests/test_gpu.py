@@ -20,6 +20,25 @@ def test_real_presets(model, num_tokens, use_tma):
     assert err < 1e-2
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_unaligned_weight_rows_take_scalar_pointer_loads(fuse, persistent):
+    """w1 rows H + 1 elements apart (a view into a wider buffer) cannot go through TMA, and their pointer
+    loads must not be vectorized. A first SwiGLU epilogue computed its gate/up row indices in a form whose
+    alignment Triton overestimated: 16-byte copies from odd addresses, "misaligned address" on an H200
+    (notebook 06 §4). Its compile-only twin is in test_compile_check.py."""
+    from moe_lab import GemmConfig
+    hs, w1, w2, (tw, ti) = get_preset("mixtral-8x7b").scaled(8).build(256, dtype=torch.bfloat16, device="cuda")
+    e, two_i, h = w1.shape
+    w1_odd = torch.zeros(e, two_i, h + 1, dtype=w1.dtype, device="cuda")[:, :, :h]
+    w1_odd.copy_(w1)
+    cfg = GemmConfig(128, 256, 64, 8, 8, 3, fuse_swiglu=fuse, persistent=persistent, prepermute=True)
+    out, info = fused_moe(hs, w1_odd, w2, tw, ti, config=cfg, return_info=True)
+    torch.cuda.synchronize()
+    assert not info.up_plan.path.w_tma and info.up_plan.swiglu == fuse
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
 def test_tma_is_available_on_hopper():
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("not a Hopper GPU")

@@ -170,7 +170,10 @@ def _tile(
     lane_n = tl.arange(0, BLOCK_SIZE_N)
     if SWIGLU:  # gate rows n0 + j in the first half, up rows N + n0 + j in the second
         n0 = pid_n * (BLOCK_SIZE_N // 2)
-        w_rows = (n0 + lane_n % (BLOCK_SIZE_N // 2)) % N + (lane_n >= BLOCK_SIZE_N // 2).to(tl.int32) * N
+        half_n = BLOCK_SIZE_N // 2
+        # A select, not arithmetic on (lane >= half): that form made Triton 3.6 overestimate the rows'
+        # alignment and copy 16 bytes from unaligned rows (tests/test_compile_check.py, swiglu).
+        w_rows = tl.where(lane_n < half_n, (n0 + lane_n) % N, N + (n0 + lane_n - half_n) % N)
     else:
         n0 = pid_n * BLOCK_SIZE_N
         w_rows = (n0 + lane_n) % N

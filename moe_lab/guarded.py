@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -50,6 +51,10 @@ import torch
 from .runtime import interpreter_active, interpreter_numpy_problem, interpreter_serialized
 
 GUARD_BYTES = 4096          # canary bytes before and after every tensor (a few blocks of any exercise)
+# An interpreted launch that makes more memory accesses, or runs longer, is stopped: a loop that never
+# ends would otherwise hang the learner's Jupyter kernel. Every exercise needs a few thousand, in seconds.
+MAX_ACCESSES = 200_000
+MAX_SECONDS = 60.0
 CANARY = 0x7F               # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
 SECOND_CANARY = 0xFF        # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
 SHOWN_OFFSETS = 6           # offsets listed per finding
@@ -213,6 +218,8 @@ class _CheckedMemory:
         self._guarded = guarded
         self.findings: Dict[Tuple[str, str, bool], List[np.ndarray]] = {}
         self.accesses: List[Access] = []
+        self._calls = 0
+        self._started = time.monotonic()
         from triton.runtime import interpreter
         self._builder = interpreter.interpreter_builder   # knows which program runs
 
@@ -220,6 +227,12 @@ class _CheckedMemory:
         return getattr(self._real, name)
 
     def _allowed(self, kind: str, ptrs: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
+        self._calls += 1
+        seconds = time.monotonic() - self._started
+        if self._calls > MAX_ACCESSES or seconds > MAX_SECONDS:
+            raise RuntimeError(f"stopped after {self._calls - 1} memory accesses in {seconds:.0f} s, far more than this "
+                               "exercise needs: does a loop never end (a while loop without a step, a bound that "
+                               "is far too large)?")
         addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
         active = np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool),
                                                                                       addresses.shape)

@@ -54,11 +54,8 @@ def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_
         tile = tl.load(chunk_counts_ptr + (c0 + rows)[:, None] * num_experts + experts[None, :], mask=m, other=0)
         total += tl.sum(tile, axis=0)
 
-    padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
-    start = tl.cumsum(padded, axis=0) - padded
-    tl.store(counts_ptr + experts, total, mask=expert_mask)
-    tl.store(expert_start_ptr + experts, start, mask=expert_mask)
-    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, axis=0))
+    start = _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
+                          BLOCK_SIZE_M)
 
     running = start
     for c0 in range(0, num_chunks, CHUNK_TILE):
@@ -101,12 +98,8 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
         ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
                                HAS_EXPERT_MAP)
         total += tl.histogram(ids, NUM_BINS)
-    total = tl.where(expert_mask, total, 0)
-    padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
-    start = tl.cumsum(padded, axis=0) - padded
-    tl.store(counts_ptr + bins, total, mask=expert_mask)
-    tl.store(expert_start_ptr + bins, start, mask=expert_mask)
-    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, axis=0))
+    start = _store_totals(tl.where(expert_mask, total, 0), bins, expert_mask, counts_ptr, expert_start_ptr,
+                          num_tokens_post_padded_ptr, BLOCK_SIZE_M)
     # Each chunk's first free position per expert, as prefix_kernel writes them.
     running = start
     for c0 in range(0, num_slots, CHUNK):
@@ -122,6 +115,18 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
     for b0 in range(0, num_m_blocks, BLOCKS_PER_PROGRAM):
         _block_map(b0, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr,
                    expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
+
+
+@triton.jit
+def _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
+                  BLOCK_SIZE_M: tl.constexpr):
+    """Store each expert's count, the first row of its padded run, and the rows in use; return the starts."""
+    padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
+    start = tl.cumsum(padded, axis=0) - padded
+    tl.store(counts_ptr + experts, total, mask=expert_mask)
+    tl.store(expert_start_ptr + experts, start, mask=expert_mask)
+    tl.store(num_tokens_post_padded_ptr, tl.sum(padded, axis=0))
+    return start
 
 
 @triton.jit

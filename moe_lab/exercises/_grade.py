@@ -42,19 +42,28 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
 
 
 def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
+    """What differs, and where. Where `want` is NaN the kernel must leave the value alone (it stays NaN):
+    those places are not counted as wrong or unwritten, only reported if the kernel wrote them."""
     g, w = got.detach().cpu().double(), want.detach().cpu().double()
-    unwritten = int(torch.isnan(g).sum())
-    wrong = ~torch.isclose(g, w, rtol=max(tol, 1e-6), atol=max(tol, 1e-6)) | torch.isnan(g)
-    first = tuple(wrong.nonzero()[0].tolist()) if wrong.any() else None
-    text = f"{int(wrong.sum())} of {w.numel()} values are wrong"
-    if first is not None:
-        text += f", the first at index {first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, " \
-                f"expected {w[first].item():.6g})"
-    if unwritten:
-        text += f"; {unwritten} were never written (still NaN)"
-    if got.is_floating_point() and not unwritten:
-        text += f"; relative error {relative_error(got, want):.1e}"
-    return text
+    leave = torch.isnan(w)
+    wrong = ~leave & (~torch.isclose(g, w, rtol=max(tol, 1e-6), atol=max(tol, 1e-6)) | torch.isnan(g))
+    unwritten = int((~leave & torch.isnan(g)).sum())
+    parts = []
+    if wrong.any():
+        first = tuple(wrong.nonzero()[0].tolist())
+        text = (f"{int(wrong.sum())} of {int((~leave).sum())} values are wrong, the first at index "
+                f"{first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, expected {w[first].item():.6g})")
+        if unwritten:
+            text += f"; {unwritten} were never written (still NaN)"
+        elif got.is_floating_point():
+            text += f"; relative error {relative_error(got[~leave.to(got.device)], want[~leave.to(want.device)]):.1e}"
+        parts.append(text)
+    written = leave & ~torch.isnan(g)
+    if written.any():
+        first = tuple(written.nonzero()[0].tolist())
+        parts.append(f"{int(written.sum())} values that must be left alone were written, the first at index "
+                     f"{first if len(first) > 1 else first[0]}")
+    return "; ".join(parts) or "the values differ"
 
 
 def report(exercise: str, problem: Optional[str], passed: str, strict: bool = False) -> Verdict:

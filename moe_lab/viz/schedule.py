@@ -2,8 +2,8 @@
 up rows one program of the SwiGLU epilogue reads, and the committed H200 timings of per-tile against
 persistent launches.
 
-`tile_schedule` computes which program takes which tile (plain data, the formula of the kernel's
-`_tile_coords`, easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
+`tile_schedule` computes which program takes which tile (plain data, with the kernels' GROUP_SIZE_M
+arithmetic, `moe_lab.viz.tiles.program_tile`; easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import matplotlib.patches as mpatches
 from matplotlib.figure import Figure
 
 from ._common import expert_colors, figure_and_ax
+from .tiles import program_tile
 
 PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
 
@@ -28,15 +29,6 @@ class ScheduledTile:
     step: int
     pid_m: int
     pid_n: int
-
-
-def tile_coords(tile: int, num_m_blocks: int, num_pid_n: int, group_size_m: int) -> tuple:
-    """(M-block, N-tile) of tile number `tile` in GROUP_SIZE_M order, as the kernels compute it
-    (`moe_lab/_kernels/grouped_matmul.py`, `_tile_coords`)."""
-    tiles_per_group = group_size_m * num_pid_n
-    first_pid_m = (tile // tiles_per_group) * group_size_m
-    group_rows = min(num_m_blocks - first_pid_m, group_size_m)
-    return first_pid_m + (tile % tiles_per_group) % group_rows, (tile % tiles_per_group) // group_rows
 
 
 def tile_schedule(num_used_blocks: int, num_pid_n: int, num_programs: int, group_size_m: int = 1) -> List[ScheduledTile]:
@@ -56,7 +48,7 @@ def tile_schedule(num_used_blocks: int, num_pid_n: int, num_programs: int, group
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
     return [ScheduledTile(t, t % num_programs, t // num_programs,
-                          *tile_coords(t, num_used_blocks, num_pid_n, group_size_m))
+                          *program_tile(t, num_used_blocks, num_pid_n, group_size_m))
             for t in range(num_used_blocks * num_pid_n)]
 
 

@@ -58,6 +58,14 @@ def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optiona
     return value
 
 
+def check_not_aliased(out: torch.Tensor, **inputs: Optional[torch.Tensor]) -> None:
+    """Raise ValueError if `out` shares storage with an input a kernel still reads while it writes `out`."""
+    for name, tensor in inputs.items():
+        if tensor is not None and out.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            raise ValueError(f"out shares memory with {name}: rows would be read after being overwritten; pass a "
+                             "separate buffer")
+
+
 def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,
                   layout: str) -> torch.Tensor:
     """`out` after checking its shape, dtype and last stride (1), or a new empty tensor when it is None."""

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
-from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
@@ -123,10 +123,14 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
             raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
         return LoadPath(False, False, f"no TMA: {support.reason}")
     reasons = []
-    w_problem = descriptor_problem(*_weight_box(w, config, swiglu))
+    w_view, w_box = _weight_box(w, config, swiglu)
+    w_problem = descriptor_problem(w_view, w_box)
     if w_problem and use_tma is True:
-        raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}) cannot be read through a tensor "
+        viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
+        raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
                          f"descriptor: {w_problem}")
+    if w_problem and swiglu:
+        w_problem = f"viewed as [E, 2, I, K] for the SwiGLU epilogue: {w_problem}"
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a and config.prepermute:  # rows copied into a new contiguous [rows, K] buffer first
         a_problem = descriptor_problem(torch.empty((1, a.shape[1]), dtype=a.dtype, device="meta"),
@@ -221,6 +225,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
     out = output_buffer(out, (out_rows, out_cols), a.dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
+    check_not_aliased(out, a=a, w=w)
 
     if gather_a and scatter:
         raise ValueError("gather_a=True with scatter=True is not a supported combination (the up projection "

@@ -143,7 +143,7 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         raise TypeError(f"return_info must be True or False, got {return_info!r}")
     num_tokens, hidden = hidden_states.shape
     _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
-    if out is not None and out.requires_grad and torch.is_grad_enabled():
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
     out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
     if chunk_size is not None:

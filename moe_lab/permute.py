@@ -14,7 +14,7 @@ import torch
 import triton
 
 from ._kernels.permute import permute_tokens_kernel
-from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .runtime import interpreter_serialized
 
@@ -38,9 +38,7 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")
     check_same_device(hidden_states=hidden_states, sorted_token_ids=routing.sorted_token_ids,
                       num_tokens_post_padded=routing.num_tokens_post_padded, out=out)
-    if out.untyped_storage().data_ptr() == hidden_states.untyped_storage().data_ptr():
-        raise ValueError("out shares memory with hidden_states: rows would be read after being overwritten; "
-                         "pass a separate buffer")
+    check_not_aliased(out, hidden_states=hidden_states)
     if rows == 0 or k == 0:
         return out
     permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](

@@ -71,6 +71,16 @@ def test_swiglu_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match="scatter=True is not supported"):
         grouped_matmul(sorted_a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32),
                        gather_a=False, scatter=True, swiglu=True)
+    with pytest.raises(ValueError, match="out shares memory with a"):  # I == K: a has the output's shape
+        sorted_a = torch.randn(routing.max_num_tokens_padded, 16, device=DEVICE)
+        grouped_matmul(sorted_a, torch.randn(3, 32, 16, device=DEVICE), routing, GemmConfig(16, 32, 16),
+                       gather_a=False, swiglu=True, out=sorted_a)
+    odd = torch.zeros(3, 48, 17, device=DEVICE)[:, :, :16]
+    with pytest.raises(ValueError, match=r"viewed as \[E, 2, I, K\] \(3, 2, 24, 16\) for the SwiGLU epilogue"):
+        grouped_matmul(a[:, :16], odd, routing, GemmConfig(16, 32, 16), gather_a=True, swiglu=True, use_tma=True)
+    with pytest.raises(TypeError, match="out must be a torch.Tensor"):
+        hs, w1, w2, tw, ti = small_layer()
+        fused_moe(hs, w1, w2, tw, ti, out=[[0.0]])
     with pytest.raises(ValueError, match=r"out must have shape.*\[rows, I\]"):
         grouped_matmul(a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True,
                        swiglu=True, out=torch.empty(routing.max_num_tokens_padded, 32, device=DEVICE))

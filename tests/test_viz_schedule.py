@@ -20,8 +20,12 @@ def test_bad_counts_raise():
             schedule.tile_schedule(*args)
     with pytest.raises(ValueError, match="fewer than num_used_blocks"):
         schedule.plot_tile_schedule([0, 1], 3, 2, 4)
-    with pytest.raises(ValueError, match="even block_size_n"):
+    with pytest.raises(ValueError, match="block_size_n of 32"):
         schedule.plot_swiglu_rows(48, 31, 0)
+    with pytest.raises(ValueError, match="must be an int"):
+        schedule.plot_swiglu_rows(48.0, 32, 0)
+    with pytest.raises(ValueError, match=">= 0"):
+        schedule.plot_tile_schedule([0, -1, 2], 3, 2, 4)
     with pytest.raises(ValueError, match="pid_n must be in"):
         schedule.plot_swiglu_rows(48, 32, 3)
 

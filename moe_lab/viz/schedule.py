@@ -68,6 +68,9 @@ def plot_tile_schedule(expert_ids: Sequence[int], num_used_blocks: int, num_pid_
     experts = [int(e) for e in expert_ids][:num_used_blocks]
     if len(experts) < num_used_blocks:
         raise ValueError(f"expert_ids has {len(experts)} entries, fewer than num_used_blocks = {num_used_blocks}")
+    if any(e < 0 for e in experts):
+        raise ValueError(f"expert_ids of the blocks in use must be >= 0 (an aligned schedule tags only blocks past "
+                         f"them -1), got {experts}")
     steps = max((t.step for t in tiles), default=-1) + 1
     fig, ax = figure_and_ax(ax, (min(2 + 1.1 * num_programs, 12), 0.9 + 0.45 * max(steps, 1)))
     colors = expert_colors(max(experts, default=0) + 1)
@@ -91,10 +94,15 @@ def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> F
     down, as one [2, BLOCK_SIZE_N/2, BLOCK_SIZE_K] box of w1 viewed [E, 2, I, H]. Rows past I in a half are
     out of the box's bounds (zero-filled).
 
-    Raises ValueError for an odd BLOCK_SIZE_N, sizes below 1, or a pid_n past the last N-tile."""
+    Raises ValueError for non-int sizes, inter below 1, a BLOCK_SIZE_N the epilogue does not run with (a power
+    of two from 32 to 256), or a pid_n past the last N-tile."""
+    for name, value in (("inter", inter), ("block_size_n", block_size_n), ("pid_n", pid_n)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ValueError(f"{name} must be an int, got {value!r}")
     half = block_size_n // 2
-    if inter < 1 or block_size_n < 2 or block_size_n % 2:
-        raise ValueError(f"need inter >= 1 and an even block_size_n >= 2, got {inter} and {block_size_n}")
+    if inter < 1 or block_size_n not in (32, 64, 128, 256):
+        raise ValueError(f"need inter >= 1 and a block_size_n of 32, 64, 128 or 256 (the SwiGLU epilogue halves it "
+                         f"into tiles of at least 16), got {inter} and {block_size_n}")
     if not 0 <= pid_n < -(-inter // half):
         raise ValueError(f"pid_n must be in [0, {-(-inter // half)}) for I = {inter} in steps of {half}, got {pid_n}")
     fig, ax = figure_and_ax(ax, (9, 2.2))
@@ -132,7 +140,12 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
 def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
     """Per-tile time / persistent time of each GEMM in `data` (from `load_persistent_experiment`), the up
     and the down GEMM side by side for each model and T: above 1 the persistent kernel is faster."""
-    rows = [r for r in data["rows"] if isinstance(r.get("tile"), float) and isinstance(r.get("persistent"), float)]
+    def timed(value) -> bool:  # a time in ms; the experiment stores an error text for a variant that failed
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError("data must be the experiment's dict with a list of rows (load_persistent_experiment())")
+    rows = [r for r in data["rows"] if isinstance(r, dict) and timed(r.get("tile")) and timed(r.get("persistent"))
+            and isinstance(r.get("model"), str) and r.get("gemm") in ("up", "down")]
     points = list(dict.fromkeys((r["model"], r["T"]) for r in rows))
     fig, ax = figure_and_ax(ax, (10, 3.2))
     ratios = []

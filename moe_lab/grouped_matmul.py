@@ -130,7 +130,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
         raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
                          f"descriptor: {w_problem}")
     if w_problem and swiglu:
-        w_problem = f"viewed as [E, 2, I, K] for the SwiGLU epilogue: {w_problem}"
+        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a and config.prepermute:  # rows copied into a new contiguous [rows, K] buffer first
         a_problem = descriptor_problem(torch.empty((1, a.shape[1]), dtype=a.dtype, device="meta"),

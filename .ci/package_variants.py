@@ -17,7 +17,11 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
   fp32 at T = 1 and 4096;
 - expert parallelism (expert_map) at decode and prefill, and int64 topk_ids, each preset, bf16;
 - moe_align at its limits (1 and 4096 experts), silu_and_mul with and without routing,
-  permute_tokens and topk_reduce on their own, each dtype.
+  permute_tokens and topk_reduce on their own, each dtype;
+- quantize_activations_fp8 (FP8 e4m3): per token group (128) at every preset's H and I, bf16, and at
+  DeepSeek-V3's H in fp16 and fp32; per token, static and dynamic per tensor, with a num_rows bound, and a
+  transposed input, bf16. Not on sm_80: Triton has no float8e4nv there ("fp8e4nv not supported"), so
+  the workload checks instead that the launcher refuses (RuntimeError, as `fp8_support` says).
 
 Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
 dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
@@ -208,6 +212,48 @@ def kernel_workloads() -> List[Workload]:
             moe_lab.topk_reduce(_empty(512 * 8, 2048, dtype=dtype), _empty(512, 8, dtype=torch.int32), 128)
         wl.append((f"silu_and_mul {dname}", activation))
         wl.append((f"permute_tokens, topk_reduce {dname}", permute_and_reduce))
+    return wl + quantize_workloads()
+
+
+def _fp8_launches(launches: Callable[[], None]) -> Callable[[], object]:
+    """Run `launches` where the fake GPU has FP8 (sm_89 and up); below, check the launcher refuses instead
+    (Triton has no float8e4nv there: the kernel cannot compile)."""
+    def run():
+        if moe_lab.fp8_support():
+            return launches()
+        try:
+            moe_lab.quantize_activations_fp8(_empty(1, 128, dtype=torch.bfloat16))
+        except RuntimeError as exc:
+            if "8.9" in str(exc):
+                return None
+            raise
+        raise AssertionError("quantize_activations_fp8 launched on a GPU without FP8 (fp8_support said no)")
+    return run
+
+
+def quantize_workloads() -> List[Workload]:
+    """FP8 activation quantization, at T = 4096 (the token count is a grid size, never a constexpr)."""
+    wl: List[Workload] = []
+    sizes = sorted({s for p in moe_lab.PRESETS.values() for s in (p.hidden_size, p.intermediate_size)})
+    for dname, dtype in DTYPES.items():
+        ks = sizes if dtype == torch.bfloat16 else [7168]  # DeepSeek-V3's H stands for the rest beyond bf16
+
+        def per_group(dtype=dtype, ks=ks):
+            for k in ks:
+                moe_lab.quantize_activations_fp8(_empty(4096, k, dtype=dtype), group_size=128)
+        wl.append((f"quantize_activations_fp8 {dname} group 128, K={','.join(map(str, ks))}", _fp8_launches(per_group)))
+
+    def other_modes():
+        x = _empty(4096, 7168, dtype=torch.bfloat16)
+        num_rows = _empty(1, dtype=torch.int32)
+        moe_lab.quantize_activations_fp8(x, group_size=None)
+        moe_lab.quantize_activations_fp8(x, scale=_empty(1, dtype=torch.float32))
+        moe_lab.quantize_activations_fp8(x, per_tensor=True)
+        moe_lab.quantize_activations_fp8(x, num_rows=num_rows)
+        moe_lab.quantize_activations_fp8(x, scale=_empty(1, dtype=torch.float32), num_rows=num_rows)
+        moe_lab.quantize_activations_fp8(_empty(7168, 4096, dtype=torch.bfloat16).t())
+    wl.append(("quantize_activations_fp8 bfloat16 per token, static, per tensor, num_rows, transposed",
+               _fp8_launches(other_modes)))
     return wl
 
 

@@ -13,6 +13,10 @@ Two questions, asked at two moments:
   (16-byte aligned base and strides but the last, last stride 1, at least 16 bytes in the inner block
   dimension, no empty dimension)? Returns None or the broken rule in words.
 
+A third, for the FP8 path: `fp8_support(device)` (cached): is the device an NVIDIA GPU of compute capability
+>= 8.9 (Ada, Hopper and later: FP8 e4m3 tensor cores; Triton has no float8e4nv below that), or is the
+interpreter on (e4m3 emulated on the CPU)?
+
 Source: Triton's `TensorDescriptor` checks (python/triton/tools/tensor_descriptor.py) and the CUDA
 driver's `cuTensorMapEncodeTiled` requirements.
 """
@@ -98,6 +102,55 @@ def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
     return _tma_support_cached(str(device), env_override(), interpreter_active())
+
+
+@dataclass(frozen=True)
+class Fp8Support:
+    """`available`: FP8 (float8_e4m3fn) kernels may run on this device. `reason`: why, or why not, in
+    words. `emulated`: e4m3 is emulated under the interpreter (correctness only)."""
+    available: bool
+    reason: str
+    emulated: bool = False
+
+    def __bool__(self) -> bool:
+        return self.available
+
+
+@functools.lru_cache(maxsize=None)
+def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
+    import triton
+
+    if interpreted:
+        return Fp8Support(True, "Triton interpreter: float8 e4m3 is emulated on the CPU (checks correctness, "
+                                "says nothing about speed)", emulated=True)
+    if getattr(torch.version, "hip", None):
+        return Fp8Support(False, f"ROCm/HIP build of PyTorch ({torch.version.hip}): moe-lab's FP8 path targets "
+                                 "NVIDIA's float8_e4m3fn tensor cores (compute capability >= 8.9)")
+    device = torch.device(device_key)
+    if device.type != "cuda":
+        return Fp8Support(False, f"device {device} is not a CUDA GPU")
+    if not torch.cuda.is_available():
+        return Fp8Support(False, "no CUDA GPU is visible to PyTorch")
+    major, minor = torch.cuda.get_device_capability(device)
+    name = torch.cuda.get_device_name(device)
+    if (major, minor) < (8, 9):
+        return Fp8Support(False, f"{name} has compute capability {major}.{minor}; FP8 tensor cores need >= 8.9 "
+                                 "(Ada, Hopper)")
+    return Fp8Support(True, f"{name}, compute capability {major}.{minor}, Triton {triton.__version__}")
+
+
+def fp8_support(device: Optional[torch.device | str] = None) -> Fp8Support:
+    """Whether FP8 (float8_e4m3fn) kernels can run for tensors on `device` (default: the current CUDA
+    device, or the CPU under the interpreter), with the reason. Cached per device. Source: NVIDIA's FP8
+    tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper); Triton's float8e4nv type
+    compiles only there ("fp8e4nv not supported" below)."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if (
+            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _fp8_support_cached(str(device), interpreter_active())
 
 
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:

@@ -13,7 +13,7 @@ What is faked, and nothing else:
 - Triton's driver: target GPUTarget("cuda", cc, 32), device index = cc (so Triton's per-device kernel
   caches keep the targets apart), stream 0, and the real GPUs' shared memory per block (DEVICES);
 - moe_lab's device questions, which look at the tensors' device (meta here): `tma_support` answers for
-  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), and the grouped matmul launcher fits its config to
+  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), and the grouped matmul launcher fits its config to
   the fake GPU's shared memory just before launching, as it does for CUDA tensors (`patch_moe_lab`);
 - the checks Triton makes when it loads a compiled kernel (`CompiledKernel._init_handles`: shared
   memory, tensor memory, threads per block) run after the compile and raise `OutOfResources` as that
@@ -145,6 +145,23 @@ def patch_moe_lab() -> None:
             raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/compile_only.py")
         module.tma_support = fake_tma_support
     gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
+
+    def fake_fp8_support(device=None):
+        """capability.fp8_support's answer for the fake GPU: FP8 e4m3 from sm_89 (so not on the fake A100,
+        where Triton has no float8e4nv type and the FP8 launchers refuse)."""
+        cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
+        if cc < 89:
+            return capability.Fp8Support(False, f"{name} has compute capability {cc // 10}.{cc % 10}; FP8 tensor "
+                                                "cores need >= 8.9 (Ada, Hopper)")
+        return capability.Fp8Support(True, name)
+
+    # Every moe_lab module that imported fp8_support by name (moe_lab.quantize, and whichever else does).
+    if not hasattr(capability, "fp8_support"):
+        raise RuntimeError("moe_lab.capability.fp8_support is gone: update moe_lab/compile_only.py")
+    real_fp8_support = capability.fp8_support
+    for name, module in list(sys.modules.items()):
+        if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
+            module.fp8_support = fake_fp8_support
     if not hasattr(gm, "multiprocessor_count"):
         raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid

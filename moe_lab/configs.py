@@ -187,6 +187,9 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
         # over so many N-tiles that copying the token rows into expert order first pays (see permute.py).
         up = GemmConfig(128, 256, 64, 8, 8, 4, prepermute=2 * intermediate_size >= 16384)
         down = GemmConfig(128, 256, 64, 8, 8, 4)
+    if dtype.itemsize == 1:
+        # float8 (w8a8): the same bytes per K step are twice the channels, up to one 128-channel scale block.
+        up, down = (replace(c, BLOCK_SIZE_K=min(128, 2 * c.BLOCK_SIZE_K)) for c in (up, down))
     if dtype.itemsize == 4:
         # These tiles are sized in 16-bit elements; float32 (TF32 dots) halves BLOCK_SIZE_K to keep their
         # bytes, so the pipeline fits an A100's shared memory (128x256x64 in float32 did not, at any depth).

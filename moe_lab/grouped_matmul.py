@@ -35,7 +35,7 @@ import triton
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
+from .capability import descriptor_problem, fp8_support, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
 from .runtime import interpreter_active, interpreter_serialized
@@ -80,7 +80,10 @@ class LaunchPlan:
     scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
     program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
     grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
-    persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off."""
+    persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
+    scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
+    once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
+    block's K)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -89,11 +92,95 @@ class LaunchPlan:
     grid: int
     swiglu: bool = False
     persistent: bool = False
+    scales: str = "none"
 
     @property
     def tile_n(self) -> int:
         """Output columns per program: BLOCK_SIZE_N, or half of it with the SwiGLU epilogue."""
         return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
+
+
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Fp8Scales:
+    """The scales of a float8 GEMM as the kernel reads them: a_scale [rows, K groups] and w_scale
+    [E, N groups, K groups], float32, size-1 layouts expanded with stride 0. `mode` is "outer" (constant
+    along K: per tensor, per channel, per token) or "block" (`block_shape` [group_n, group_k])."""
+    mode: str
+    a_scale: torch.Tensor
+    w_scale: torch.Tensor
+    group_n: int = 1
+    group_k: int = 1
+
+
+def check_block_shape(block_shape) -> Optional[tuple]:
+    """None, or block_shape as a tuple (block_n, block_k) after checking it: two positive ints, block_k a
+    multiple of 16 (a K step of at least 16 channels must fit in one scale block)."""
+    if block_shape is None:
+        return None
+    if (not isinstance(block_shape, (list, tuple)) or len(block_shape) != 2
+            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block_shape)):
+        raise ValueError(f"block_shape must be None or two positive ints [block_n, block_k] (e.g. [128, 128]), "
+                         f"got {block_shape!r}")
+    if block_shape[1] % 16:
+        raise ValueError(f"block_shape[1] (block_k) must be a multiple of 16, got {block_shape[1]}")
+    return tuple(block_shape)
+
+
+def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optional[tuple]) -> torch.Tensor:
+    """w_scale of float8 w [E, N, K] as [E, N groups, K groups] (size-1 layouts expanded, stride 0), after
+    checking it: [E, ceil(N/block_n), ceil(K/block_k)] with block_shape, else [E] (per expert) or [E, N]
+    (per channel); float32. `name` is the argument's name in messages (w_scale, w1_scale, ...)."""
+    num_experts, n, k = w.shape
+    if block_shape is not None:
+        check_tensor(name, w_scale, ndim=3, dtypes=(torch.float32,),
+                     shape=(num_experts, triton.cdiv(n, block_shape[0]), triton.cdiv(k, block_shape[1])),
+                     layout="[E, ceil(N/block_n), ceil(K/block_k)]")
+        return w_scale
+    layout = "[E] (per expert) or [E, N] (per channel)"
+    if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 1:
+        check_tensor(name, w_scale, ndim=1, dtypes=(torch.float32,), shape=(num_experts,), layout=layout)
+        return w_scale[:, None, None].expand(num_experts, n, 1)
+    check_tensor(name, w_scale, ndim=2, dtypes=(torch.float32,), shape=(num_experts, n), layout=layout)
+    return w_scale[:, :, None]
+
+
+def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: Optional[tuple]) -> torch.Tensor:
+    """a_scale of float8 a [rows, K] as [rows, K groups] (size-1 layouts expanded, stride 0), after checking
+    it: [rows, ceil(K/block_k)] with block_shape, else [1] (per tensor) or [rows, 1] (per token); float32."""
+    if block_shape is not None:
+        check_tensor(name, a_scale, ndim=2, dtypes=(torch.float32,), shape=(rows, triton.cdiv(k, block_shape[1])),
+                     layout="[rows, ceil(K/block_k)]")
+        return a_scale
+    layout = "[1] (per tensor) or [rows, 1] (per token)"
+    if isinstance(a_scale, torch.Tensor) and a_scale.dim() == 1:
+        check_tensor(name, a_scale, ndim=1, dtypes=(torch.float32,), shape=(1,), layout=layout)
+        return a_scale[:, None].expand(rows, 1)
+    check_tensor(name, a_scale, ndim=2, dtypes=(torch.float32,), shape=(rows, 1), layout=layout)
+    return a_scale
+
+
+def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
+    """Check the scale arguments against a and w; None for float operands (which take none)."""
+    block_shape = check_block_shape(block_shape)
+    if w.dtype != FP8_DTYPE:
+        for name, given in (("a_scale", a_scale), ("w_scale", w_scale), ("block_shape", block_shape)):
+            if given is not None:
+                raise ValueError(f"{name} is for float8_e4m3fn operands; a and w are {str(w.dtype)[6:]}")
+        return None
+    if a_scale is None or w_scale is None:
+        raise ValueError("float8_e4m3fn a and w need a_scale and w_scale (moe_lab.quantize_weights_fp8 and "
+                         "quantize_activations_fp8 make them)")
+    support = fp8_support(a.device)
+    if not support.available:
+        raise ValueError(f"float8_e4m3fn operands cannot run here: {support.reason}")
+    w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
+    a_scale = check_activation_scale("a_scale", a_scale, rows, w.shape[2], block_shape)
+    if block_shape is not None:
+        return Fp8Scales("block", a_scale, w_scale, *block_shape)
+    return Fp8Scales("outer", a_scale, w_scale)
 
 
 def check_use_tma(use_tma: UseTma) -> None:
@@ -159,12 +246,13 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
 def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
                    swiglu: bool = False, out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto",
-                   return_plan: bool = False):
+                   a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
+                   block_shape=None, out_dtype: Optional[torch.dtype] = None, return_plan: bool = False):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
         a: [T, K] token rows (gather_a=True) or [routing.max_num_tokens_padded, K] rows in padded sorted
-            order (gather_a=False); float16/bfloat16/float32; any strides.
+            order (gather_a=False); float16/bfloat16/float32, or float8_e4m3fn with a_scale; any strides.
         w: [E, N, K] expert weights, same dtype as a; any strides (TMA needs the last one to be 1).
         routing: the schedule from `moe_align`, built with BLOCK_SIZE_M = config.BLOCK_SIZE_M.
         config: the GemmConfig to launch with.
@@ -186,6 +274,16 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
             mostly padded block as a smaller tile (`silu_and_mul(..., routing=)` zeroes them).
         use_tma: "auto", True or False, see `select_load_path`.
+        a_scale, w_scale, block_shape: the float32 scales of float8_e4m3fn a and w (value = fp8 value x
+            scale; `moe_lab.quantize_weights_fp8`, `moe_lab.quantize_activations_fp8`). With block_shape
+            [block_n, block_k] (DeepSeek-V3's [128, 128]): w_scale [E, ceil(N/block_n), ceil(K/block_k)],
+            one per weight block, and a_scale [rows, ceil(K/block_k)], one per row per block_k channels,
+            applied at every K step (config.BLOCK_SIZE_K is lowered to divide block_k where needed).
+            Without it: w_scale [E] (per expert) or [E, N] (per channel) and a_scale [1] (per tensor) or
+            [rows, 1] (per token), applied once to the float32 sum. rows as for a. Needs FP8 tensor cores
+            (compute capability >= 8.9) or the interpreter.
+        out_dtype: dtype of a new output: a's dtype by default, bfloat16 for float8 a; `out` decides when given
+            (float8 a may write float16/bfloat16/float32).
         return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).
     Returns:
         `out`, or (`out`, LaunchPlan) with return_plan. Supported: gather_a without scatter (the up
@@ -201,11 +299,13 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                        ("return_plan", return_plan)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
-    check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, shape=(routing.num_experts, None, None), layout="[E, N, K]")
+    check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES + (FP8_DTYPE,), shape=(routing.num_experts, None, None),
+                 layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
     check_tensor("a", a, ndim=2, dtypes=(w.dtype,), shape=(rows, k),
-                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]")
+                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]", dtype_of="w")
+    scales = _fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m="
                          f"{routing.block_size_m}")
@@ -223,8 +323,15 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                              "up projection, which writes sorted rows")
     out_cols = n // 2 if swiglu else n
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
-    out = output_buffer(out, (out_rows, out_cols), a.dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
-    check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights)
+    if out_dtype is None:
+        out_dtype = out.dtype if scales is not None and isinstance(out, torch.Tensor) else (
+            torch.bfloat16 if scales is not None else a.dtype)
+    if out_dtype not in FLOAT_DTYPES or (scales is None and out_dtype != a.dtype):
+        allowed = "float16, bfloat16 or float32" if scales is not None else f"{str(a.dtype)[6:]} (the dtype of a)"
+        raise TypeError(f"out_dtype must be {allowed}, got {out_dtype}")
+    out = output_buffer(out, (out_rows, out_cols), out_dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
+    check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights,
+                      a_scale=a_scale, w_scale=w_scale)
     check_not_aliased(out, a=a, w=w)
 
     if gather_a and scatter:
@@ -232,7 +339,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                          "writes sorted rows; the down projection reads them and scatters)")
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
-    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma)
+    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
+                        scales=scales)
     if plan.grid == 0:
         return (out, plan) if return_plan else out
     if plan.prepermute:
@@ -252,7 +360,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing)
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales)
             return (out, plan) if return_plan else out
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
@@ -262,10 +370,16 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                  gather_a: bool, scatter: bool = False, swiglu: bool = False,
-                 use_tma: UseTma = "auto") -> LaunchPlan:
+                 use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
-    the config fitted to the device's shared memory, the load paths, the grid. Launches nothing. Callers
-    get the plan with `grouped_matmul(..., return_plan=True)`."""
+    the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
+    block), the load paths, the grid. Launches nothing. Callers get the plan with
+    `grouped_matmul(..., return_plan=True)`."""
+    if scales is not None and config.prepermute:  # the kernel reads a token's scales by its token row
+        config = replace(config, prepermute=False)
+    if scales is not None and scales.mode == "block" and scales.group_k % config.BLOCK_SIZE_K:
+        # each K step must lie in one scale block: the largest power of two dividing block_k (>= 16)
+        config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, a.element_size(), budget)
@@ -279,7 +393,7 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
-                      config.persistent)
+                      config.persistent, scales.mode if scales is not None else "none")
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -299,8 +413,14 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
     return shared_memory_limit(device)
 
 
-def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
+def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales]):
     config, (_, n, k) = plan.config, w.shape
+    if scales is None:
+        a_scale = w_scale = None
+        scale_strides, groups = (0,) * 5, (1, 1)
+    else:
+        a_scale, w_scale = scales.a_scale, scales.w_scale
+        scale_strides, groups = a_scale.stride() + w_scale.stride(), (scales.group_n, scales.group_k)
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
     if plan.persistent:
@@ -309,13 +429,15 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing):
     else:
         kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
     kernel[(plan.grid,)](
-        a, a_desc, w, w_desc, out,
+        a, a_desc, w, w_desc, out, a_scale, w_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
         n, k, routing.num_slots, routing.max_num_m_blocks,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        *scale_strides,
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, EVEN_K=k % config.BLOCK_SIZE_K == 0,
-        EMULATE_BF16=interpreter_active() and a.dtype == torch.bfloat16,
+        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
+        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,

@@ -23,7 +23,9 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .configs import ConfigLike, MoEConfig
-from .grouped_matmul import LaunchPlan, LoadPath, UseTma, check_use_tma, grouped_matmul, select_load_path
+from .grouped_matmul import (FP8_DTYPE, LaunchPlan, LoadPath, UseTma, check_block_shape,
+                             check_use_tma, check_weight_scale, grouped_matmul, select_load_path)
+from .quantize import quantize_activations_fp8
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
 from .tuned import choose_config
@@ -56,13 +58,13 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
     if two_inter % 2 or two_inter == 0:
         raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
     check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(num_experts, hidden, two_inter // 2),
-                 layout="[E, H, I]", dtype_of=dtype_of or "w1")
+                 layout="[E, H, I]", dtype_of="w1")
 
 
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
-    _check_weights(w1, w2, (hidden_states.dtype,), hidden, "hidden_states")
+    _check_weights(w1, w2, (hidden_states.dtype, FP8_DTYPE), hidden, "hidden_states, or float8_e4m3fn")
     num_experts = w1.shape[0]
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
     check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
@@ -98,20 +100,67 @@ def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_e
                              f"from {low} to {high}")
 
 
+@dataclass(frozen=True)
+class Fp8Weights:
+    """The float8 side of a layer call, checked once: the weight scales, block_shape, and the static
+    activation scales (None: dynamic)."""
+    w1_scale: torch.Tensor
+    w2_scale: torch.Tensor
+    block_shape: Optional[tuple]
+    a1_scale: Optional[torch.Tensor]
+    a2_scale: Optional[torch.Tensor]
+
+    def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
+        """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
+        per tensor with a static scale; else per token (dynamic)."""
+        if self.block_shape is not None:
+            return quantize_activations_fp8(x, group_size=self.block_shape[1], num_rows=num_rows)
+        if static_scale is not None:
+            return quantize_activations_fp8(x, scale=static_scale, num_rows=num_rows)
+        return quantize_activations_fp8(x, group_size=None, num_rows=num_rows)
+
+
+def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Optional[Fp8Weights]:
+    block_shape = check_block_shape(block_shape)
+    given = dict(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, block_shape=block_shape)
+    if w1.dtype != FP8_DTYPE:
+        extra = [name for name, value in given.items() if value is not None]
+        if extra:
+            raise ValueError(f"{', '.join(extra)} given, but w1 and w2 are {str(w1.dtype)[6:]}: scales are for "
+                             "float8_e4m3fn weights (moe_lab.quantize_weights_fp8)")
+        return None
+    for name in ("w1_scale", "w2_scale"):
+        if given[name] is None:
+            raise ValueError(f"float8_e4m3fn weights need {name} (moe_lab.quantize_weights_fp8 returns it)")
+    check_weight_scale("w1_scale", w1_scale, w1, block_shape)
+    check_weight_scale("w2_scale", w2_scale, w2, block_shape)
+    for name in ("a1_scale", "a2_scale"):
+        if given[name] is None:
+            continue
+        if block_shape is not None:
+            raise ValueError(f"{name} must be None with block_shape: block-scaled activations are quantized per "
+                             "token per block_k channels as they come (dynamic)")
+        check_tensor(name, given[name], ndim=1, dtypes=(torch.float32,), shape=(1,), layout="[1] (a static per-tensor scale)")
+    return Fp8Weights(w1_scale, w2_scale, block_shape, a1_scale, a2_scale)
+
+
 @interpreter_serialized
 def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
               topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, config: ConfigLike = None,
               use_tma: UseTma = "auto", expert_map: Optional[torch.Tensor] = None,
               out: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
-              check_ids: Optional[bool] = None, return_info: bool = False):
+              check_ids: Optional[bool] = None, w1_scale: Optional[torch.Tensor] = None,
+              w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
+              a2_scale: Optional[torch.Tensor] = None, block_shape=None, return_info: bool = False):
     """A Mixture-of-Experts feed-forward layer with SwiGLU experts, through moe-lab's Triton kernels.
 
     out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e, :I] @ x_t) * (w1[e, I:] @ x_t)), e = topk_ids[t, j]
 
     Args:
         hidden_states: [T, H] float16/bfloat16/float32 (any strides); T may be 0.
-        w1: [E, 2I, H] gate (rows :I) and up (rows I:) projections, dtype of hidden_states.
-        w2: [E, H, I] down projection, same dtype.
+        w1: [E, 2I, H] gate (rows :I) and up (rows I:) projections, dtype of hidden_states, or
+            float8_e4m3fn with w1_scale (w8a8, below).
+        w2: [E, H, I] down projection, same dtype as w1.
         topk_weights: [T, k] routed weights (float32 usually), applied in the down GEMM's epilogue.
         topk_ids: [T, k] int32/int64 experts in [0, E) (in [0, E_global) with expert_map).
         config: None (tuned table or heuristic), a MoEConfig, a GemmConfig for both GEMMs, or a dict.
@@ -125,6 +174,17 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         check_ids: raise ValueError for topk_ids outside [0, E) and expert_map entries outside [-1, E).
             Default: on CPU tensors only, since on a GPU it costs a device-to-host sync; unchecked
             out-of-range ids (and map entries) contribute zero.
+        w1_scale, w2_scale, block_shape: float32 scales of float8_e4m3fn w1 and w2 (value = fp8 value x
+            scale; `moe_lab.quantize_weights_fp8` makes both). With block_shape [block_n, block_k]
+            (DeepSeek-V3's [128, 128]): [E, ceil(2I/block_n), ceil(H/block_k)] and
+            [E, ceil(H/block_n), ceil(I/block_k)], one per weight block; the activations are quantized per
+            token per block_k channels. Without it: [E] (per expert) or [E, 2I] / [E, H] (per channel).
+        a1_scale, a2_scale: static float32 [1] scales of the up GEMM's input (hidden_states) and the down
+            GEMM's input (the SwiGLU output), without block_shape only; None (default): dynamic, one scale
+            per token computed on the device. Every float8 product accumulates in float32; the output has
+            hidden_states' dtype. Needs FP8 tensor cores (compute capability >= 8.9) or the interpreter.
+            Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument names are vLLM's
+            fused_experts' (use_fp8_w8a8).
         return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for
             the last chunk).
     Returns:
@@ -136,6 +196,7 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     as in Triton's tensor-descriptor tutorials.
     """
     _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
+    fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape)
     check_use_tma(use_tma)
     if check_ids is not None and not isinstance(check_ids, bool):
         raise TypeError(f"check_ids must be None, True or False, got {check_ids!r}")
@@ -153,16 +214,16 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     for t0 in range(0, max(num_tokens, 1), step):
         rows = slice(t0, min(t0 + step, num_tokens))
         info = _fused_moe_chunk(hidden_states[rows], w1, w2, topk_weights[rows], topk_ids[rows], out[rows],
-                                config, use_tma, expert_map, return_info)
+                                config, use_tma, expert_map, return_info, fp8)
     return (out, info) if return_info else out
 
 
 def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map,
-                     with_info: bool) -> Optional[FusedMoEInfo]:
+                     with_info: bool, fp8: Optional[Fp8Weights] = None) -> Optional[FusedMoEInfo]:
     num_tokens, hidden = hidden_states.shape
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
-    choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, hidden_states.dtype,
+    choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype,
                            config=config, device=hidden_states.device)
     cfg = choice.config
     if num_tokens == 0:  # an idle rank: nothing to launch, but use_tma=True holds to its rules as at T > 0
@@ -172,16 +233,27 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
                              gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
+    x, up_scales, down_scales = hidden_states, {}, {}
+    if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
+        x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
+        # The SwiGLU output stays float32 until it is quantized: rounded to bfloat16 first, a row's amax (its
+        # scale) would move by a bfloat16 step and every float8 value of the row with it.
+        up_scales = dict(a_scale=a1_scale, w_scale=fp8.w1_scale, block_shape=fp8.block_shape,
+                         out_dtype=torch.float32)
     if cfg.up.swiglu_epilogue:
-        act, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, swiglu=True,
-                                      use_tma=use_tma, return_plan=True)
+        act, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=True,
+                                      use_tma=use_tma, return_plan=True, **up_scales)
     else:
-        gate_up, up_plan = grouped_matmul(hidden_states, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
-                                          return_plan=True)
+        gate_up, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
+                                          return_plan=True, **up_scales)
         act = silu_and_mul(gate_up, routing=routing)
+    if fp8 is not None:  # rows past num_tokens_post_padded are never read: not quantized
+        act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
+        down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
-                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True)
+                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True,
+                                  **down_scales)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:
         return None

@@ -37,16 +37,64 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
                           torch.tensor([row], **dev), block_size_m, num_tokens, top_k, num_experts)
 
 
+FP8_MAX = 448.0  # the largest float8_e4m3fn value
+
+
+def dequantize_weights(w: torch.Tensor, w_scale: torch.Tensor, block_shape=None,
+                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """float8 w [E, N, K] times its scales, in `dtype`: w_scale [E, ceil(N/bn), ceil(K/bk)] with
+    block_shape (bn, bk), else [E] (per expert) or [E, N] (per channel)."""
+    num_experts, n, k = w.shape
+    if block_shape is not None:
+        scale = w_scale.repeat_interleave(block_shape[0], 1)[:, :n].repeat_interleave(block_shape[1], 2)[:, :, :k]
+    elif w_scale.dim() == 1:
+        scale = w_scale[:, None, None]
+    else:
+        scale = w_scale[:, :, None]
+    return w.to(dtype) * scale.to(dtype)
+
+
+def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
+                              scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [rows, K] as the float8 GEMM sees it, back in float32: quantized to float8_e4m3fn and multiplied
+    by its scale, with the static per-tensor `scale`, or scales amax/448 per `group_size` channels of a
+    row (per row when None), as `moe_lab.quantize_activations_fp8` makes them."""
+    x = x.float()
+    if scale is not None:
+        s = scale.float().reshape(1, 1)
+        return (x / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+    rows, k = x.shape
+    group = group_size or max(k, 1)
+    pad = -k % group
+    groups = F.pad(x, (0, pad)).reshape(rows, -1, group)
+    s = groups.abs().amax(dim=2, keepdim=True).clamp(min=1e-10) / FP8_MAX
+    q = (groups / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
+    return q.reshape(rows, -1)[:, :k]
+
+
 def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                         topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
                         expert_map: Optional[torch.Tensor] = None,
-                        dtype: torch.dtype = torch.float32) -> torch.Tensor:
+                        dtype: torch.dtype = torch.float32, w1_scale: Optional[torch.Tensor] = None,
+                        w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
+                        a2_scale: Optional[torch.Tensor] = None, block_shape=None) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1g[e] x_t) * W1u[e] x_t), e = topk_ids[t, j].
 
     hidden_states [T, H], w1 [E, 2I, H] (gate rows first, then up), w2 [E, H, I]; math in `dtype`
     (float32 by default, float64 for tight checks). Returns [T, H] in `dtype`. With `expert_map`, only
     local experts contribute (the others give zero).
+
+    float8_e4m3fn w1 and w2 (scales and block_shape as `moe_lab.fused_moe` takes them): the weights are
+    dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
+    the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
+    the quantization's.
     """
+    fp8 = w1.dtype == torch.float8_e4m3fn
+    if fp8:
+        w1 = dequantize_weights(w1, w1_scale, block_shape, dtype)
+        w2 = dequantize_weights(w2, w2_scale, block_shape, dtype)
+        group = block_shape[1] if block_shape is not None else None
+        hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
     x = hidden_states.to(dtype)
     num_tokens = x.shape[0]
     inter = w2.shape[-1]
@@ -60,6 +108,8 @@ def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch
             continue
         gate_up = x[token] @ w1[e].to(dtype).T
         act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        if fp8:
+            act = fake_quantize_activations(act, group, a2_scale).to(dtype)
         y = (act @ w2[e].to(dtype).T) * topk_weights[token, slot].to(dtype)[:, None]
         out.index_add_(0, token, y)
     return out

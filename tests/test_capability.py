@@ -4,7 +4,7 @@ import sys
 import pytest
 import torch
 
-from moe_lab import capability, descriptor_problem, tma_support
+from moe_lab import capability, descriptor_problem, fp8_support, tma_support
 
 
 @pytest.fixture
@@ -82,3 +82,36 @@ def test_descriptor_rules():
     assert "power of two" in descriptor_problem(x, [24, 64])
     assert "at most 256" in descriptor_problem(torch.empty(512, 512, dtype=torch.bfloat16), [512, 64])
     assert "empty" in descriptor_problem(torch.empty(0, 64, dtype=torch.bfloat16), [16, 64])
+
+
+@pytest.fixture
+def fp8_gpu_world(on_gpu_world):
+    on_gpu_world.setattr(torch.version, "hip", None)
+    capability._fp8_support_cached.cache_clear()
+    yield on_gpu_world
+    capability._fp8_support_cached.cache_clear()
+
+
+@pytest.mark.parametrize("cc,available", [((9, 0), True), ((8, 9), True), ((10, 0), True), ((8, 6), False),
+                                          ((8, 0), False)])
+def test_fp8_needs_compute_capability_8_9(fp8_gpu_world, cc, available):
+    fp8_gpu_world.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
+    support = fp8_support("cuda:0")
+    assert support.available == available and f"{cc[0]}.{cc[1]}" in support.reason
+    if not available:
+        assert "FP8 tensor cores need >= 8.9" in support.reason
+
+
+def test_fp8_not_on_rocm_or_cpu(fp8_gpu_world):
+    assert not fp8_support("cpu") and "not a CUDA GPU" in fp8_support("cpu").reason
+    fp8_gpu_world.setattr(torch.version, "hip", "6.2")
+    capability._fp8_support_cached.cache_clear()
+    assert not fp8_support("cuda:0") and "ROCm" in fp8_support("cuda:0").reason
+
+
+def test_fp8_interpreter_reports_emulation(monkeypatch):
+    monkeypatch.setattr(capability, "interpreter_active", lambda: True)
+    capability._fp8_support_cached.cache_clear()
+    support = fp8_support("cpu")
+    capability._fp8_support_cached.cache_clear()
+    assert support.available and support.emulated and "interpreter" in support.reason

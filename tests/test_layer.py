@@ -99,7 +99,7 @@ def test_scaled_preset_deepseek():
     (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),
     (lambda a: a.update(topk_ids=a["topk_ids"][:3]), ValueError, "topk_ids must have shape"),
     (lambda a: a.update(hidden_states=a["hidden_states"][0]), ValueError, "hidden_states must have 2 dimensions"),
-    (lambda a: a.update(w2=a["w2"].half()), TypeError, r"w2 must be float32 \(the dtype of hidden_states\)"),
+    (lambda a: a.update(w2=a["w2"].half()), TypeError, r"w2 must be float32 \(the dtype of w1\)"),
     (lambda a: a.update(return_info="yes"), TypeError, "return_info must be True or False"),
 ])
 def test_bad_input(mutate, exc, match):

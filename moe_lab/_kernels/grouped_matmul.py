@@ -7,6 +7,11 @@ load path chosen at launch (constexpr):
      projection). Every M-block belongs to one expert, so a descriptor box never spans two experts.
   W: pointer loads, or a 3-D tensor descriptor over [E, N, K] with block [1, BLOCK_SIZE_N, BLOCK_SIZE_K]
      (W_TMA).
+FP8 (SCALES, float8_e4m3fn A and W with float32 scales, DeepSeek-V3's w8a8 format, arXiv:2412.19437 §3.3):
+"block" scales change along K, one per SCALE_GROUP_K channels of a row (activations, per token) and one per
+SCALE_GROUP_N x SCALE_GROUP_K block of W; each K step's product is scaled before it is added (BLOCK_SIZE_K
+divides SCALE_GROUP_K). "outer" scales are one per row (per token, or a per-tensor one with stride 0) and
+one per weight row (per channel, or per expert with stride 0): the float32 sum is scaled once.
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
 to their flat (token, k) slot (SCATTER_C).
 
@@ -32,12 +37,14 @@ from .common import round_to_bf16_grid
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
 def grouped_matmul_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
@@ -65,21 +72,24 @@ def grouped_matmul_kernel(
     if TAIL_SPLITS >= 2:
         quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
     if quarter_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -87,12 +97,14 @@ def grouped_matmul_kernel(
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
 def grouped_matmul_persistent_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
@@ -114,9 +126,10 @@ def grouped_matmul_persistent_kernel(
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -145,9 +158,11 @@ def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 @triton.jit
 def _tile(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
     row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -184,6 +199,9 @@ def _tile(
         row_ok = token_valid
     else:
         row_ok = tl.full([TILE_M], 1, tl.int1)
+    if SCALES != "none":  # FP8: a scale per row (of a K group) and per weight row (of a K group)
+        a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
+        w_scale_ptrs = w_scale_ptr + expert.to(tl.int64) * stride_wse + (w_rows // SCALE_GROUP_N) * stride_wsn
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
         if EVEN_K:
@@ -207,10 +225,20 @@ def _tile(
         if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        if FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
+        if SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
+            group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K
+            a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
+            w_s = tl.load(w_scale_ptrs + group * stride_wsk)
+            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
+        elif SCALES == "outer":  # each step's float8 product is added in float32: Hopper's float8 MMA keeps
+            acc += tl.dot(a, w)  # fewer accumulator bits (DeepSeek-V3 §3.3.2), so it sums one K step only
+        elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, w, acc)
+    if SCALES == "outer":  # one scale per row and per weight row for all of K: scale the sum once
+        a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
+        acc = acc * (a_s[:, None] * tl.load(w_scale_ptrs)[None, :])
 
     if SWIGLU:  # silu(gate) * up in float32, before anything is rounded to the output dtype
         gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))

@@ -1,0 +1,42 @@
+"""Per-token-group FP8 quantization: each row of x is cut into groups of GROUP_SIZE consecutive channels;
+each group gets scale = max(amax(|group|), 1e-10) / 448 and q = clamp(x / scale, -448, 448) in e4m3
+(round to nearest even). With STATIC_SCALE, one given float32 scale serves every group and none is stored.
+
+A program quantizes GROUPS_PER_PROGRAM groups of one row: a [GROUPS_PER_PROGRAM, GROUP_BLOCK] tile, where
+GROUP_BLOCK is GROUP_SIZE rounded up to a power of two (the extra lanes are masked), so one reduction along
+the tile's second axis gives every group's amax. Rows at or past *num_rows_ptr (HAS_ROW_BOUND) are left
+as they were, without a read of the bound on the host."""
+import triton
+import triton.language as tl
+
+from .common import round_to_e4m3_grid
+
+
+@triton.jit
+def per_token_group_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows_ptr, K, stride_xm, stride_xk, stride_qm,
+                                     stride_sm, stride_sg, GROUP_SIZE: tl.constexpr, GROUP_BLOCK: tl.constexpr,
+                                     GROUPS_PER_PROGRAM: tl.constexpr, STATIC_SCALE: tl.constexpr,
+                                     HAS_ROW_BOUND: tl.constexpr, EMULATE_FP8: tl.constexpr):
+    row = tl.program_id(0)
+    if HAS_ROW_BOUND:  # buffers sized by a bound: stop at the rows in use
+        if row >= tl.load(num_rows_ptr):
+            return
+    row = row.to(tl.int64)  # rows * K can pass 2^31
+    groups = tl.program_id(1) * GROUPS_PER_PROGRAM + tl.arange(0, GROUPS_PER_PROGRAM)
+    lane = tl.arange(0, GROUP_BLOCK)
+    cols = groups[:, None] * GROUP_SIZE + lane[None, :]
+    mask = (lane[None, :] < GROUP_SIZE) & (cols < K)
+    x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xk, mask=mask, other=0.0).to(tl.float32)
+    if STATIC_SCALE:
+        scale = tl.load(scale_ptr)
+        q = tl.math.div_rn(x, tl.zeros_like(x) + scale)
+    else:
+        amax = tl.max(tl.abs(x), axis=1)
+        # div_rn: IEEE division, as torch divides (a plain `/` is approximate on NVIDIA GPUs)
+        scale = tl.math.div_rn(tl.maximum(amax, 1e-10), tl.full(amax.shape, 448.0, tl.float32))
+        q = tl.math.div_rn(x, tl.zeros_like(x) + scale[:, None])
+        tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=groups * GROUP_SIZE < K)
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if EMULATE_FP8:
+        q = round_to_e4m3_grid(q)
+    tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -1,0 +1,200 @@
+"""FP8 (float8_e4m3fn) w8a8 GEMMs and layer: block-scaled (DeepSeek-V3's [128, 128]), per-channel with
+per-token activations, per-tensor; checked against float64 math on the dequantized operands, so the
+kernels' error is measured apart from the quantization's."""
+import pytest
+import torch
+
+from moe_lab import (GemmConfig, MoEConfig, fused_moe, fused_moe_reference, grouped_matmul, moe_align,
+                     quantize_activations_fp8, quantize_weights_fp8, relative_error)
+from moe_lab.reference import dequantize_weights, fake_quantize_activations
+
+from .conftest import DEVICE, random_topk_ids
+from .test_grouped_matmul import PATHS, per_expert_reference
+from .test_swiglu_epilogue import swiglu_reference
+
+FP8 = torch.float8_e4m3fn
+# (weight layout, block_shape): activations follow (per token group, per token, per tensor)
+SCHEMES = {
+    "block": dict(block_shape=(128, 128)),
+    "per_channel": dict(per_channel=True),
+    "per_tensor": dict(),
+}
+
+
+def quantized(scheme, a, w, *, static_a=False):
+    """float8 a and w with their scales as the layer makes them, and their dequantized float64 values."""
+    opts = SCHEMES[scheme]
+    block_shape = opts.get("block_shape")
+    w_q, w_scale = quantize_weights_fp8(w, block_shape, per_channel=opts.get("per_channel", False))
+    if block_shape is not None:
+        a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    elif static_a:
+        a_q, a_scale = quantize_activations_fp8(a, scale=(a.abs().max() / 448).float().reshape(1))
+    else:
+        a_q, a_scale = quantize_activations_fp8(a, group_size=None)
+    a_deq = a_q.double() * (a_scale.repeat_interleave(block_shape[1], 1)[:, :a.shape[1]].double()
+                            if block_shape is not None else a_scale.double().reshape(-1, 1))
+    w_deq = dequantize_weights(w_q, w_scale, block_shape, torch.float64)
+    return a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("num_tokens,num_experts,top_k,n,k", [(9, 4, 2, 144, 200), (5, 3, 3, 64, 128)])
+def test_fp8_up_projection_matches_dequantized_math(use_tma, scheme, num_tokens, num_experts, top_k, n, k):
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w = torch.randn(num_experts, n, k, device=DEVICE) * k ** -0.5
+    a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w)
+    out = torch.full((routing.max_num_tokens_padded, n), float("nan"), device=DEVICE)
+    _, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 64, 64, 2, 4, 1), gather_a=True, out=out,
+                             use_tma=use_tma, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
+                             return_plan=True)
+    assert plan.scales == ("block" if scheme == "block" else "outer")
+    used = routing.num_tokens_post_padded.item()
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
+    ref = per_expert_reference(a_deq, w_deq, routing, gather_a=True)[:used]
+    assert relative_error(out.cpu()[:used][valid], ref[valid]) < 1e-5
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_fp8_down_projection_scatters_weighted_rows(use_tma, scheme):
+    num_tokens, num_experts, top_k, n, k = 11, 5, 2, 96, 160
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE)
+    w = torch.randn(num_experts, n, k, device=DEVICE) * k ** -0.5
+    topk_weights = torch.rand(num_tokens, top_k, device=DEVICE)
+    a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w, static_a=scheme == "per_tensor")
+    out = torch.full((num_tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
+    grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=False, scatter=True,
+                   topk_weights=topk_weights, out=out, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
+                   block_shape=block_shape)
+    ref = per_expert_reference(a_deq, w_deq, routing, gather_a=False, topk_weights=topk_weights)
+    ids_sorted = routing.sorted_token_ids.long().cpu()
+    expected = torch.zeros(num_tokens * top_k, n, dtype=torch.float64)
+    real = ids_sorted < routing.num_slots
+    expected[ids_sorted[real]] = ref[real]
+    assert relative_error(out, expected) < 1e-2  # bfloat16 output
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma):
+    num_tokens, num_experts, top_k, inter, k = 7, 3, 2, 40, 96
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5
+    block_shape = (16, 32)  # scale blocks narrower than the config's BLOCK_SIZE_K = 64: the plan lowers it
+    w_q, w_scale = quantize_weights_fp8(w1, block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=32)
+    out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 64, 64, 1, 4, 1, tail_tiles=False),
+                               gather_a=True, swiglu=True, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
+                               block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
+    assert plan.config.BLOCK_SIZE_K == 32 and plan.swiglu
+    a_deq = a_q.double() * a_scale.repeat_interleave(32, 1)[:, :k].double()
+    ref = swiglu_reference(a_deq, dequantize_weights(w_q, w_scale, block_shape, torch.float64), routing)
+    used = routing.num_tokens_post_padded.item()
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
+    assert relative_error(out.cpu()[:used][valid], ref[:used][valid]) < 1e-5
+
+
+def fp8_layer(num_tokens, num_experts, top_k, hidden, inter, scheme, dtype=torch.bfloat16):
+    x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
+    w1 = torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) * hidden ** -0.5
+    w2 = torch.randn(num_experts, hidden, inter, device=DEVICE) * inter ** -0.5
+    opts = SCHEMES[scheme]
+    w1_q, w1_scale = quantize_weights_fp8(w1, opts.get("block_shape"), per_channel=opts.get("per_channel", False))
+    w2_q, w2_scale = quantize_weights_fp8(w2, opts.get("block_shape"), per_channel=opts.get("per_channel", False))
+    logits = torch.randn(num_tokens, num_experts, device=DEVICE)
+    topk_weights, topk_ids = torch.softmax(logits, -1).topk(top_k, -1)
+    scales = dict(w1_scale=w1_scale, w2_scale=w2_scale, block_shape=opts.get("block_shape"))
+    return x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids.int(), scales
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+@pytest.mark.parametrize("num_tokens,num_experts,top_k", [(13, 5, 2), (4, 3, 3), (6, 4, 1)])
+def test_fp8_layer_matches_the_dequantized_reference(scheme, num_tokens, num_experts, top_k):
+    x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(num_tokens, num_experts, top_k,
+                                                                         160, 96, scheme)
+    out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert out.dtype == torch.bfloat16 and out.shape == x.shape
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert relative_error(out, ref) < 1e-2
+    # quantization's own error, against the float layer: reported by the bench, bounded loosely here
+    assert relative_error(out, fused_moe_reference(x, w1, w2, topk_weights, topk_ids)) < 0.1
+
+
+def test_fp8_layer_static_scales_unfused_activation_chunks_and_expert_map():
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(9, 4, 2, 64, 48, "per_tensor")
+    static = dict(a1_scale=torch.tensor([0.02], device=DEVICE), a2_scale=torch.tensor([0.004], device=DEVICE))
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales, **static)
+    out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, **static, chunk_size=4)
+    assert relative_error(out, ref) < 1e-2
+    unfused = MoEConfig(GemmConfig(16, 64, 64, 1, 4, 1, fuse_swiglu=False), GemmConfig(16, 32, 64, 1, 4, 1))
+    out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, **static, config=unfused)
+    assert relative_error(out, ref) < 1e-2
+    # expert parallelism: global experts 0..7, this rank holds 1, 3, 4 and 6 as local 0..3
+    expert_map = torch.full((8,), -1, dtype=torch.int32, device=DEVICE)
+    expert_map[torch.tensor([1, 3, 4, 6])] = torch.arange(4, dtype=torch.int32, device=DEVICE)
+    global_ids = torch.stack([torch.randperm(8, device=DEVICE)[:2] for _ in range(9)]).int()
+    out = fused_moe(x, w1_q, w2_q, topk_weights, global_ids, expert_map=expert_map, **scales)
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, global_ids, expert_map=expert_map, **scales)
+    assert relative_error(out, ref) < 1e-2
+
+
+def test_fp8_layer_edges():
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(0, 4, 2, 160, 96, "block")
+    assert fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales).shape == (0, 160)
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(3, 3, 3, 144, 80, "block", torch.float16)
+    strided = torch.randn(3, 2 * 144, device=DEVICE).half()[:, ::2]  # non-contiguous hidden_states
+    out = fused_moe(strided, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert out.dtype == torch.float16
+    ref = fused_moe_reference(strided, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert relative_error(out, ref) < 1e-2
+
+
+def test_fake_quantized_activations_are_the_kernels():
+    x = torch.randn(7, 200, device=DEVICE) * 3
+    q, s = quantize_activations_fp8(x, group_size=128)
+    deq = q.float() * s.repeat_interleave(128, 1)[:, :200]
+    assert torch.equal(deq.cpu(), fake_quantize_activations(x, 128).cpu())
+
+
+def test_fp8_bad_arguments_name_what_is_wrong():
+    x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(4, 3, 2, 256, 64, "block")
+    with pytest.raises(ValueError, match="need w1_scale"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids)
+    with pytest.raises(ValueError, match="scales are for float8_e4m3fn weights"):
+        fused_moe(x, w1.bfloat16(), w2.bfloat16(), topk_weights, topk_ids, w1_scale=scales["w1_scale"])
+    with pytest.raises(ValueError, match=r"w2_scale must have shape \[E, ceil\(N/block_n\)"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=scales["w1_scale"],
+                  w2_scale=scales["w1_scale"], block_shape=(128, 128))
+    with pytest.raises(TypeError, match="w1_scale must be float32"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w1_scale=scales["w1_scale"].half()))
+    with pytest.raises(ValueError, match="a1_scale must be None with block_shape"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, a1_scale=torch.ones(1, device=DEVICE))
+    with pytest.raises(ValueError, match="block_shape must be None or two positive ints"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(128,)))
+    with pytest.raises(ValueError, match="block_k. must be a multiple of 16"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(128, 40)))
+    with pytest.raises(TypeError, match="hidden_states must be"):
+        fused_moe(x.to(FP8), w1_q, w2_q, topk_weights, topk_ids, **scales)
+    per_tensor = dict(w1_scale=torch.ones(3, device=DEVICE), w2_scale=torch.ones(3, device=DEVICE))
+    with pytest.raises(ValueError, match=r"a2_scale must have shape \[1\]"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_tensor, a2_scale=torch.ones(2, device=DEVICE))
+    routing = moe_align(topk_ids, 3, 16)
+    a_q, a_scale = quantize_activations_fp8(x, group_size=128)
+    with pytest.raises(ValueError, match="need a_scale and w_scale"):
+        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True)
+    with pytest.raises(TypeError, match=r"a must be float8_e4m3fn \(the dtype of w\)"):
+        grouped_matmul(x, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
+                       w_scale=scales["w1_scale"], block_shape=(128, 128))
+    with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
+        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale[:, :0],
+                       w_scale=scales["w1_scale"], block_shape=(128, 128))
+    with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16 or float32"):
+        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
+                       w_scale=scales["w1_scale"], block_shape=(128, 128), out_dtype=FP8)

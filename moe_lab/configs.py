@@ -188,8 +188,16 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
         up = GemmConfig(128, 256, 64, 8, 8, 4, prepermute=2 * intermediate_size >= 16384)
         down = GemmConfig(128, 256, 64, 8, 8, 4)
     if dtype.itemsize == 1:
-        # float8 (w8a8): the same bytes per K step are twice the channels, up to one 128-channel scale block.
-        up, down = (replace(c, BLOCK_SIZE_K=min(128, 2 * c.BLOCK_SIZE_K)) for c in (up, down))
+        # float8 (w8a8): K steps of one 128-channel scale block. Each step's float32 product is scaled and
+        # added apart from the sum, two float32 tiles live in registers: tiles of at most 64 x 128 won every
+        # point above 16 rows per expert on an H200 (benchmarks/experiments/fp8-H200-2026-12-01.txt).
+        if rows_per_expert <= 4:
+            cfg = GemmConfig(16, 64, 128, 1, 4, 4)
+        elif rows_per_expert <= 16:
+            cfg = GemmConfig(32, 128, 128, 1, 4, 4)
+        else:
+            cfg = GemmConfig(64, 128, 128, 8, 4, 4)
+        return MoEConfig(cfg, cfg)
     if dtype.itemsize == 4:
         # These tiles are sized in 16-bit elements; float32 (TF32 dots) halves BLOCK_SIZE_K to keep their
         # bytes, so the pipeline fits an A100's shared memory (128x256x64 in float32 did not, at any depth).

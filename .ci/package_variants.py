@@ -22,6 +22,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
   DeepSeek-V3's H in fp16 and fp32; per token, static and dynamic per tensor, with a num_rows bound, and a
   transposed input, bf16. Not on sm_80: Triton has no float8e4nv there ("fp8e4nv not supported"), so
   the workload checks instead that the launcher refuses (RuntimeError, as `fp8_support` says).
+- FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer),
+  per-channel Qwen3, per-tensor Mixtral with static activation scales; refused below sm_89 likewise.
 
 Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
 dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
@@ -257,6 +259,48 @@ def quantize_workloads() -> List[Workload]:
     return wl
 
 
+def fp8_layer_workloads() -> List[Workload]:
+    """FP8 w8a8 layers (float8_e4m3fn weights, heuristic tiles): DeepSeek-V3 block-scaled [128, 128] at each
+    fp8 rule's token count (16x64, 32x128 and 64x128 tiles) and with pointer loads at prefill; Qwen3
+    per-channel with per-token activations; Mixtral per-tensor with static activation scales. Below sm_89
+    the layer must refuse (RuntimeError naming compute capability 8.9)."""
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    wl: List[Workload] = []
+    for name, tokens, scheme, use_tma in (("deepseek-v3", (1, 64, 4096), "block", "auto"),
+                                          ("deepseek-v3", (4096,), "block", False),
+                                          ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
+                                          ("mixtral-8x7b", (4096,), "tensor", "auto")):
+        p = moe_lab.PRESETS[name]
+        e, k, h, i = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size
+
+        def run(p=p, tokens=tokens, scheme=scheme, use_tma=use_tma, e=e, k=k, h=h, i=i):
+            if scheme == "block":
+                scales = dict(w1_scale=_empty(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
+                              w2_scale=_empty(e, -(-h // 128), -(-i // 128), dtype=f32), block_shape=(128, 128))
+            elif scheme == "channel":
+                scales = dict(w1_scale=_empty(e, 2 * i, dtype=f32), w2_scale=_empty(e, h, dtype=f32))
+            else:
+                scales = dict(w1_scale=_empty(e, dtype=f32), w2_scale=_empty(e, dtype=f32),
+                              a1_scale=_empty(1, dtype=f32), a2_scale=_empty(1, dtype=f32))
+            for t in tokens:
+                call = lambda: moe_lab.fused_moe(  # noqa: E731
+                    _empty(t, h, dtype=torch.bfloat16), _empty(e, 2 * i, h, dtype=fp8), _empty(e, h, i, dtype=fp8),
+                    _empty(t, k, dtype=f32), _empty(t, k, dtype=torch.int32), use_tma=use_tma, **scales)
+                if moe_lab.fp8_support():
+                    call()
+                    continue
+                try:
+                    call()
+                except RuntimeError as exc:
+                    if "8.9" not in str(exc):
+                        raise
+                else:
+                    raise AssertionError("fused_moe ran float8 weights on a GPU without FP8 (fp8_support said no)")
+        label = f"fp8 {name} {scheme} T={','.join(map(str, tokens))}" + ("" if use_tma == "auto" else " use_tma=False")
+        wl.append((label, run))
+    return wl
+
+
 def all_workloads() -> List[Workload]:
     return (heuristic_workloads() + tuned_workloads() + odd_shape_workloads() + parallel_workloads()
-            + kernel_workloads())
+            + kernel_workloads() + fp8_layer_workloads())

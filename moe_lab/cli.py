@@ -1,6 +1,6 @@
 """The `moe-lab` command: `demo` (the main job), `info`, `doctor`, `bench` and `tune` (GPU only).
 
-    moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32] [--use-tma auto|on|off]
+    moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32|fp8] [--use-tma auto|on|off]
     moe-lab info      versions, device, TMA support
     moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
 """
@@ -18,7 +18,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from . import presets as _presets  # noqa: E402
-from .capability import tma_support  # noqa: E402
+from .capability import fp8_support, tma_support  # noqa: E402
 from .grouped_matmul import USE_TMA_WORDS  # noqa: E402
 from .layer import fused_moe  # noqa: E402
 from .reference import fused_moe_reference, relative_error  # noqa: E402
@@ -28,12 +28,20 @@ from .tuned import table_for_device  # noqa: E402
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative Frobenius error allowed against the float32 reference.
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float16: 1e-2, torch.float32: 2e-3}
+# --dtype fp8: float8_e4m3fn weights with one float32 scale per block (MoEPreset.quantize_fp8, from the bf16
+# weights), bf16 hidden states quantized per token per block_k channels inside the layer. The check is the
+# kernels' error: against the float32 reference on the same quantized operands.
+FP8 = "fp8"
+FP8_TOLERANCE = 1e-2
 CPU_SCALE = 64  # H and I are divided by this under the interpreter; E and k stay real
 # Under the interpreter about 4 s per 500 routed slots (T*top_k) at the CPU scale: past this, ask first.
 CPU_MAX_SLOTS = 4096
+# FP8 is slower there, about 20 s per 500 slots: the activation quantization runs one program per padded row.
+CPU_MAX_SLOTS_FP8 = 1024
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 GPU_TOKENS = (1, 64, 4096)
 CPU_TOKENS = (1, 16, 64)
+CPU_TOKENS_FP8 = (1, 4)  # in the bf16 demo's time on a CPU (about 15 s for the three default models)
 
 
 def _device_name(device: torch.device) -> str:
@@ -64,26 +72,50 @@ def cmd_doctor(_args) -> int:
     return doctor_main()
 
 
+def _fp8_refused(command: str, device) -> bool:
+    """Print why FP8 kernels cannot run on `device` and return True; False when they can."""
+    support = fp8_support(device)
+    if not support:
+        print(f"{command} --dtype fp8 refused: FP8 (float8_e4m3fn) kernels cannot run here: {support.reason}. "
+              "They need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper) or Triton's interpreter "
+              "(TRITON_INTERPRET=1, CPU).", file=sys.stderr)
+        return True
+    return False
+
+
 def cmd_demo(args) -> int:
     device = default_device()
     on_gpu = device.type == "cuda"
-    dtype = DTYPES[args.dtype]
-    tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS)
+    fp8 = args.dtype == FP8
+    if fp8 and _fp8_refused("moe-lab demo", device):
+        return 2
+    dtype = torch.bfloat16 if fp8 else DTYPES[args.dtype]  # of the hidden states (and of the weights but FP8)
+    tolerance = FP8_TOLERANCE if fp8 else TOLERANCE[dtype]
+    tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS_FP8 if fp8 else CPU_TOKENS)
     scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
     use_tma = USE_TMA_WORDS[args.use_tma]
     models = [_presets.get_preset(name) for name in args.model or DEFAULT_MODELS]
     if not on_gpu and not args.force:
         slots = max(tokens) * max(p.top_k for p in models)
-        if slots > CPU_MAX_SLOTS:
+        limit = CPU_MAX_SLOTS_FP8 if fp8 else CPU_MAX_SLOTS
+        if slots > limit:
             print(f"moe-lab demo: T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
-                  f"that takes minutes per model (about 4 s per 500 slots). Pass --force to run it anyway, or "
-                  f"use token counts up to {CPU_MAX_SLOTS // max(p.top_k for p in models)}.", file=sys.stderr)
+                  f"that takes minutes per model (about {20 if fp8 else 4} s per 500 slots"
+                  f"{' in FP8' if fp8 else ''}). Pass --force to run it anyway, or use token counts up to "
+                  f"{limit // max(p.top_k for p in models)}.", file=sys.stderr)
             return 2
     print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
     support = tma_support(device)
     if not on_gpu:
         print(f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
               "(E and top_k are the real model's). Timings are not taken.")
+    if fp8:
+        blocks = sorted({tuple(p.weight_block_size or _presets.DEFAULT_FP8_BLOCK) for p in models})
+        shipped = [p.name for p in models if p.quantization == FP8]
+        print(f"FP8: float8_e4m3fn weights with one float32 scale per {' or '.join(str(list(b)) for b in blocks)} "
+              "block, quantized from the bf16 weights (moe_lab.quantize_weights_fp8)"
+              + (f"; the checkpoint of {', '.join(shipped)} ships its experts in this format" if shipped else "")
+              + f". The layer quantizes the bf16 hidden states per token per {blocks[0][1]} channels.")
     for preset in models:
         rounded = [f"{what} {size}/{scale} -> {new}" for what, size, new in (
             ("H", preset.hidden_size, preset.scaled(scale).hidden_size),
@@ -91,7 +123,8 @@ def cmd_demo(args) -> int:
         if scale != 1 and rounded:
             print(f"note: {preset.name}: --scale {scale} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)")
     header = f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} " \
-             f"{'rel err':>9}  {'result':<6}" + ("  graph ms  TFLOP/s" if on_gpu else "")
+             f"{'rel err':>9}  {'result':<6}" + (f"  {'quant err':>9}" if fp8 else "") + \
+             ("  graph ms  TFLOP/s" if on_gpu else "")
     print(header)
     print("-" * len(header))
     failures = 0
@@ -101,10 +134,14 @@ def cmd_demo(args) -> int:
             preset = preset.scaled(scale)
         for num_tokens in tokens:
             hidden, w1, w2, (topk_weights, topk_ids) = preset.build(num_tokens, dtype=dtype, device=device, seed=num_tokens)
-            out, info = fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True)
-            ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids)
+            scales, unquantized = {}, None
+            if fp8:  # kernels: against FP8's own operands; what FP8 costs: against the bf16 weights
+                unquantized = (w1, w2)
+                w1, w2, scales = preset.quantize_fp8(w1, w2)
+            out, info = fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True, **scales)
+            ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids, **scales) if num_tokens else None
             err = relative_error(out, ref) if num_tokens else 0.0
-            ok = err < TOLERANCE[dtype]  # NaN fails
+            ok = err < tolerance  # NaN fails
             failures += not ok
             if info.up_path:  # the device's TMA note is printed once, below, not in every reason
                 reasons[preset.name] = tuple(path.reason.replace(f" [{support.reason}]", "")
@@ -114,20 +151,29 @@ def cmd_demo(args) -> int:
             line = (f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
                     f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
                     f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}")
+            if fp8:
+                quant_err = relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids)) \
+                    if num_tokens else 0.0
+                line += f"  {quant_err:>9.2e}"
             if on_gpu and num_tokens:
                 from .timing import graph_ms  # median of CUDA-graph replays of the whole layer, L2 flushed
-                ms = graph_ms(lambda: fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma))
+                ms = graph_ms(lambda: fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, **scales))
                 line += f"  {ms:>8.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
             print(line, flush=True)
-            del hidden, w1, w2, out, ref
+            del hidden, w1, w2, out, ref, unquantized
     if reasons:
         print(f"\nWhy these load paths (TMA on this device: {support.reason}):")
         for model, (up_reason, down_reason) in reasons.items():
             print(f"  {model}\n    up:   {up_reason}\n    down: {down_reason}")
     if on_gpu:
         print("\ngraph ms: median time of the whole layer replayed as a CUDA graph, L2 flushed before each run.")
+    if fp8:
+        print("\nrel err: the FP8 layer against the float32 PyTorch reference on the same FP8 operands (dequantized "
+              "weights, activations quantized as the layer does): the kernels' own error, checked.\n"
+              "quant err: the FP8 layer against the float32 PyTorch reference on the unquantized bf16 weights: "
+              "what FP8 itself costs, reported, not checked.")
     print(f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
-          f"reference (relative Frobenius error < {TOLERANCE[dtype]:.0e}).")
+          f"reference{' on the same FP8 operands' if fp8 else ''} (relative Frobenius error < {tolerance:.0e}).")
     return 1 if failures else 0
 
 
@@ -146,8 +192,11 @@ def cmd_bench(args) -> int:
     from . import bench
     if _refused("moe-lab bench"):
         return 2
-    bench.run(args.model or bench.DEFAULT_MODELS, args.tokens or bench.DEFAULT_TOKENS, dtype=DTYPES[args.dtype],
-              out_dir=args.out, peers=not args.no_peers)
+    if args.dtype == FP8 and _fp8_refused("moe-lab bench", default_device()):
+        return 2
+    bench.run(args.model or bench.DEFAULT_MODELS, args.tokens or bench.DEFAULT_TOKENS,
+              dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype], out_dir=args.out,
+              peers=not args.no_peers)
     return 0
 
 
@@ -161,11 +210,11 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def _add_shape_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_shape_arguments(parser: argparse.ArgumentParser, dtypes=tuple(DTYPES), dtype_help=None) -> None:
     parser.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME",
                         help=f"model presets; choices: {', '.join(_presets.PRESETS)}")
     parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help="token counts")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=sorted(dtypes), default="bf16", help=dtype_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,9 +232,14 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
                       help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
                            f"{' '.join(map(str, CPU_TOKENS))} on a CPU)")
-    demo.add_argument("--dtype", choices=sorted(DTYPES), default="bf16",
-                      help="element type of hidden states and weights (default: bf16); allowed error against "
-                           "the float32 reference: " + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items()))
+    demo.add_argument("--dtype", choices=sorted([*DTYPES, FP8]), default="bf16",
+                      help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
+                           "with one float32 scale per [128, 128] block (DeepSeek-V3's format), quantized from "
+                           "the bf16 weights, and bf16 hidden states that the layer quantizes per token per 128 "
+                           "channels; it also reports the error against the unquantized weights (quant err). "
+                           "Allowed error against the float32 reference: "
+                           + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items())
+                           + f", fp8 {FP8_TOLERANCE:.0e} (the reference on the same FP8 operands)")
     demo.add_argument("--use-tma", choices=sorted(USE_TMA_WORDS), default="auto",
                       help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
                            "on: TMA, or an error naming the tensor and rule; off: pointer loads only")
@@ -195,8 +249,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)")
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
-    _add_shape_arguments(bench)
-    bench.add_argument("--out", default="benchmarks/results", help="folder for JSON/CSV results")
+    _add_shape_arguments(bench, (*DTYPES, FP8),
+                         "element type (default: bf16); fp8: moe-lab's FP8 layer (float8_e4m3fn weights, "
+                         "[128, 128] block scales) against moe-lab's bf16 layer in the same run, with speedups")
+    bench.add_argument("--out", default="benchmarks/results",
+                       help="folder for JSON/CSV results (bf16; other dtypes in a folder of their own in it, "
+                            "e.g. benchmarks/results/fp8/)")
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
     tune = sub.add_parser("tune", help="search launch configs per shape on this GPU and save them as JSON")

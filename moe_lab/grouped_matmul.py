@@ -175,7 +175,7 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
                          "quantize_activations_fp8 make them)")
     support = fp8_support(a.device)
     if not support.available:
-        raise ValueError(f"float8_e4m3fn operands cannot run here: {support.reason}")
+        raise RuntimeError(f"float8_e4m3fn operands cannot run here: {support.reason}")
     w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
     a_scale = check_activation_scale("a_scale", a_scale, rows, w.shape[2], block_shape)
     if block_shape is not None:
@@ -281,7 +281,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             applied at every K step (config.BLOCK_SIZE_K is lowered to divide block_k where needed).
             Without it: w_scale [E] (per expert) or [E, N] (per channel) and a_scale [1] (per tensor) or
             [rows, 1] (per token), applied once to the float32 sum. rows as for a. Needs FP8 tensor cores
-            (compute capability >= 8.9) or the interpreter.
+            (compute capability >= 8.9) or the interpreter: elsewhere RuntimeError (`moe_lab.fp8_support`).
         out_dtype: dtype of a new output: a's dtype by default, bfloat16 for float8 a; `out` decides when given
             (float8 a may write float16/bfloat16/float32).
         return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).

@@ -22,6 +22,7 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
                         output_buffer)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
+from .capability import fp8_support
 from .configs import ConfigLike, MoEConfig
 from .grouped_matmul import (FP8_DTYPE, LaunchPlan, LoadPath, UseTma, check_block_shape,
                              check_use_tma, check_weight_scale, grouped_matmul, select_load_path)
@@ -132,6 +133,9 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     for name in ("w1_scale", "w2_scale"):
         if given[name] is None:
             raise ValueError(f"float8_e4m3fn weights need {name} (moe_lab.quantize_weights_fp8 returns it)")
+    support = fp8_support(w1.device)
+    if not support.available:
+        raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
     check_weight_scale("w1_scale", w1_scale, w1, block_shape)
     check_weight_scale("w2_scale", w2_scale, w2, block_shape)
     for name in ("a1_scale", "a2_scale"):
@@ -182,7 +186,8 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         a1_scale, a2_scale: static float32 [1] scales of the up GEMM's input (hidden_states) and the down
             GEMM's input (the SwiGLU output), without block_shape only; None (default): dynamic, one scale
             per token computed on the device. Every float8 product accumulates in float32; the output has
-            hidden_states' dtype. Needs FP8 tensor cores (compute capability >= 8.9) or the interpreter.
+            hidden_states' dtype. Needs FP8 tensor cores (compute capability >= 8.9) or the interpreter:
+            elsewhere RuntimeError with the reason (`moe_lab.fp8_support`).
             Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument names are vLLM's
             fused_experts' (use_fp8_w8a8).
         return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for

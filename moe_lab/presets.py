@@ -2,16 +2,24 @@
 
 Each preset can be scaled down for the CPU interpreter: H and I are divided, E and k stay real, so the
 routing (and the alignment's padding) looks like the real model's.
+
+A preset whose checkpoint ships its experts in FP8 says so, in the words of its config.json's
+`quantization_config`: `quantization="fp8"` (float8_e4m3fn) and `weight_block_size` (one float32 scale per
+block; DeepSeek-V3: [128, 128]). `build` makes weights in `dtype` (bfloat16 by default) whatever the
+checkpoint's format; `quantize_fp8(w1, w2)` turns them into that format: float8_e4m3fn weights and their
+scales, as `fused_moe` and `fused_moe_reference` take them (`moe-lab demo --dtype fp8` runs it).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
 from .routing import TopKRouting, topk_routing
+
+DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names none: DeepSeek-V3's
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,8 @@ class MoEPreset:
     topk_group: Optional[int] = None
     routed_scaling_factor: float = 1.0
     source: str = ""
+    quantization: Optional[str] = None  # "fp8": the checkpoint's experts are float8_e4m3fn; None: bf16
+    weight_block_size: Optional[Tuple[int, int]] = None  # the checkpoint's FP8 scale blocks [bn, bk]
 
     def scaled(self, divisor: int) -> "MoEPreset":
         """The same routing (E, k, scoring) with H and I divided by `divisor` (rounded up to 16).
@@ -64,12 +74,27 @@ class MoEPreset:
                                routed_scaling_factor=self.routed_scaling_factor)
         return hidden_states, w1, w2, routing
 
+    def quantize_fp8(self, w1: torch.Tensor, w2: torch.Tensor, block_shape=None):
+        """w1 [E, 2I, H] and w2 [E, H, I] (from `build`) as FP8 experts: (w1_fp8, w2_fp8, scales), the weights
+        float8_e4m3fn and `scales` = dict(w1_scale=, w2_scale=, block_shape=) for `fused_moe(...,
+        **scales)` and `fused_moe_reference(..., **scales)`. One float32 scale per [bn, bk] weight block:
+        `block_shape`, else this preset's `weight_block_size`, else DeepSeek-V3's (128, 128)
+        (`moe_lab.quantize_weights_fp8`; H and I need not be multiples of the block)."""
+        from .quantize import quantize_weights_fp8
+        block = tuple(block_shape or self.weight_block_size or DEFAULT_FP8_BLOCK)
+        w1_fp8, w1_scale = quantize_weights_fp8(w1, block)
+        w2_fp8, w2_scale = quantize_weights_fp8(w2, block)
+        return w1_fp8, w2_fp8, dict(w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block)
+
 
 PRESETS = {p.name: p for p in (
     MoEPreset("mixtral-8x7b", 8, 2, 4096, 14336, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
     MoEPreset("qwen3-30b-a3b", 128, 8, 2048, 768, source="Qwen/Qwen3-30B-A3B config.json"),
+    # Its checkpoint's quantization_config: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+    # "weight_block_size": [128, 128]}.
     MoEPreset("deepseek-v3", 256, 8, 7168, 2048, scoring="sigmoid", num_expert_group=8, topk_group=4,
-              routed_scaling_factor=2.5, source="deepseek-ai/DeepSeek-V3 config.json (routed experts)"),
+              routed_scaling_factor=2.5, quantization="fp8", weight_block_size=(128, 128),
+              source="deepseek-ai/DeepSeek-V3 config.json (routed experts)"),
     MoEPreset("olmoe-1b-7b", 64, 8, 2048, 1024, renormalize=False, source="allenai/OLMoE-1B-7B-0924 config.json"),
     MoEPreset("qwen1.5-moe-a2.7b", 60, 4, 2048, 1408, renormalize=False,
               source="Qwen/Qwen1.5-MoE-A2.7B config.json (routed experts)"),

@@ -66,11 +66,11 @@ def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
     rows, k = x.shape
     group = group_size or max(k, 1)
     pad = -k % group
-    groups = F.pad(x, (0, pad)).reshape(rows, -1, group)
+    groups = F.pad(x, (0, pad)).reshape(rows, (k + pad) // group, group)
     amax = groups.abs().amax(dim=2, keepdim=True).clamp(min=1e-10)
     s = amax / torch.full_like(amax, FP8_MAX)  # an IEEE division, as the kernel's (not a reciprocal multiply)
     q = (groups / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
-    return q.reshape(rows, -1)[:, :k]
+    return q.reshape(rows, k + pad)[:, :k]
 
 
 def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,

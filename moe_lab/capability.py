@@ -62,6 +62,31 @@ def env_override() -> str:
     return value
 
 
+def _device_key(device) -> str:
+    """The device asked about, as a cache key: the current CUDA device by default (the CPU under the
+    interpreter or without a GPU), "cuda" made "cuda:<current index>"."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device()) if (
+            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
+
+
+def _not_a_cuda_gpu(device_key: str) -> Optional[str]:
+    """Why tensors on this device are not on a CUDA GPU (a ROCm/HIP build, another device type, no GPU
+    visible), or None when they are."""
+    if getattr(torch.version, "hip", None):
+        return f"ROCm/HIP build of PyTorch ({torch.version.hip}): an NVIDIA feature"
+    device = torch.device(device_key)
+    if device.type != "cuda":
+        return f"device {device} is not a CUDA GPU"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU is visible to PyTorch"
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> TmaSupport:
     import triton
@@ -74,14 +99,10 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
     if interpreted:
         return TmaSupport(True, "Triton interpreter: tensor descriptors are emulated on the CPU "
                                 "(checks correctness, says nothing about speed)", emulated=True)
-    if getattr(torch.version, "hip", None):
-        return TmaSupport(False, f"ROCm/HIP build of PyTorch ({torch.version.hip}): TMA is an NVIDIA "
-                                 "Hopper feature")
+    problem = _not_a_cuda_gpu(device_key)
+    if problem:
+        return TmaSupport(False, problem.replace("an NVIDIA feature", "TMA is an NVIDIA Hopper feature"))
     device = torch.device(device_key)
-    if device.type != "cuda":
-        return TmaSupport(False, f"device {device} is not a CUDA GPU")
-    if not torch.cuda.is_available():
-        return TmaSupport(False, "no CUDA GPU is visible to PyTorch")
     major, minor = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
     if (major, minor) < (9, 0):
@@ -95,13 +116,7 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
 def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
     """Whether the TMA path can be used for tensors on `device` (default: the current CUDA device, or
     the CPU under the interpreter), with the reason. Cached per device and setting."""
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if (
-            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _tma_support_cached(str(device), env_override(), interpreter_active())
+    return _tma_support_cached(_device_key(device), env_override(), interpreter_active())
 
 
 @dataclass(frozen=True)
@@ -123,14 +138,11 @@ def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
     if interpreted:
         return Fp8Support(True, "Triton interpreter: float8 e4m3 is emulated on the CPU (checks correctness, "
                                 "says nothing about speed)", emulated=True)
-    if getattr(torch.version, "hip", None):
-        return Fp8Support(False, f"ROCm/HIP build of PyTorch ({torch.version.hip}): moe-lab's FP8 path targets "
-                                 "NVIDIA's float8_e4m3fn tensor cores (compute capability >= 8.9)")
+    problem = _not_a_cuda_gpu(device_key)
+    if problem:
+        return Fp8Support(False, problem.replace("an NVIDIA feature", "moe-lab's FP8 path targets NVIDIA's "
+                                                 "float8_e4m3fn tensor cores (compute capability >= 8.9)"))
     device = torch.device(device_key)
-    if device.type != "cuda":
-        return Fp8Support(False, f"device {device} is not a CUDA GPU")
-    if not torch.cuda.is_available():
-        return Fp8Support(False, "no CUDA GPU is visible to PyTorch")
     major, minor = torch.cuda.get_device_capability(device)
     name = torch.cuda.get_device_name(device)
     if (major, minor) < (8, 9):
@@ -144,13 +156,7 @@ def fp8_support(device: Optional[torch.device | str] = None) -> Fp8Support:
     device, or the CPU under the interpreter), with the reason. Cached per device. Source: NVIDIA's FP8
     tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper); Triton's float8e4nv type
     compiles only there ("fp8e4nv not supported" below)."""
-    if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if (
-            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
-    return _fp8_support_cached(str(device), interpreter_active())
+    return _fp8_support_cached(_device_key(device), interpreter_active())
 
 
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:

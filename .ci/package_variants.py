@@ -261,20 +261,22 @@ def quantize_workloads() -> List[Workload]:
 
 def fp8_layer_workloads() -> List[Workload]:
     """FP8 w8a8 layers (float8_e4m3fn weights, heuristic tiles): DeepSeek-V3 block-scaled [128, 128] at each
-    fp8 rule's token count (16x64, 32x128 and 64x128 tiles) and with pointer loads at prefill; Qwen3
+    fp8 rule's token count (16x64, 32x128 and 64x128 tiles), with pointer loads at prefill, and with an up
+    GEMM of BLOCK_SIZE_N = 256 whose epilogue quantizes the SwiGLU output; Qwen3
     per-channel with per-token activations; Mixtral per-tensor with static activation scales. Below sm_89
     the layer must refuse (RuntimeError naming compute capability 8.9)."""
     fp8, f32 = torch.float8_e4m3fn, torch.float32
     wl: List[Workload] = []
     for name, tokens, scheme, use_tma in (("deepseek-v3", (1, 64, 4096), "block", "auto"),
                                           ("deepseek-v3", (4096,), "block", False),
+                                          ("deepseek-v3", (64, 4096), "block, quantized by the epilogue", "auto"),
                                           ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
                                           ("mixtral-8x7b", (4096,), "tensor", "auto")):
         p = moe_lab.PRESETS[name]
         e, k, h, i = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size
 
         def run(p=p, tokens=tokens, scheme=scheme, use_tma=use_tma, e=e, k=k, h=h, i=i):
-            if scheme == "block":
+            if scheme.startswith("block"):
                 scales = dict(w1_scale=_empty(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
                               w2_scale=_empty(e, -(-h // 128), -(-i // 128), dtype=f32), block_shape=(128, 128))
             elif scheme == "channel":
@@ -283,9 +285,14 @@ def fp8_layer_workloads() -> List[Workload]:
                 scales = dict(w1_scale=_empty(e, dtype=f32), w2_scale=_empty(e, dtype=f32),
                               a1_scale=_empty(1, dtype=f32), a2_scale=_empty(1, dtype=f32))
             for t in tokens:
+                config = None
+                if "epilogue" in scheme:  # 128 output columns per program: whole groups, quantized in the epilogue
+                    base = heuristic(t, e, k, h, i, fp8)
+                    config = MoEConfig(replace(base.up, BLOCK_SIZE_N=256, num_warps=8), base.down)
                 call = lambda: moe_lab.fused_moe(  # noqa: E731
                     _empty(t, h, dtype=torch.bfloat16), _empty(e, 2 * i, h, dtype=fp8), _empty(e, h, i, dtype=fp8),
-                    _empty(t, k, dtype=f32), _empty(t, k, dtype=torch.int32), use_tma=use_tma, **scales)
+                    _empty(t, k, dtype=f32), _empty(t, k, dtype=torch.int32), use_tma=use_tma, config=config,
+                    **scales)
                 if moe_lab.fp8_support():
                     call()
                     continue

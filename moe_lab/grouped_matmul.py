@@ -83,7 +83,8 @@ class LaunchPlan:
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
-    block's K)."""
+    block's K). out_quant_group: the epilogue writes float8 with one scale per row per this many columns
+    (0: the output dtype as is)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -93,6 +94,7 @@ class LaunchPlan:
     swiglu: bool = False
     persistent: bool = False
     scales: str = "none"
+    out_quant_group: int = 0
 
     @property
     def tile_n(self) -> int:
@@ -283,7 +285,11 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             [rows, 1] (per token), applied once to the float32 sum. rows as for a. Needs FP8 tensor cores
             (compute capability >= 8.9) or the interpreter: elsewhere RuntimeError (`moe_lab.fp8_support`).
         out_dtype: dtype of a new output: a's dtype by default, bfloat16 for float8 a; `out` decides when given
-            (float8 a may write float16/bfloat16/float32).
+            (float8 a may write float16/bfloat16/float32). With block scales also float8_e4m3fn: the epilogue
+            quantizes the float32 result as `quantize_activations_fp8(..., group_size=block_k)` would (bit for
+            bit), for the next GEMM; the call then returns (out, out_scale [rows, ceil(N_out/block_k)] float32).
+            Sorted rows only (not scatter), and each program's columns (BLOCK_SIZE_N, half with swiglu) must
+            hold whole groups of block_k.
         return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).
     Returns:
         `out`, or (`out`, LaunchPlan) with return_plan. Supported: gather_a without scatter (the up
@@ -326,10 +332,21 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if out_dtype is None:
         out_dtype = out.dtype if scales is not None and isinstance(out, torch.Tensor) else (
             torch.bfloat16 if scales is not None else a.dtype)
-    if out_dtype not in FLOAT_DTYPES or (scales is None and out_dtype != a.dtype):
-        allowed = "float16, bfloat16 or float32" if scales is not None else f"{str(a.dtype)[6:]} (the dtype of a)"
-        raise TypeError(f"out_dtype must be {allowed}, got {out_dtype}")
+    allowed = FLOAT_DTYPES + (FP8_DTYPE,) if scales is not None and scales.mode == "block" else FLOAT_DTYPES
+    if out_dtype not in allowed or (scales is None and out_dtype != a.dtype):
+        words = ", ".join(str(d)[6:] for d in allowed) if scales is not None else f"{str(a.dtype)[6:]} (the dtype of a)"
+        raise TypeError(f"out_dtype must be {words}, got {out_dtype}")
+    quant_group = scales.group_k if out_dtype == FP8_DTYPE else 0
+    if quant_group:
+        tile_n = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
+        if scatter or tile_n % quant_group:
+            raise ValueError(f"out_dtype=float8_e4m3fn quantizes whole groups of block_k={quant_group} output columns "
+                             f"per program into sorted rows: needs scatter=False and the {tile_n} columns a program "
+                             f"writes (config.BLOCK_SIZE_N{'/2 with swiglu' if swiglu else ''}) to be a multiple of "
+                             f"{quant_group}")
     out = output_buffer(out, (out_rows, out_cols), out_dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
+    out_scale = (torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
+                 if quant_group else None)
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights,
                       a_scale=a_scale, w_scale=w_scale)
     check_not_aliased(out, a=a, w=w)
@@ -340,9 +357,10 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
-                        scales=scales)
+                        scales=scales, out_quant_group=quant_group)
+    result = (out, out_scale) if quant_group else out
     if plan.grid == 0:
-        return (out, plan) if return_plan else out
+        return (result, plan) if return_plan else result
     if plan.prepermute:
         a = permute_tokens(a, routing)
     a_desc = w_desc = None
@@ -360,8 +378,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales)
-            return (out, plan) if return_plan else out
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
+            return (result, plan) if return_plan else result
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
                 raise ValueError(f"config {plan.config} does not fit this device: {exc}") from None
@@ -370,7 +388,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                  gather_a: bool, scatter: bool = False, swiglu: bool = False,
-                 use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None) -> LaunchPlan:
+                 use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None,
+                 out_quant_group: int = 0) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
     the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
     block), the load paths, the grid. Launches nothing. Callers get the plan with
@@ -393,7 +412,7 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
-                      config.persistent, scales.mode if scales is not None else "none")
+                      config.persistent, scales.mode if scales is not None else "none", out_quant_group)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -413,7 +432,8 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
     return shared_memory_limit(device)
 
 
-def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales]):
+def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
+            out_scale: Optional[torch.Tensor]):
     config, (_, n, k) = plan.config, w.shape
     if scales is None:
         a_scale = w_scale = None
@@ -429,14 +449,15 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
     else:
         kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
     kernel[(plan.grid,)](
-        a, a_desc, w, w_desc, out, a_scale, w_scale,
+        a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
         n, k, routing.num_slots, routing.max_num_m_blocks,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        *scale_strides,
+        *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
-        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1],
+        QUANT_GROUP=plan.out_quant_group, EMULATE_FP8=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,

@@ -23,7 +23,7 @@ from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_sa
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .capability import fp8_support
-from .configs import ConfigLike, MoEConfig
+from .configs import ConfigLike, GemmConfig, MoEConfig
 from .grouped_matmul import (FP8_DTYPE, LaunchPlan, LoadPath, UseTma, check_block_shape,
                              check_use_tma, check_weight_scale, grouped_matmul, select_load_path)
 from .quantize import quantize_activations_fp8
@@ -110,6 +110,13 @@ class Fp8Weights:
     block_shape: Optional[tuple]
     a1_scale: Optional[torch.Tensor]
     a2_scale: Optional[torch.Tensor]
+
+    def quantized_by_epilogue(self, up: GemmConfig) -> bool:
+        """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32
+        buffer, no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold
+        whole groups of block_k. Bit for bit the same as quantizing afterwards."""
+        return (self.block_shape is not None and up.swiglu_epilogue
+                and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
 
     def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
@@ -239,12 +246,13 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     x, up_scales, down_scales = hidden_states, {}, {}
+    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
-        # The SwiGLU output stays float32 until it is quantized: rounded to bfloat16 first, a row's amax (its
-        # scale) would move by a bfloat16 step and every float8 value of the row with it.
+        # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
+        # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
         up_scales = dict(a_scale=a1_scale, w_scale=fp8.w1_scale, block_shape=fp8.block_shape,
-                         out_dtype=torch.float32)
+                         out_dtype=FP8_DTYPE if fused_quant else torch.float32)
     if cfg.up.swiglu_epilogue:
         act, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=True,
                                       use_tma=use_tma, return_plan=True, **up_scales)
@@ -252,8 +260,11 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         gate_up, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
                                           return_plan=True, **up_scales)
         act = silu_and_mul(gate_up, routing=routing)
-    if fp8 is not None:  # rows past num_tokens_post_padded are never read: not quantized
-        act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
+    if fp8 is not None:
+        if fused_quant:
+            act, a2_scale = act
+        else:  # rows past num_tokens_post_padded are never read: not quantized
+            act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,

@@ -195,6 +195,43 @@ def test_fp8_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale[:, :0],
                        w_scale=scales["w1_scale"], block_shape=(128, 128))
-    with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16 or float32"):
+    with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16, float32, float8_e4m3fn, got torch.int8"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
-                       w_scale=scales["w1_scale"], block_shape=(128, 128), out_dtype=FP8)
+                       w_scale=scales["w1_scale"], block_shape=(128, 128), out_dtype=torch.int8)
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels(use_tma):
+    num_tokens, num_experts, top_k, inter, k = 9, 3, 2, 80, 64  # I = 80: the last group of 32 is partial
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5
+    block_shape = (32, 32)
+    w_q, w_scale = quantize_weights_fp8(w1, block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=32)
+    cfg = GemmConfig(16, 64, 32, 1, 4, 1)  # a program writes 32 columns: one group
+    args = dict(gather_a=True, swiglu=True, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape)
+    act = grouped_matmul(a_q, w_q, routing, cfg, out_dtype=torch.float32, **args)
+    (q, s), plan = grouped_matmul(a_q, w_q, routing, cfg, out_dtype=FP8, return_plan=True, **args)
+    assert plan.out_quant_group == 32 and q.dtype == FP8 and s.shape == (routing.max_num_tokens_padded, 3)
+    want_q, want_s = quantize_activations_fp8(act, group_size=32)
+    used = routing.num_tokens_post_padded.item()
+    valid = (routing.sorted_token_ids.cpu()[:used] < routing.num_slots)
+    assert torch.equal(q.cpu()[:used][valid].view(torch.uint8), want_q.cpu()[:used][valid].view(torch.uint8))
+    assert torch.equal(s.cpu()[:used][valid], want_s.cpu()[:used][valid])
+    with pytest.raises(ValueError, match="multiple of 32"):
+        grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), out_dtype=FP8, **args)
+
+
+def test_fp8_layer_with_the_quantizing_epilogue_matches_the_separate_quantization():
+    x, (w1, w2), _, topk_weights, topk_ids, _ = fp8_layer(11, 4, 2, 64, 96, "block")
+    (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
+    scales = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
+    fused = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))   # 32 columns: fused
+    apart = MoEConfig(GemmConfig(16, 32, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))   # 16 columns: a kernel
+    out_fused = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=fused, **scales)
+    out_apart = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=apart, **scales)
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert relative_error(out_fused, ref) < 1e-2 and relative_error(out_apart, ref) < 1e-2
+    assert relative_error(out_fused, out_apart) < 3e-3  # the same float8 input to the down GEMM

@@ -30,3 +30,18 @@ def round_to_e4m3_grid(x):
     sub = (x + 24576.0) - 24576.0
     sub = ((sub.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(x) < 0.015625, sub, normal)
+
+
+@triton.jit
+def quantize_groups_e4m3(x, EMULATE_FP8: tl.constexpr):
+    """float32 x [..., G] in groups along its last axis -> (q, scale): scale = max(amax of the group, 1e-10)
+    / 448 (shape [...]), q = clamp(x / scale, -448, 448) rounded to e4m3 (still float32; cast to store).
+    IEEE divisions (`div_rn`), as torch divides, so the scales match `moe_lab.quantize_weights_fp8`'s math;
+    EMULATE_FP8 rounds to the e4m3 grid first (the interpreter's cast is wrong for some values)."""
+    amax = tl.max(tl.abs(x), axis=-1)
+    scale = tl.math.div_rn(tl.maximum(amax, 1e-10), tl.full(amax.shape, 448.0, tl.float32))
+    q = tl.math.div_rn(x, tl.zeros_like(x) + tl.expand_dims(scale, -1))
+    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    if EMULATE_FP8:
+        q = round_to_e4m3_grid(q)
+    return q, scale

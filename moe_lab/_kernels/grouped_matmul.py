@@ -12,6 +12,8 @@ FP8 (SCALES, float8_e4m3fn A and W with float32 scales, DeepSeek-V3's w8a8 forma
 SCALE_GROUP_N x SCALE_GROUP_K block of W; each K step's product is scaled before it is added (BLOCK_SIZE_K
 divides SCALE_GROUP_K). "outer" scales are one per row (per token, or a per-tensor one with stride 0) and
 one per weight row (per channel, or per expert with stride 0): the float32 sum is scaled once.
+With QUANT_GROUP (float8 operands and the SwiGLU epilogue), the tile's float32 output is quantized as the
+down GEMM reads it: one scale per row per QUANT_GROUP columns (a tile holds whole groups), float8 values.
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
 to their flat (token, k) slot (SCATTER_C).
 
@@ -31,21 +33,21 @@ holds them all; such blocks run a smaller tile. Rows the smaller tile skips are 
 import triton
 import triton.language as tl
 
-from .common import round_to_bf16_grid
+from .common import quantize_groups_e4m3, round_to_bf16_grid
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
 def grouped_matmul_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
 ):
@@ -72,24 +74,27 @@ def grouped_matmul_kernel(
     if TAIL_SPLITS >= 2:
         quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
     if quarter_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -97,15 +102,15 @@ def grouped_matmul_kernel(
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
 def grouped_matmul_persistent_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -126,10 +131,11 @@ def grouped_matmul_persistent_kernel(
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, SCALES, SCALE_GROUP_N, SCALE_GROUP_K,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -158,11 +164,12 @@ def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 @triton.jit
 def _tile(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-    row0, expert, pid_n, N, K, num_slots,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr,
+    sorted_token_ids_ptr, row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -257,6 +264,14 @@ def _tile(
     else:
         c_rows = offs_m.to(tl.int64)
         row_mask = tl.full([TILE_M], 1, tl.int1)
+    if QUANT_GROUP > 0:  # float8 output, one scale per row per QUANT_GROUP columns (the down GEMM's input)
+        TILE_N: tl.constexpr = BLOCK_SIZE_N // 2 if SWIGLU else BLOCK_SIZE_N
+        acc = tl.where(offs_n[None, :] < N, acc, 0.0)  # columns past N (wrapped weight rows) are no group's
+        acc, c_scale = quantize_groups_e4m3(acc.reshape(TILE_M, TILE_N // QUANT_GROUP, QUANT_GROUP), EMULATE_FP8)
+        acc = acc.reshape(TILE_M, TILE_N)
+        groups = n0 // QUANT_GROUP + tl.arange(0, TILE_N // QUANT_GROUP)
+        tl.store(c_scale_ptr + c_rows[:, None] * stride_csm + groups[None, :] * stride_csk, c_scale,
+                 mask=row_mask[:, None] & (groups[None, :] * QUANT_GROUP < N))
     if EMULATE_BF16:
         acc = round_to_bf16_grid(acc)
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn

@@ -9,7 +9,7 @@ as they were, without a read of the bound on the host."""
 import triton
 import triton.language as tl
 
-from .common import round_to_e4m3_grid
+from .common import quantize_groups_e4m3, round_to_e4m3_grid
 
 
 @triton.jit
@@ -28,15 +28,12 @@ def per_token_group_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows_ptr, K, s
     mask = (lane[None, :] < GROUP_SIZE) & (cols < K)
     x = tl.load(x_ptr + row * stride_xm + cols.to(tl.int64) * stride_xk, mask=mask, other=0.0).to(tl.float32)
     if STATIC_SCALE:
-        scale = tl.load(scale_ptr)
-        q = tl.math.div_rn(x, tl.zeros_like(x) + scale)
-    else:
-        amax = tl.max(tl.abs(x), axis=1)
         # div_rn: IEEE division, as torch divides (a plain `/` is approximate on NVIDIA GPUs)
-        scale = tl.math.div_rn(tl.maximum(amax, 1e-10), tl.full(amax.shape, 448.0, tl.float32))
-        q = tl.math.div_rn(x, tl.zeros_like(x) + scale[:, None])
+        q = tl.math.div_rn(x, tl.zeros_like(x) + tl.load(scale_ptr))
+        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+        if EMULATE_FP8:
+            q = round_to_e4m3_grid(q)
+    else:  # masked lanes are 0: no group's amax
+        q, scale = quantize_groups_e4m3(x, EMULATE_FP8)
         tl.store(scale_ptr + row * stride_sm + groups * stride_sg, scale, mask=groups * GROUP_SIZE < K)
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-    if EMULATE_FP8:
-        q = round_to_e4m3_grid(q)
     tl.store(q_ptr + row * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)

@@ -14,7 +14,7 @@ own kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import torch
 
@@ -281,16 +281,20 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
 @torch.library.custom_op("moe_lab::fused_moe", mutates_args=())
 def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
                  topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
-                 use_tma: Optional[bool] = None) -> torch.Tensor:
+                 use_tma: Optional[bool] = None, w1_scale: Optional[torch.Tensor] = None,
+                 w2_scale: Optional[torch.Tensor] = None, block_shape: Optional[List[int]] = None) -> torch.Tensor:
     """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op. use_tma: True or False as in
     `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
-    other values)."""
+    other values). w1_scale, w2_scale, block_shape: for float8_e4m3fn weights, as in `fused_moe`
+    (activations quantized dynamically)."""
     return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=expert_map,
-                     use_tma="auto" if use_tma is None else use_tma)
+                     use_tma="auto" if use_tma is None else use_tma, w1_scale=w1_scale, w2_scale=w2_scale,
+                     block_shape=block_shape)
 
 
 @fused_moe_op.register_fake
-def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=None):
+def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=None, w1_scale=None, w2_scale=None,
+      block_shape=None):
     return hidden_states.new_empty(hidden_states.shape)
 
 
@@ -298,12 +302,19 @@ class FusedMoE(torch.nn.Module):
     """The experts of a MoE layer as a module: holds w1 [E, 2I, H] and w2 [E, H, I] as parameters and
     calls `torch.ops.moe_lab.fused_moe`, so `torch.compile(fullgraph=True)` keeps it as one node.
     The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k]).
-    use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad)."""
+    use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad).
+    FP8: float8_e4m3fn w1 and w2 with w1_scale, w2_scale and block_shape as `fused_moe` takes them (kept as
+    buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically."""
 
     def __init__(self, w1: torch.Tensor, w2: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
-                 use_tma: UseTma = "auto"):
+                 use_tma: UseTma = "auto", *, w1_scale: Optional[torch.Tensor] = None,
+                 w2_scale: Optional[torch.Tensor] = None, block_shape=None):
         super().__init__()
-        _check_weights(w1, w2)
+        _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,))
+        fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, None, None, block_shape)
+        self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
+        self.register_buffer("w1_scale", w1_scale)
+        self.register_buffer("w2_scale", w2_scale)
         if expert_map is not None:
             check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
         check_use_tma(use_tma)
@@ -314,4 +325,5 @@ class FusedMoE(torch.nn.Module):
 
     def forward(self, hidden_states, topk_weights, topk_ids):
         return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,
-                                           self.expert_map, self.use_tma)
+                                           self.expert_map, self.use_tma, self.w1_scale, self.w2_scale,
+                                           self.block_shape)

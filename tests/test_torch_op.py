@@ -37,3 +37,20 @@ def test_custom_op_takes_use_tma_as_fused_moe_does():
     ref = fused_moe_reference(hs, w1, w2, tw, ti)
     for use_tma in (True, False, None):  # None: "auto"
         assert relative_error(torch.ops.moe_lab.fused_moe(hs, w1, w2, tw, ti, None, use_tma), ref) < TOL[torch.float32]
+
+
+def test_fp8_module_and_custom_op():
+    from moe_lab import quantize_weights_fp8
+    hs, w1, w2, tw, ti = random_layer(6, 4, 2, 160, 96, torch.bfloat16)
+    (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1), quantize_weights_fp8(w2)
+    module = FusedMoE(w1_q, w2_q, w1_scale=s1, w2_scale=s2, block_shape=(128, 128))
+    ref = fused_moe_reference(hs, w1_q, w2_q, tw, ti, w1_scale=s1, w2_scale=s2, block_shape=(128, 128))
+    eager = module(hs, tw, ti)
+    assert relative_error(eager, ref) < 1e-2
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(module, fullgraph=True, backend="aot_eager")(hs, tw, ti), eager)
+    # the fake implementation only (PyTorch's schema check multiplies inputs, which float8 CPU tensors cannot)
+    torch.library.opcheck(torch.ops.moe_lab.fused_moe.default, (hs, w1_q, w2_q, tw, ti, None, None, s1, s2, [128, 128]),
+                          test_utils=("test_faketensor",))
+    with pytest.raises(ValueError, match="need w2_scale"):
+        FusedMoE(w1_q, w2_q, w1_scale=s1)

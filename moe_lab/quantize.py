@@ -204,12 +204,16 @@ def _launch(x, q, scale, num_rows, group_size, static):
     groups = triton.cdiv(k, group_size)
     per_program = max(1, min(triton.next_power_of_2(groups), TILE_ELEMENTS // group_block))
     per_program = per_program if not static else 1
-    num_warps = max(1, min(8, per_program * group_block // 256))
+    # short rows: several per program, so a program still holds about TILE_ELEMENTS values
+    rows_per_program = max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // (per_program * group_block)))
+    num_warps = max(1, min(8, rows_per_program * per_program * group_block // 256))
     stride_sm, stride_sg = (0, 0) if static else (scale.stride(0), scale.stride(1))
-    per_token_group_quant_fp8_kernel[(rows, triton.cdiv(groups, per_program))](
-        x, q, scale, num_rows, k, x.stride(0), x.stride(1), q.stride(0), stride_sm, stride_sg,
-        GROUP_SIZE=group_size, GROUP_BLOCK=group_block, GROUPS_PER_PROGRAM=per_program, STATIC_SCALE=static,
-        HAS_ROW_BOUND=num_rows is not None, EMULATE_FP8=interpreter_active(), num_warps=num_warps)
+    grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(groups, per_program))
+    per_token_group_quant_fp8_kernel[grid](
+        x, q, scale, num_rows, rows, k, x.stride(0), x.stride(1), q.stride(0), stride_sm, stride_sg,
+        GROUP_SIZE=group_size, GROUP_BLOCK=group_block, GROUPS_PER_PROGRAM=per_program,
+        ROWS_PER_PROGRAM=rows_per_program, STATIC_SCALE=static, HAS_ROW_BOUND=num_rows is not None,
+        EMULATE_FP8=interpreter_active(), num_warps=num_warps)
 
 
 @interpreter_serialized

@@ -8,7 +8,7 @@
 # 1. See which torch, Triton and numpy you have, and where kernels run: a GPU, or Triton's interpreter on the CPU.
 # 2. Run a three-line Triton kernel and check that it really computed something (not all zeros).
 # 3. Learn whether this machine can use TMA (the Hopper tensor memory accelerator), and why or why not.
-# 4. See how the eight notebooks are laid out.
+# 4. See how the ten notebooks are laid out.
 
 # %% [markdown]
 # ## 0. On a hosted notebook: install moe-lab
@@ -164,6 +164,7 @@ NOTEBOOKS = {
     "06_fused_moe_layer": "the whole layer: align, up GEMM, SiLU-and-mul, down GEMM",
     "07_performance": "measuring and tuning on an H200",
     "08_persistent_and_fused": "one program per SM walking the tiles; SiLU-and-mul in the up GEMM's epilogue",
+    "09_fp8": "FP8 (e4m3) weights and activations with block scales: accuracy and speed",
 }
 for name, what in NOTEBOOKS.items():
     print(f"{name:<26} {what}")

@@ -14,13 +14,14 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 NOTEBOOKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "notebooks")
 
 
-def notebook_kernel(notebook: str, name: str):
+def notebook_kernel(notebook: str, name: str, **names):
     """The function `name` of notebooks/<notebook>.py (a `@triton.jit` kernel or a helper), defined afresh
-    (torch, triton, tl, TensorDescriptor and the notebook's top-level constants in scope)."""
+    (torch, triton, tl, TensorDescriptor, the notebook's top-level constants and `names`, such as a helper
+    the notebook imports, in scope)."""
     path = os.path.join(NOTEBOOKS, f"{notebook}.py")
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    scope = {"torch": torch, "triton": triton, "tl": tl, "TensorDescriptor": TensorDescriptor}
+    scope = {"torch": torch, "triton": triton, "tl": tl, "TensorDescriptor": TensorDescriptor, **names}
     for node in tree.body:
         if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) and t.id.isupper() for t in node.targets):
             try:

@@ -32,6 +32,7 @@ CHECKERS = {
     "check_topk_reduce": "topk_reduce",                  # 06: the weighted sum of each token's k rows
     "check_pipelined_matmul": "pipelined_matmul",        # 07: a K loop with num_stages
     "check_persistent_copy": "persistent_walk",          # 08: a persistent grid walking the tiles in use
+    "check_quantize_rows": "quantize_rows",              # 09: FP8 quantization, one scale per row per group
 }
 
 __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]

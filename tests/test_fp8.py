@@ -235,3 +235,16 @@ def test_fp8_layer_with_the_quantizing_epilogue_matches_the_separate_quantizatio
     ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
     assert relative_error(out_fused, ref) < 1e-2 and relative_error(out_apart, ref) < 1e-2
     assert relative_error(out_fused, out_apart) < 3e-3  # the same float8 input to the down GEMM
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+def test_fp8_persistent_kernel_is_the_per_tile_kernel(use_tma):
+    x, (w1, w2), _, topk_weights, topk_ids, _ = fp8_layer(13, 5, 2, 64, 96, "block")
+    (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
+    scales = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
+    per_tile = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))
+    persistent = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1, persistent=True),
+                           GemmConfig(16, 32, 32, 1, 4, 1, persistent=True))
+    a = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=per_tile, use_tma=use_tma, **scales)
+    b = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=persistent, use_tma=use_tma, **scales)
+    assert torch.equal(a, b)

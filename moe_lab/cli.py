@@ -204,8 +204,10 @@ def cmd_tune(args) -> int:
     from . import tune
     if _refused("moe-lab tune"):
         return 2
+    if args.dtype == FP8 and _fp8_refused("moe-lab tune", default_device()):
+        return 2
     path = tune.run(args.model or sorted(_presets.PRESETS), args.tokens or tune.DEFAULT_TOKENS,
-                    dtype=DTYPES[args.dtype], path=args.out)
+                    dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype], path=args.out)
     print(f"wrote {path}")
     return 0
 
@@ -258,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
     tune = sub.add_parser("tune", help="search launch configs per shape on this GPU and save them as JSON")
-    _add_shape_arguments(tune)
+    _add_shape_arguments(tune, (*DTYPES, FP8), "element type (default: bf16); fp8: float8_e4m3fn weights with "
+                                               "[128, 128] block scales, tuned under keys of their own")
     tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
     tune.set_defaults(func=cmd_tune)
     info = sub.add_parser("info", help="versions, device, interpreter, TMA support")

@@ -11,7 +11,9 @@ would not fit the device's shared memory (read from the device) are pruned; any 
 compile are skipped. Kernels are compiled ahead in parallel worker processes (Triton's on-disk cache is
 shared), so the search costs timing, not compiling. The heuristic default is timed too, so the table
 shows how far it is from tuned. Results go to moe_lab/configs/<device>__triton-<version>.json, with the
-device's compute capability (see `moe_lab.tuned`). GPU only.
+device's compute capability (see `moe_lab.tuned`). GPU only. With dtype float8_e4m3fn (`--dtype fp8`):
+FP8 weights with [128, 128] block scales, the up GEMM timed with the quantization of its output, candidates
+of BLOCK_SIZE_K = 128; their entries have keys of their own (`...,float8_e4m3fn`).
 """
 from __future__ import annotations
 
@@ -29,14 +31,17 @@ from .activation import silu_and_mul
 from .align import moe_align
 from .capability import shared_memory_limit
 from .configs import GemmConfig, MoEConfig
-from .grouped_matmul import grouped_matmul
+from .grouped_matmul import FP8_DTYPE, grouped_matmul
+from .layer import Fp8Weights
 from .presets import get_preset
+from .quantize import quantize_activations_fp8, quantize_weights_fp8
 from .routing import uniform_routing
 from .runtime import require_gpu_timing
 from .timing import graph_ms
 from .tuned import FORMAT_VERSION, config_path, default_config, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight blocks: what FP8 configs are tuned for
 Candidates = Dict[int, Tuple[List[GemmConfig], List[GemmConfig]]]
 
 
@@ -56,6 +61,15 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
     else:                         # prefill: matrix-bound, large tiles
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
         space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
+    if itemsize == 1:  # float8, block-scaled: K steps of one 128-channel scale block; two float32 tiles in
+        # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*)
+        if rows_per_expert <= 8:
+            shapes = [(16, n, 128, 4) for n in (32, 64, 128)]
+        elif rows_per_expert <= 48:
+            shapes = [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)]
+        else:
+            shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
+        space = dict(space, pre=[False])  # FP8 reads each token's scales by its row: no permuted copy
     out: Candidates = {}
     for (m, n, k, w), g, s, t, tail, pre, persistent in itertools.product(
             shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"], space.get("persistent", [False])):
@@ -84,26 +98,51 @@ class _Problem:
     def __init__(self, preset, num_tokens: int, dtype, num_experts: Optional[int] = None):
         e = num_experts or preset.num_experts
         self.top_k, self.h, self.i = preset.top_k, preset.hidden_size, preset.intermediate_size
+        self.fp8 = dtype == FP8_DTYPE  # float8 weights with [128, 128] block scales, bf16 hidden states
+        float_dtype = torch.bfloat16 if self.fp8 else dtype
         gen = torch.Generator(device="cuda").manual_seed(0)
-        self.hs = torch.randn(num_tokens, self.h, generator=gen, device="cuda").to(dtype)
-        self.w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(dtype) * self.h ** -0.5
-        self.w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(dtype) * self.i ** -0.5
+        self.hs = torch.randn(num_tokens, self.h, generator=gen, device="cuda").to(float_dtype)
+        w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.h ** -0.5
+        w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.i ** -0.5
+        if self.fp8:
+            (self.w1, w1_scale), (self.w2, w2_scale) = (quantize_weights_fp8(w, FP8_BLOCK) for w in (w1, w2))
+            self.scales = Fp8Weights(w1_scale, w2_scale, FP8_BLOCK, None, None)
+            self.x, self.x_scale = quantize_activations_fp8(self.hs, group_size=FP8_BLOCK[1])
+        else:
+            self.w1, self.w2, self.x = w1, w2, self.hs
         # A routing sample of its own: configs must not be fitted to the one the benchmark times.
         self.tw, self.ti = uniform_routing(num_tokens, e, self.top_k, seed=7)
         self.e = e
-        self.out_k = torch.empty(num_tokens * self.top_k, self.h, dtype=dtype, device="cuda")
+        self.out_k = torch.empty(num_tokens * self.top_k, self.h, dtype=float_dtype, device="cuda")
         self._buffers = {}
 
     def buffers(self, block_m: int):
         if block_m not in self._buffers:
             routing = moe_align(self.ti, self.e, block_m)
-            gate_up = grouped_matmul(self.hs, self.w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3), gather_a=True)
-            self._buffers[block_m] = routing, gate_up, silu_and_mul(gate_up, routing=routing)
+            if self.fp8:  # the up GEMM's float32 output, and a float8 input for the down GEMM
+                act = torch.randn(routing.max_num_tokens_padded, self.i, device="cuda")
+                self._buffers[block_m] = routing, None, act, quantize_activations_fp8(act, group_size=FP8_BLOCK[1])
+            else:
+                gate_up = grouped_matmul(self.hs, self.w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3),
+                                         gather_a=True)
+                self._buffers[block_m] = routing, gate_up, silu_and_mul(gate_up, routing=routing), None
         return self._buffers[block_m]
 
     def up(self, cfg: GemmConfig):
-        """The up projection as the layer runs it with `cfg`: fused, or the GEMM and then the activation."""
-        routing, gate_up, act = self.buffers(cfg.BLOCK_SIZE_M)
+        """The up projection as the layer runs it with `cfg`: fused, or the GEMM and then the activation;
+        in FP8 with the quantization of its output for the down GEMM (in its epilogue, or a kernel after)."""
+        routing, gate_up, act, _ = self.buffers(cfg.BLOCK_SIZE_M)
+        if self.fp8:
+            scales = dict(a_scale=self.x_scale, w_scale=self.scales.w1_scale, block_shape=FP8_BLOCK)
+            if self.scales.quantized_by_epilogue(cfg):
+                return lambda: grouped_matmul(self.x, self.w1, routing, cfg, gather_a=True, swiglu=True,
+                                              out_dtype=FP8_DTYPE, use_tma=cfg.tma, **scales)
+
+            def up_then_quantize():
+                grouped_matmul(self.x, self.w1, routing, cfg, gather_a=True, swiglu=cfg.swiglu_epilogue, out=act,
+                               use_tma=cfg.tma, **scales)
+                quantize_activations_fp8(act, group_size=FP8_BLOCK[1], num_rows=routing.num_tokens_post_padded)
+            return up_then_quantize
         if cfg.swiglu_epilogue:
             return lambda: grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, swiglu=True, out=act,
                                           use_tma=cfg.tma)
@@ -114,9 +153,14 @@ class _Problem:
         return unfused
 
     def down(self, cfg: GemmConfig):
-        routing, _, act = self.buffers(cfg.BLOCK_SIZE_M)
+        routing, _, act, act_fp8 = self.buffers(cfg.BLOCK_SIZE_M)
+        if self.fp8:
+            (act, act_scale), scales = act_fp8, dict(w_scale=self.scales.w2_scale, block_shape=FP8_BLOCK)
+            scales["a_scale"] = act_scale
+        else:
+            scales = {}
         return lambda: grouped_matmul(act, self.w2, routing, cfg, gather_a=False, scatter=True,
-                                      topk_weights=self.tw, out=self.out_k, use_tma=cfg.tma)
+                                      topk_weights=self.tw, out=self.out_k, use_tma=cfg.tma, **scales)
 
 
 def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Optional[int] = None) -> dict:
@@ -127,7 +171,7 @@ def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Option
     rep_ms = 20 if num_tokens * k / e <= 512 else 60  # several replays even of a 15 ms GEMM
     heuristic = default_config(num_tokens, e, k, preset.hidden_size, preset.intermediate_size, dtype, tuned=False)
     best = None
-    space = candidates(num_tokens * k / e, problem.hs.element_size(), smem_limit)
+    space = candidates(num_tokens * k / e, dtype.itemsize, smem_limit)
     ups, downs = space.setdefault(heuristic.block_size_m, ([], []))
     ups.append(heuristic.up)  # never worse than the heuristic
     downs.append(heuristic.down)

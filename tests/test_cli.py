@@ -84,15 +84,24 @@ def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
 
 def test_dtype_choices(capsys):
     import pytest
-    for command in ("demo", "bench"):
+    for command in ("demo", "bench", "tune"):
         with pytest.raises(SystemExit) as exc:
             main([command, "--dtype", "fp4"])
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert "invalid choice: 'fp4'" in err and "'fp8'" in err
-    with pytest.raises(SystemExit):  # tune has no FP8 path
-        main(["tune", "--dtype", "fp8"])
-    assert "invalid choice: 'fp8'" in capsys.readouterr().err
+    assert main(["tune", "--dtype", "fp8"]) == 2  # on a CPU: refused, like bf16 (no timing here)
+    err = capsys.readouterr().err
+    assert "moe-lab tune" in err and "Traceback" not in err
+
+
+def test_fp8_tune_candidates_step_one_scale_block():
+    from moe_lab.tune import candidates
+    for rows_per_expert in (1, 16, 1000):
+        space = candidates(rows_per_expert, 1, 227 * 1024)
+        configs = [c for ups, downs in space.values() for c in ups + downs]
+        assert configs and all(c.BLOCK_SIZE_K == 128 and not c.prepermute for c in configs)
+        assert all(c.BLOCK_SIZE_M * c.BLOCK_SIZE_N <= 64 * 256 for c in configs)
 
 
 def test_bench_refuses_without_a_gpu(capsys):

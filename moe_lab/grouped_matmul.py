@@ -26,6 +26,7 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 from __future__ import annotations
 
 import logging
+import operator
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
@@ -122,8 +123,16 @@ def check_block_shape(block_shape) -> Optional[tuple]:
     multiple of 16 (a K step of at least 16 channels must fit in one scale block)."""
     if block_shape is None:
         return None
-    if (not isinstance(block_shape, (list, tuple)) or len(block_shape) != 2
-            or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in block_shape)):
+    try:  # ints, or int-likes such as numpy integers; not bools, floats or tensors of other shapes
+        if isinstance(block_shape, torch.Tensor):
+            block_shape = block_shape.tolist()
+        if len(block_shape) != 2 or any(isinstance(b, bool) for b in block_shape):
+            raise TypeError
+        block_shape = tuple(operator.index(b) for b in block_shape)
+    except TypeError:
+        raise ValueError(f"block_shape must be None or two positive ints [block_n, block_k] (e.g. [128, 128]), "
+                         f"got {block_shape!r}") from None
+    if min(block_shape) < 1:
         raise ValueError(f"block_shape must be None or two positive ints [block_n, block_k] (e.g. [128, 128]), "
                          f"got {block_shape!r}")
     if block_shape[1] % 16:

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -317,7 +319,8 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
         checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
         interp._interpreter = checker
     try:
-        kernel[grid](**call)
+        with _deadline(MAX_SECONDS if check_accesses else None):
+            kernel[grid](**call)
         if not check_accesses and torch.cuda.is_available():
             torch.cuda.synchronize()
     except Exception as exc:  # noqa: BLE001 - a learner's kernel may raise anything; it is reported
@@ -326,6 +329,33 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
         if checker is not None:
             interp._interpreter = checker._real
     return guarded, checker, error
+
+
+class _Deadline(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: Optional[float]):
+    """Stop an interpreted launch after `seconds` even where it touches no memory (a loop of arithmetic
+    only never reaches the access checker's clock): a SIGALRM timer, where there is one (the main thread
+    of a Unix process, as a Jupyter kernel runs cells); elsewhere nothing."""
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Deadline(f"stopped after {seconds:.0f} s, far more than this exercise needs: does a loop never end "
+                        "(a while loop without a step, a bound that is far too large)?")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def _is_descriptor(value) -> bool:

@@ -140,6 +140,11 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     for name in ("w1_scale", "w2_scale"):
         if given[name] is None:
             raise ValueError(f"float8_e4m3fn weights need {name} (moe_lab.quantize_weights_fp8 returns it)")
+    check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale,
+                                                                                  a2_scale)):
+        raise ValueError("a scale requires grad: fused_moe is inference-only (no backward); call it under "
+                         "torch.no_grad() or torch.inference_mode()")
     support = fp8_support(w1.device)
     if not support.available:
         raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
@@ -195,8 +200,10 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
             per token computed on the device. Every float8 product accumulates in float32; the output has
             hidden_states' dtype. Needs FP8 tensor cores (compute capability >= 8.9) or the interpreter:
             elsewhere RuntimeError with the reason (`moe_lab.fp8_support`).
-            Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument names are vLLM's
-            fused_experts' (use_fp8_w8a8).
+            Scales are taken as given: positive and finite, not checked (a zero scale gives zeros, an inf
+            one inf or NaN). A NaN in hidden_states makes its 128-channel group NaN, which reaches that
+            token's output. Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument
+            names are vLLM's fused_experts' (use_fp8_w8a8).
         return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for
             the last chunk).
     Returns:
@@ -324,6 +331,9 @@ class FusedMoE(torch.nn.Module):
         self.use_tma = None if use_tma == "auto" else use_tma  # the op's spelling of "auto"
 
     def forward(self, hidden_states, topk_weights, topk_ids):
+        if self.w1_scale is not None and self.w1.dtype != FP8_DTYPE:
+            raise TypeError(f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
+                            "cast them (and their float32 scales); move the module with .to(device) only")
         return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,
                                            self.expert_map, self.use_tma, self.w1_scale, self.w2_scale,
                                            self.block_shape)

@@ -38,6 +38,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0          # the largest finite float8_e4m3fn value
 AMAX_FLOOR = 1e-10       # scale = max(amax, AMAX_FLOOR) / FP8_MAX: an all-zero block gets a tiny scale, q = 0
 TILE_ELEMENTS = 2048     # elements one program quantizes (more when a single group is larger)
+MAX_GROUP = 65536        # channels of one group (one program's tile; Triton's tiles hold at most 2^20 values)
 
 
 # --- checks ------------------------------------------------------------------------------------------
@@ -228,7 +229,8 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
 
     - group_size=g (default 128): per token group, x_scale [rows, ceil(K/g)], one scale per token per g
       consecutive channels (the last group is partial when g does not divide K): DeepSeek-V3's 1x128
-      activation tiles, vLLM's `per_token_group_quant_fp8`. Any g >= 1 works.
+      activation tiles, vLLM's `per_token_group_quant_fp8`. Any g >= 1 works (g >= K: per token); a group
+      of more than 65536 channels is refused. A NaN makes its group's scale and values NaN (as torch's amax).
     - group_size=None: per token, x_scale [rows, 1].
     - scale=<float32 tensor of one element, shape [1] or []> (static per tensor, e.g. a calibrated
       `a1_scale`): every value is divided by it; no amax is taken; x_scale is `scale` viewed as [1].
@@ -271,7 +273,10 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     if num_rows is not None:
         check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     static = scale is not None or per_tensor
-    group = k if group_size is None or static else group_size
+    group = k if group_size is None or static else min(group_size, k)  # a group as wide as K: per token
+    if not static and triton.next_power_of_2(group) > MAX_GROUP:
+        raise ValueError(f"a group of {group} channels is wider than the kernel's limit of {MAX_GROUP}: pass "
+                         f"group_size <= {MAX_GROUP} (x has K = {k})")
     scale_shape = (1,) if static else (rows, triton.cdiv(k, group))
     q = output_buffer(out, (rows, k), FP8_DTYPE, x.device, "[rows, K]")
     if out is not None:

@@ -28,6 +28,8 @@ def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexp
         group = tl.program_id(0)
     if START == "group*GROUP":
         cols = group * GROUP + tl.arange(0, GROUP)
+    elif START == "zero":  # every program quantizes its row's first group
+        cols = tl.arange(0, GROUP)
     else:
         cols = group + tl.arange(0, GROUP)
     if ROW == "row*K":
@@ -124,6 +126,11 @@ def groups_start_at_group(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
 
 
 @triton.jit
+def groups_all_at_zero(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, START="zero")
+
+
+@triton.jit
 def no_row_offset(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
     _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, ROW="none")
 
@@ -194,6 +201,7 @@ def test_wrong_kernels_are_named(capsys):
                           (max_not_abs, ["max(x), not max(|x|)"]),
                           (no_floor, ["got scale 0", "0 / 0 = NaN", "1e-10"]),
                           (groups_start_at_group, ["start at channel `group`, not `group * GROUP`"]),
+                          (groups_all_at_zero, ["values of q were never written", "cols = group * GROUP"]),
                           (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
                           (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),
                           (scales_at_row_times_k, ["past the 10 elements of scale_ptr",

@@ -248,3 +248,25 @@ def test_fp8_persistent_kernel_is_the_per_tile_kernel(use_tma):
     a = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=per_tile, use_tma=use_tma, **scales)
     b = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=persistent, use_tma=use_tma, **scales)
     assert torch.equal(a, b)
+
+
+def test_fp8_after_a_breaker_trial():
+    x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(4, 3, 2, 256, 64, "block")
+    bad = x.clone()
+    bad[2, 5] = float("nan")  # a NaN reaches its token's output (Triton's max skips NaN; the scale must not)
+    out = fused_moe(bad, w1_q, w2_q, topk_weights, topk_ids, **scales)
+    assert out[2].isnan().any() and not out[[0, 1, 3]].isnan().any()
+    import numpy as np  # int-like block shapes (read from a config through numpy)
+    out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(np.int64(128), np.int64(128))))
+    assert relative_error(out, fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)) < 1e-2
+    q, s = quantize_activations_fp8(x, group_size=2 ** 21)  # wider than K: per token
+    assert s.shape == (4, 1) and torch.equal(s, quantize_activations_fp8(x, group_size=None)[1])
+    with pytest.raises(ValueError, match="a scale requires grad"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w1_scale=scales["w1_scale"].requires_grad_()))
+    scales["w1_scale"].requires_grad_(False)
+    with pytest.raises(ValueError, match="w2_scale on meta"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w2_scale=scales["w2_scale"].to("meta")))
+    from moe_lab import FusedMoE
+    module = FusedMoE(w1_q, w2_q, w1_scale=scales["w1_scale"], w2_scale=scales["w2_scale"], block_shape=(128, 128))
+    with pytest.raises(TypeError, match=r"module.to\(dtype\) cast them"):
+        module.to(torch.bfloat16)(x, topk_weights, topk_ids)

@@ -167,3 +167,18 @@ def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_fir
     assert done.returncode == 0, done.stderr[-2000:]
     assert "RESULT interpreter 28 store(s) past the 100 elements of out_ptr" in done.stdout, done.stdout
     assert "CHANGED [] True" in done.stdout, done.stdout
+
+
+@triton.jit
+def _spins_without_memory(x_ptr, n):
+    i = 0
+    while i < n:  # no step, and no load or store inside: the access checker's clock never ticks
+        i = i * 1
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's deadline; compiled for a GPU, this loop would spin there")
+def test_a_loop_without_memory_accesses_is_stopped_too(monkeypatch):
+    import moe_lab.guarded as guarded
+    monkeypatch.setattr(guarded, "MAX_SECONDS", 2.0)
+    run = guarded.run_guarded(_spins_without_memory, (1,), x_ptr=torch.zeros(4), n=5)
+    assert run.error is not None and "does a loop never end" in str(run.error)

@@ -29,7 +29,7 @@ def round_to_e4m3_grid(x):
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
     sub = (x + 24576.0) - 24576.0
     sub = ((sub.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
-    return tl.where(tl.abs(x) < 0.015625, sub, normal)
+    return tl.where(x != x, x, tl.where(tl.abs(x) < 0.015625, sub, normal))  # NaN stays NaN
 
 
 @triton.jit
@@ -40,8 +40,26 @@ def quantize_groups_e4m3(x, EMULATE_FP8: tl.constexpr):
     EMULATE_FP8 rounds to the e4m3 grid first (the interpreter's cast is wrong for some values)."""
     amax = tl.max(tl.abs(x), axis=-1)
     scale = tl.math.div_rn(tl.maximum(amax, 1e-10), tl.full(amax.shape, 448.0, tl.float32))
+    # A NaN makes its group's scale NaN, as torch's amax does (Triton's max skips it): the NaN reaches the output.
+    scale = tl.where(tl.max((x != x).to(tl.int32), axis=-1) > 0, float("nan"), scale)
     q = tl.math.div_rn(x, tl.zeros_like(x) + tl.expand_dims(scale, -1))
-    q = tl.minimum(tl.maximum(q, -448.0), 448.0)
+    return clamp_e4m3(q, EMULATE_FP8), scale
+
+
+@triton.jit
+def clamp_e4m3(q, EMULATE_FP8: tl.constexpr):
+    """float32 q clamped to +-448 (NaN kept), and under the interpreter rounded to the e4m3 grid."""
+    q = tl.clamp(q, -448.0, 448.0, propagate_nan=tl.PropagateNan.ALL)
     if EMULATE_FP8:
         q = round_to_e4m3_grid(q)
-    return q, scale
+    return q
+
+
+@triton.jit
+def cast_e4m3(q, EMULATE_FP8: tl.constexpr):
+    """float32 q on the e4m3 grid (or NaN) as float8e4nv. GPUs convert NaN to NaN; the interpreter gives
+    384, so there NaN lanes get NaN's bit pattern (0x7F)."""
+    out = q.to(tl.float8e4nv)
+    if EMULATE_FP8:
+        out = tl.where(q != q, tl.full(q.shape, 0x7F, tl.uint8).to(tl.float8e4nv, bitcast=True), out)
+    return out

@@ -33,7 +33,7 @@ holds them all; such blocks run a smaller tile. Rows the smaller tile skips are 
 import triton
 import triton.language as tl
 
-from .common import quantize_groups_e4m3, round_to_bf16_grid
+from .common import cast_e4m3, quantize_groups_e4m3, round_to_bf16_grid
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
@@ -275,4 +275,8 @@ def _tile(
     if EMULATE_BF16:
         acc = round_to_bf16_grid(acc)
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=row_mask[:, None] & (offs_n[None, :] < N))
+    if QUANT_GROUP > 0:
+        c = cast_e4m3(acc, EMULATE_FP8)
+    else:
+        c = acc.to(c_ptr.dtype.element_ty)
+    tl.store(c_ptrs, c, mask=row_mask[:, None] & (offs_n[None, :] < N))

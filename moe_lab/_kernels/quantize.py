@@ -9,7 +9,7 @@ past *num_rows_ptr (HAS_ROW_BOUND) are left as they were, without a read of the 
 import triton
 import triton.language as tl
 
-from .common import quantize_groups_e4m3, round_to_e4m3_grid
+from .common import cast_e4m3, clamp_e4m3, quantize_groups_e4m3
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -33,12 +33,9 @@ def per_token_group_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows_ptr, num_
     x = tl.load(x_ptr + rows * stride_xm + cols.to(tl.int64) * stride_xk, mask=mask, other=0.0).to(tl.float32)
     if STATIC_SCALE:
         # div_rn: IEEE division, as torch divides (a plain `/` is approximate on NVIDIA GPUs)
-        q = tl.math.div_rn(x, tl.zeros_like(x) + tl.load(scale_ptr))
-        q = tl.minimum(tl.maximum(q, -448.0), 448.0)
-        if EMULATE_FP8:
-            q = round_to_e4m3_grid(q)
+        q = clamp_e4m3(tl.math.div_rn(x, tl.zeros_like(x) + tl.load(scale_ptr)), EMULATE_FP8)
     else:  # masked lanes are 0: no group's amax
         q, scale = quantize_groups_e4m3(x, EMULATE_FP8)
         tl.store(scale_ptr + rows.reshape(ROWS_PER_PROGRAM, 1) * stride_sm + groups[None, :] * stride_sg, scale,
                  mask=row_ok[:, None] & (groups[None, :] * GROUP_SIZE < K))
-    tl.store(q_ptr + rows * stride_qm + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(q_ptr + rows * stride_qm + cols, cast_e4m3(q, EMULATE_FP8), mask=mask)

@@ -136,7 +136,8 @@ def _div448(t: torch.Tensor) -> torch.Tensor:
 
 
 def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor,
-                   stored: torch.Tensor) -> Optional[str]:
+                   stored: torch.Tensor, named_only: bool = False) -> Optional[str]:
+    """What is wrong with the scales: a mistake recognized by name, or (unless named_only) what differs."""
     if _same(got, want):
         return None
     amax = _group_amax(x, case)
@@ -167,6 +168,8 @@ def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.T
     for wrong, why in candidates:
         if not _same(wrong, want) and _same(got, wrong):
             return why
+    if named_only:
+        return None
     if stored.numel() < want.numel():
         missing = sorted(set(range(want.numel())) - set(stored.tolist()))
         r, g = divmod(missing[0], case.groups)
@@ -219,8 +222,11 @@ def _q_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tenso
                 f"goes up to a power of two (row {first[0]}, channel {first[1]}: got {got_v:g}, expected {want_v:g}): "
                 f"{ROUND_HINT}")
     first = wrong.nonzero()[0].tolist()
+    got_v = got[tuple(first)].float().item()
+    nan = (" (±384 is what the interpreter's cast makes of a NaN: a 0 / 0, as from an all-zero group divided by "
+           "an amax without its floor, tl.maximum(amax, 1e-10)?)") if abs(got_v) == 384 else ""
     return (f"{int(wrong.sum())} of {want.numel()} values of q are wrong, the first at row {first[0]}, channel "
-            f"{first[1]} (got {got[tuple(first)].float().item():g}, expected {want[tuple(first)].float().item():g}): "
+            f"{first[1]} (got {got_v:g}, expected {want[tuple(first)].float().item():g}){nan}: "
             f"q = clamp(x / scale, -448, 448), then round_to_e4m3_grid, then the cast")
 
 
@@ -263,8 +269,11 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
         return "q was never stored: tl.store q.to(tl.float8e4nv) at the group's offsets (masked: cols < K)"
     want_q, want_s = (t.cpu() for t in quantize_activations_fp8(x.to(default_device()), group_size=case.group))
     got_q, got_s = run.tensors["q_ptr"].cpu(), run.tensors["scale_ptr"].cpu()
-    return (_coverage_problem(case, stored_q, True) or _scale_problem(case, x, got_s, want_s, stored_s)
-            or _coverage_problem(case, stored_q, False) or _q_problem(case, x, got_q, want_q, want_s))
+    # A mistake recognized by name first; then channels never written (a group's bounds or index gone wrong
+    # also spoil its scale, and are the thing to fix), then whatever else differs.
+    return (_coverage_problem(case, stored_q, True) or _scale_problem(case, x, got_s, want_s, stored_s, True)
+            or _coverage_problem(case, stored_q, False) or _scale_problem(case, x, got_s, want_s, stored_s)
+            or _q_problem(case, x, got_q, want_q, want_s))
 
 
 def check_quantize_rows(kernel, strict: bool = False) -> Verdict:

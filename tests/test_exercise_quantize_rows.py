@@ -12,14 +12,15 @@ from tests.notebook_source import assert_not_yet, notebook_kernel
 def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexpr = True,
               SCALE: tl.constexpr = "amax/448", ABS: tl.constexpr = True, FLOOR: tl.constexpr = True,
               START: tl.constexpr = "group*GROUP", ROW: tl.constexpr = "row*K", LAYOUT: tl.constexpr = "row-major",
-              Q: tl.constexpr = "x/scale", ROUND: tl.constexpr = True, AXES: tl.constexpr = "row,group"):
+              Q: tl.constexpr = "x/scale", ROUND: tl.constexpr = True, AXES: tl.constexpr = "row,group",
+              CAST: tl.constexpr = "e4m3"):
     """The solution, with switches that each make one typical mistake: MASK False drops the `cols < K` mask;
     SCALE "amax" forgets the 448, "448/amax" stores the inverse (and multiplies x by it), "amax*(1/448)"
     multiplies by a rounded reciprocal, "row" takes one amax per row; ABS False takes max(x); FLOOR False
     lets an all-zero group divide 0 by 0; START "group" starts group g at channel g; ROW "none" leaves the
     row offset out; LAYOUT "transposed" stores scales group-major, "row*K" past the scale tensor, "two"
     with 2 groups per row written in; Q "x*scale" multiplies, "x" casts x as it is; ROUND False skips
-    round_to_e4m3_grid; AXES "group,row" swaps the program axes."""
+    round_to_e4m3_grid; AXES "group,row" swaps the program axes; CAST "e5m2" casts to the other float8."""
     if AXES == "row,group":
         row = tl.program_id(0)
         group = tl.program_id(1)
@@ -69,7 +70,10 @@ def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexp
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
     if ROUND:
         q = round_to_e4m3_grid(q)
-    tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+    if CAST == "e4m3":
+        tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
+    else:
+        tl.store(q_ptr + offs, q.to(tl.float8e5), mask=mask)
     if LAYOUT == "row-major":
         tl.store(scale_ptr + row * tl.cdiv(K, GROUP) + group, scale)
     elif LAYOUT == "transposed":
@@ -78,6 +82,11 @@ def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexp
         tl.store(scale_ptr + row * K + group, scale)
     else:
         tl.store(scale_ptr + row * 2 + group, scale)
+
+
+@triton.jit
+def cast_e5m2(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, ROUND=False, CAST="e5m2")
 
 
 @triton.jit
@@ -202,6 +211,7 @@ def test_wrong_kernels_are_named(capsys):
                           (no_floor, ["got scale 0", "0 / 0 = NaN", "1e-10"]),
                           (groups_start_at_group, ["start at channel `group`, not `group * GROUP`"]),
                           (groups_all_at_zero, ["values of q were never written", "cols = group * GROUP"]),
+                          (cast_e5m2, ["e5m2", "tl.float8e4nv"]),
                           (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
                           (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),
                           (scales_at_row_times_k, ["past the 10 elements of scale_ptr",

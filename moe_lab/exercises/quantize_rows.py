@@ -213,6 +213,9 @@ def _q_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tenso
                 "into x)")
     if _q_matches(got, x.clamp(-448, 448).to(FP8)):
         return "q is x cast as it is: divide x by its group's scale first, so the group's largest |x| becomes 448"
+    if _q_matches(got, (x / full).clamp(-448, 448).to(torch.float8_e5m2).to(FP8)):
+        return ("q was rounded as float8 e5m2 (2 mantissa bits), not e4m3: cast with q.to(tl.float8e4nv), after "
+                "round_to_e4m3_grid")
     slips = _cast_slips(got, want)
     wrong = _bits(got) != _bits(want)
     if wrong.any() and bool((wrong == slips).all()):

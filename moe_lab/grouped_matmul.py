@@ -26,7 +26,6 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import dataclass, replace
 from typing import Optional, Union
 
@@ -39,6 +38,7 @@ from .align import AlignedRouting
 from .capability import descriptor_problem, fp8_support, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
+from .quantize import FP8_DTYPE, check_block_shape
 from .runtime import interpreter_active, interpreter_serialized
 
 log = logging.getLogger(__name__)
@@ -103,7 +103,6 @@ class LaunchPlan:
         return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
 
 
-FP8_DTYPE = torch.float8_e4m3fn
 
 
 @dataclass(frozen=True)
@@ -118,26 +117,13 @@ class Fp8Scales:
     group_k: int = 1
 
 
-def check_block_shape(block_shape) -> Optional[tuple]:
-    """None, or block_shape as a tuple (block_n, block_k) after checking it: two positive ints, block_k a
-    multiple of 16 (a K step of at least 16 channels must fit in one scale block)."""
-    if block_shape is None:
-        return None
-    try:  # ints, or int-likes such as numpy integers; not bools, floats or tensors of other shapes
-        if isinstance(block_shape, torch.Tensor):
-            block_shape = block_shape.tolist()
-        if len(block_shape) != 2 or any(isinstance(b, bool) for b in block_shape):
-            raise TypeError
-        block_shape = tuple(operator.index(b) for b in block_shape)
-    except TypeError:
-        raise ValueError(f"block_shape must be None or two positive ints [block_n, block_k] (e.g. [128, 128]), "
-                         f"got {block_shape!r}") from None
-    if min(block_shape) < 1:
-        raise ValueError(f"block_shape must be None or two positive ints [block_n, block_k] (e.g. [128, 128]), "
-                         f"got {block_shape!r}")
-    if block_shape[1] % 16:
+def check_gemm_block_shape(block_shape) -> Optional[tuple]:
+    """`moe_lab.quantize.check_block_shape`, and what the GEMM needs beyond it: block_k a multiple of 16 (a
+    K step of at least 16 channels must fit in one scale block)."""
+    block_shape = check_block_shape(block_shape)
+    if block_shape is not None and block_shape[1] % 16:
         raise ValueError(f"block_shape[1] (block_k) must be a multiple of 16, got {block_shape[1]}")
-    return tuple(block_shape)
+    return block_shape
 
 
 def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optional[tuple]) -> torch.Tensor:
@@ -175,7 +161,7 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
 
 def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
     """Check the scale arguments against a and w; None for float operands (which take none)."""
-    block_shape = check_block_shape(block_shape)
+    block_shape = check_gemm_block_shape(block_shape)
     if w.dtype != FP8_DTYPE:
         for name, given in (("a_scale", a_scale), ("w_scale", w_scale), ("block_shape", block_shape)):
             if given is not None:

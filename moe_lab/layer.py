@@ -24,9 +24,9 @@ from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .grouped_matmul import (FP8_DTYPE, LaunchPlan, LoadPath, UseTma, check_block_shape,
-                             check_use_tma, check_weight_scale, grouped_matmul, select_load_path)
-from .quantize import quantize_activations_fp8
+from .grouped_matmul import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
+                             check_weight_scale, grouped_matmul, select_load_path)
+from .quantize import FP8_DTYPE, quantize_activations_fp8
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
 from .tuned import choose_config
@@ -129,7 +129,7 @@ class Fp8Weights:
 
 
 def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Optional[Fp8Weights]:
-    block_shape = check_block_shape(block_shape)
+    block_shape = check_gemm_block_shape(block_shape)
     given = dict(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, block_shape=block_shape)
     if w1.dtype != FP8_DTYPE:
         extra = [name for name, value in given.items() if value is not None]

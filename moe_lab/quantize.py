@@ -22,6 +22,7 @@ activations, 128x128 blocks for weights, online max-abs scaling); vLLM,
 """
 from __future__ import annotations
 
+import operator
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -43,20 +44,30 @@ MAX_GROUP = 65536        # channels of one group (one program's tile; Triton's t
 
 # --- checks ------------------------------------------------------------------------------------------
 
-def _check_block_shape(block_shape) -> Tuple[int, int]:
-    """(bn, bk) from a sequence of two positive ints, or TypeError/ValueError naming block_shape."""
+def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
+    """None, or (bn, bk) from two positive ints (int-likes such as numpy integers too); TypeError/ValueError
+    naming block_shape otherwise."""
+    if block_shape is None:
+        return None
+    if isinstance(block_shape, torch.Tensor):
+        block_shape = block_shape.tolist()
     if not isinstance(block_shape, (tuple, list)):
         raise TypeError(f"block_shape must be a tuple or list of two ints [bn, bk] (e.g. (128, 128)) or None, got "
                         f"{type(block_shape).__name__}")
     if len(block_shape) != 2:
         raise ValueError(f"block_shape must hold two ints [bn, bk], got {len(block_shape)}: {list(block_shape)}")
+    values = []
     for value in block_shape:
-        if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            if isinstance(value, bool):
+                raise TypeError
+            values.append(operator.index(value))
+        except TypeError:
             raise TypeError(f"block_shape must hold two ints [bn, bk], got {list(block_shape)} "
-                            f"(an element of type {type(value).__name__})")
-        if value < 1:
-            raise ValueError(f"block_shape entries must be >= 1, got {list(block_shape)}")
-    return int(block_shape[0]), int(block_shape[1])
+                            f"(an element of type {type(value).__name__})") from None
+    if min(values) < 1:
+        raise ValueError(f"block_shape entries must be >= 1, got {values}")
+    return values[0], values[1]
 
 
 def _check_flag(name: str, value) -> bool:
@@ -109,7 +120,7 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
     Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3 (128x128 weight blocks), and its
     config.json `quantization_config` (`"weight_block_size": [128, 128]`, `"fmt": "e4m3"`)."""
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, N, K]")
-    block = None if block_shape is None else _check_block_shape(block_shape)
+    block = check_block_shape(block_shape)
     if _check_flag("per_channel", per_channel) and block is not None:
         raise ValueError(f"per_channel=True gives one scale per output row and takes block_shape=None, got "
                          f"block_shape={list(block)}; pass block_shape=None")
@@ -165,7 +176,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor,
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"scale must be a float32 torch.Tensor, got {type(scale).__name__}")
     check_tensor("scale", scale, ndim=scale.dim(), dtypes=(torch.float32,))
-    block = None if block_shape is None else _check_block_shape(block_shape)
+    block = check_block_shape(block_shape)
     check_same_device(q=q, scale=scale)
     n, k = q.shape[-2:]
     weights = q.dim() == 3

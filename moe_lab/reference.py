@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .align import AlignedRouting, max_num_tokens_padded
+from .quantize import FP8_MAX, dequantize_fp8
 
 
 def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
@@ -35,23 +36,6 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
     dev = dict(dtype=torch.int32, device=topk_ids.device)
     return AlignedRouting(counts.to(**dev), sorted_ids.to(**dev), expert_ids.to(**dev),
                           torch.tensor([row], **dev), block_size_m, num_tokens, top_k, num_experts)
-
-
-FP8_MAX = 448.0  # the largest float8_e4m3fn value
-
-
-def dequantize_weights(w: torch.Tensor, w_scale: torch.Tensor, block_shape=None,
-                       dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """float8 w [E, N, K] times its scales, in `dtype`: w_scale [E, ceil(N/bn), ceil(K/bk)] with
-    block_shape (bn, bk), else [E] (per expert) or [E, N] (per channel)."""
-    num_experts, n, k = w.shape
-    if block_shape is not None:
-        scale = w_scale.repeat_interleave(block_shape[0], 1)[:, :n].repeat_interleave(block_shape[1], 2)[:, :, :k]
-    elif w_scale.dim() == 1:
-        scale = w_scale[:, None, None]
-    else:
-        scale = w_scale[:, :, None]
-    return w.to(dtype) * scale.to(dtype)
 
 
 def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
@@ -92,8 +76,7 @@ def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch
     """
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8:
-        w1 = dequantize_weights(w1, w1_scale, block_shape, dtype)
-        w2 = dequantize_weights(w2, w2_scale, block_shape, dtype)
+        w1, w2 = dequantize_fp8(w1, w1_scale, block_shape), dequantize_fp8(w2, w2_scale, block_shape)
         group = block_shape[1] if block_shape is not None else None
         hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
     x = hidden_states.to(dtype)

@@ -21,7 +21,8 @@ def check_tensor(name: str, t, *, ndim: int, dtypes: Sequence[torch.dtype],
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
     if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions {layout}, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name} must have {ndim} dimension{'s' if ndim != 1 else ''} {layout}, got shape "
+                         f"{tuple(t.shape)}")
     if t.dtype not in dtypes:
         same = f" (the dtype of {dtype_of})" if dtype_of else ""
         raise TypeError(f"{name} must be {_dtype_names(dtypes)}{same}, got {str(t.dtype).replace('torch.', '')}")

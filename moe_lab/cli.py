@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
                            f"{', '.join(_presets.PRESETS)}")
     demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
                       help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
-                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU)")
+                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU; {' '.join(map(str, CPU_TOKENS_FP8))} with --dtype fp8)")
     demo.add_argument("--dtype", choices=sorted([*DTYPES, FP8]), default="bf16",
                       help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
                            "with one float32 scale per [128, 128] block (DeepSeek-V3's format), quantized from "

@@ -137,6 +137,10 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
                      layout="[E, ceil(N/block_n), ceil(K/block_k)]")
         return w_scale
     layout = "[E] (per expert) or [E, N] (per channel)"
+    if isinstance(w_scale, torch.Tensor) and w_scale.dim() not in (1, 2):
+        hint = ": a 3-D scale is one per weight block, pass block_shape (e.g. (128, 128))" if w_scale.dim() == 3 else ""
+        raise ValueError(f"{name} must have 1 or 2 dimensions {layout} without block_shape, got shape "
+                         f"{tuple(w_scale.shape)}{hint}")
     if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 1:
         check_tensor(name, w_scale, ndim=1, dtypes=(torch.float32,), shape=(num_experts,), layout=layout)
         return w_scale[:, None, None].expand(num_experts, n, 1)

@@ -140,14 +140,6 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     for name in ("w1_scale", "w2_scale"):
         if given[name] is None:
             raise ValueError(f"float8_e4m3fn weights need {name} (moe_lab.quantize_weights_fp8 returns it)")
-    check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale,
-                                                                                  a2_scale)):
-        raise ValueError("a scale requires grad: fused_moe is inference-only (no backward); call it under "
-                         "torch.no_grad() or torch.inference_mode()")
-    support = fp8_support(w1.device)
-    if not support.available:
-        raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
     check_weight_scale("w1_scale", w1_scale, w1, block_shape)
     check_weight_scale("w2_scale", w2_scale, w2, block_shape)
     for name in ("a1_scale", "a2_scale"):
@@ -157,6 +149,14 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
             raise ValueError(f"{name} must be None with block_shape: block-scaled activations are quantized per "
                              "token per block_k channels as they come (dynamic)")
         check_tensor(name, given[name], ndim=1, dtypes=(torch.float32,), shape=(1,), layout="[1] (a static per-tensor scale)")
+    check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale,
+                                                                                  a2_scale)):
+        raise ValueError("a scale requires grad: fused_moe is inference-only (no backward); call it under "
+                         "torch.no_grad() or torch.inference_mode()")
+    support = fp8_support(w1.device)
+    if not support.available:
+        raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
     return Fp8Weights(w1_scale, w2_scale, block_shape, a1_scale, a2_scale)
 
 

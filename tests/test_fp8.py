@@ -271,3 +271,14 @@ def test_fp8_after_a_breaker_trial():
     module = FusedMoE(w1_q, w2_q, w1_scale=scales["w1_scale"], w2_scale=scales["w2_scale"], block_shape=(128, 128))
     with pytest.raises(TypeError, match=r"module.to\(dtype\) cast them"):
         module.to(torch.bfloat16)(x, topk_weights, topk_ids)
+
+
+def test_fp8_newcomer_mistakes_are_named():
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(4, 3, 2, 256, 64, "block")
+    with pytest.raises(TypeError, match="w1_scale must be a torch.Tensor"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=0.01, w2_scale=0.01)
+    with pytest.raises(ValueError, match="a 3-D scale is one per weight block, pass block_shape"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=scales["w1_scale"], w2_scale=scales["w2_scale"])
+    per_expert = dict(w1_scale=torch.ones(3, device=DEVICE), w2_scale=torch.ones(3, device=DEVICE))
+    with pytest.raises(TypeError, match="a1_scale must be a torch.Tensor"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=0.01)

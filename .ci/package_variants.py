@@ -8,7 +8,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
   (`default_config(..., tuned=False)`) of every preset at T = 1, 8, 64, 512, 4096, 16384, which reaches
   every rows-per-expert rule, prepermute for wide experts (Mixtral) included;
 - every entry of every tuned table in moe_lab/configs/*.json (up and down GemmConfigs with their
-  tma / tail_tiles / prepermute switches) at its shape, dtype and token bucket;
+  tma / tail_tiles / prepermute switches) at its shape, dtype and token bucket (FP8 entries as block-scaled
+  [128, 128] layers, refused below sm_89);
 - at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
   loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), bf16 through the
   persistent kernel (`persistent=True`), fp16, fp32 at full precision (matmul precision "highest", the default:
@@ -156,14 +157,18 @@ def tuned_workloads() -> List[Workload]:
             for bucket, entry in sorted(buckets.items(), key=lambda kv: int(kv[0])):
                 label = f"tuned {table} {shape_key} T={bucket}"
                 try:
-                    if not m or m.group(5) not in DTYPES:
+                    if not m or m.group(5) not in (*DTYPES, "float8_e4m3fn"):
                         raise ValueError(f"shape key {shape_key!r} is not 'E=..,k=..,H=..,I=..,<dtype>'")
                     e, k, h, i = map(int, m.groups()[:4])
                     cfg = MoEConfig(GemmConfig(**entry["up"]), GemmConfig(**entry["down"]))
                 except (ValueError, TypeError, KeyError) as exc:
                     wl.append(((label,), label, _failing(ValueError(f"bad entry: {exc}"))))
                     continue
-                wl.append(((shape_key, cfg), label, layer_call(int(bucket), e, k, h, i, DTYPES[m.group(5)], cfg)))
+                if m.group(5) == "float8_e4m3fn":  # FP8 is tuned with [128, 128] block scales (moe_lab.tune)
+                    call = fp8_layer_call(int(bucket), e, k, h, i, cfg)
+                else:
+                    call = layer_call(int(bucket), e, k, h, i, DTYPES[m.group(5)], cfg)
+                wl.append(((shape_key, cfg), label, call))
     return _dedupe(wl)
 
 
@@ -259,13 +264,46 @@ def quantize_workloads() -> List[Workload]:
     return wl
 
 
+def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme="block", *,
+                   use_tma="auto") -> Callable[[], object]:
+    """One FP8 w8a8 layer call (bf16 hidden states, float8_e4m3fn weights) with `scheme`'s scales: "block"
+    ([128, 128] weight blocks, per-token-group activations), "channel" (per-channel weights, per-token
+    activations) or "tensor" (per-tensor weights and static activation scales). Below sm_89 the call
+    must be refused instead (RuntimeError naming compute capability 8.9)."""
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    e, h, i = num_experts, hidden, inter
+    if scheme == "block":
+        scales = dict(w1_scale=_empty(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
+                      w2_scale=_empty(e, -(-h // 128), -(-i // 128), dtype=f32), block_shape=(128, 128))
+    elif scheme == "channel":
+        scales = dict(w1_scale=_empty(e, 2 * i, dtype=f32), w2_scale=_empty(e, h, dtype=f32))
+    else:
+        scales = dict(w1_scale=_empty(e, dtype=f32), w2_scale=_empty(e, dtype=f32),
+                      a1_scale=_empty(1, dtype=f32), a2_scale=_empty(1, dtype=f32))
+
+    def run():
+        call = lambda: moe_lab.fused_moe(  # noqa: E731
+            _empty(num_tokens, h, dtype=torch.bfloat16), _empty(e, 2 * i, h, dtype=fp8), _empty(e, h, i, dtype=fp8),
+            _empty(num_tokens, top_k, dtype=f32), _empty(num_tokens, top_k, dtype=torch.int32), use_tma=use_tma,
+            config=config, **scales)
+        if moe_lab.fp8_support():
+            return call()
+        try:
+            call()
+        except RuntimeError as exc:
+            if "8.9" not in str(exc):
+                raise
+        else:
+            raise AssertionError("fused_moe ran float8 weights on a GPU without FP8 (fp8_support said no)")
+    return run
+
+
 def fp8_layer_workloads() -> List[Workload]:
     """FP8 w8a8 layers (float8_e4m3fn weights, heuristic tiles): DeepSeek-V3 block-scaled [128, 128] at each
     fp8 rule's token count (16x64, 32x128 and 64x128 tiles), with pointer loads at prefill, and with an up
     GEMM of BLOCK_SIZE_N = 256 whose epilogue quantizes the SwiGLU output; Qwen3
-    per-channel with per-token activations; Mixtral per-tensor with static activation scales. Below sm_89
-    the layer must refuse (RuntimeError naming compute capability 8.9)."""
-    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    per-channel with per-token activations; Mixtral per-tensor with static activation scales. (The tuned
+    table's FP8 entries are block-scaled layers of `tuned_workloads`.)"""
     wl: List[Workload] = []
     for name, tokens, scheme, use_tma in (("deepseek-v3", (1, 64, 4096), "block", "auto"),
                                           ("deepseek-v3", (4096,), "block", False),
@@ -273,38 +311,16 @@ def fp8_layer_workloads() -> List[Workload]:
                                           ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
                                           ("mixtral-8x7b", (4096,), "tensor", "auto")):
         p = moe_lab.PRESETS[name]
-        e, k, h, i = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size
-
-        def run(p=p, tokens=tokens, scheme=scheme, use_tma=use_tma, e=e, k=k, h=h, i=i):
-            if scheme.startswith("block"):
-                scales = dict(w1_scale=_empty(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
-                              w2_scale=_empty(e, -(-h // 128), -(-i // 128), dtype=f32), block_shape=(128, 128))
-            elif scheme == "channel":
-                scales = dict(w1_scale=_empty(e, 2 * i, dtype=f32), w2_scale=_empty(e, h, dtype=f32))
-            else:
-                scales = dict(w1_scale=_empty(e, dtype=f32), w2_scale=_empty(e, dtype=f32),
-                              a1_scale=_empty(1, dtype=f32), a2_scale=_empty(1, dtype=f32))
-            for t in tokens:
-                config = None
-                if "epilogue" in scheme:  # 128 output columns per program: whole groups, quantized in the epilogue
-                    base = heuristic(t, e, k, h, i, fp8)
-                    config = MoEConfig(replace(base.up, BLOCK_SIZE_N=256, num_warps=8), base.down)
-                call = lambda: moe_lab.fused_moe(  # noqa: E731
-                    _empty(t, h, dtype=torch.bfloat16), _empty(e, 2 * i, h, dtype=fp8), _empty(e, h, i, dtype=fp8),
-                    _empty(t, k, dtype=f32), _empty(t, k, dtype=torch.int32), use_tma=use_tma, config=config,
-                    **scales)
-                if moe_lab.fp8_support():
-                    call()
-                    continue
-                try:
-                    call()
-                except RuntimeError as exc:
-                    if "8.9" not in str(exc):
-                        raise
-                else:
-                    raise AssertionError("fused_moe ran float8 weights on a GPU without FP8 (fp8_support said no)")
+        shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)
+        calls = []
+        for t in tokens:
+            config = None
+            if "epilogue" in scheme:  # 128 output columns per program: whole groups, quantized in the epilogue
+                base = heuristic(t, *shape, torch.float8_e4m3fn)
+                config = MoEConfig(replace(base.up, BLOCK_SIZE_N=256, num_warps=8), base.down)
+            calls.append(fp8_layer_call(t, *shape, config, scheme.split(",")[0], use_tma=use_tma))
         label = f"fp8 {name} {scheme} T={','.join(map(str, tokens))}" + ("" if use_tma == "auto" else " use_tma=False")
-        wl.append((label, run))
+        wl.append((label, lambda calls=calls: [call() for call in calls]))
     return wl
 
 

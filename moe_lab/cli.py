@@ -250,7 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--force", action="store_true",
                       help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)")
     demo.set_defaults(func=cmd_demo)
-    bench = sub.add_parser("bench", help="GPU benchmark against peers (refuses under the interpreter)")
+    bench = sub.add_parser(
+        "bench", help="GPU benchmark against peers (refuses under the interpreter)",
+        description="Time moe-lab's up and down GEMMs (pointer and TMA paths) and the whole layer on real models' "
+                    "shapes against torch._grouped_mm and a per-expert PyTorch loop, as medians of CUDA-graph "
+                    "replays with L2 flushed, checking each result against the float32 reference. Prints a table "
+                    "(ms, TFLOP/s, TB/s, % of the roofline measured in the same run) and writes it as JSON and "
+                    "CSV to the --out folder. Needs a CUDA GPU: refuses under Triton's interpreter. --dtype fp8 "
+                    "times moe-lab's FP8 layer against its bf16 layer instead (no peers), with the speedups, "
+                    "into an fp8/ folder under --out.")
     _add_shape_arguments(bench, (*DTYPES, FP8),
                          "element type (default: bf16); fp8: moe-lab's FP8 layer (float8_e4m3fn weights, "
                          "[128, 128] block scales) against moe-lab's bf16 layer in the same run, with speedups")

@@ -26,7 +26,7 @@ from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
 from .grouped_matmul import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
                              check_weight_scale, grouped_matmul, select_load_path)
-from .quantize import FP8_DTYPE, quantize_activations_fp8
+from .quantize import FP8_DTYPE, check_static_scale, quantize_activations_fp8
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
 from .tuned import choose_config
@@ -104,19 +104,26 @@ def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_e
 @dataclass(frozen=True)
 class Fp8Weights:
     """The float8 side of a layer call, checked once: the weight scales, block_shape, and the static
-    activation scales (None: dynamic)."""
+    activation scales as [1] (None: dynamic)."""
     w1_scale: torch.Tensor
     w2_scale: torch.Tensor
     block_shape: Optional[tuple]
     a1_scale: Optional[torch.Tensor]
     a2_scale: Optional[torch.Tensor]
 
-    def quantized_by_epilogue(self, up: GemmConfig) -> bool:
+    def quantized_on_load(self, gemm: GemmConfig) -> bool:
+        """Whether a GEMM with this config quantizes its input as it loads it (`GemmConfig.quantize_on_load`):
+        block scales whose block_k is a power of two up to 256 (one K step per group)."""
+        block_k = self.block_shape[1] if self.block_shape is not None else 0
+        return gemm.quantize_on_load and 0 < block_k <= 256 and block_k & (block_k - 1) == 0
+
+    def quantized_by_epilogue(self, cfg: MoEConfig) -> bool:
         """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32
-        buffer, no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold
-        whole groups of block_k. Bit for bit the same as quantizing afterwards."""
-        return (self.block_shape is not None and up.swiglu_epilogue
-                and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
+        buffer, no quantization launch): block scales, each program's I columns (BLOCK_SIZE_N / 2) hold
+        whole groups of block_k, and the down GEMM does not quantize on load. Bit for bit the same as
+        quantizing afterwards."""
+        return (self.block_shape is not None and cfg.up.swiglu_epilogue and not self.quantized_on_load(cfg.down)
+                and (cfg.up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
 
     def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
@@ -142,13 +149,15 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
             raise ValueError(f"float8_e4m3fn weights need {name} (moe_lab.quantize_weights_fp8 returns it)")
     check_weight_scale("w1_scale", w1_scale, w1, block_shape)
     check_weight_scale("w2_scale", w2_scale, w2, block_shape)
-    for name in ("a1_scale", "a2_scale"):
-        if given[name] is None:
-            continue
-        if block_shape is not None:
-            raise ValueError(f"{name} must be None with block_shape: block-scaled activations are quantized per "
-                             "token per block_k channels as they come (dynamic)")
-        check_tensor(name, given[name], ndim=1, dtypes=(torch.float32,), shape=(1,), layout="[1] (a static per-tensor scale)")
+    if block_shape is not None:
+        for name in ("a1_scale", "a2_scale"):
+            if given[name] is not None:
+                raise ValueError(f"{name} must be None with block_shape: block-scaled activations are quantized "
+                                 "per token per block_k channels as they come (dynamic)")
+    if a1_scale is not None:
+        a1_scale = check_static_scale("a1_scale", a1_scale)
+    if a2_scale is not None:
+        a2_scale = check_static_scale("a2_scale", a2_scale)
     check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale,
                                                                                   a2_scale)):
@@ -195,11 +204,12 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
             (DeepSeek-V3's [128, 128]): [E, ceil(2I/block_n), ceil(H/block_k)] and
             [E, ceil(H/block_n), ceil(I/block_k)], one per weight block; the activations are quantized per
             token per block_k channels. Without it: [E] (per expert) or [E, 2I] / [E, H] (per channel).
-        a1_scale, a2_scale: static float32 [1] scales of the up GEMM's input (hidden_states) and the down
-            GEMM's input (the SwiGLU output), without block_shape only; None (default): dynamic, one scale
-            per token computed on the device. Every float8 product accumulates in float32; the output has
-            hidden_states' dtype. Needs FP8 tensor cores (compute capability >= 8.9) or the interpreter:
-            elsewhere RuntimeError with the reason (`moe_lab.fp8_support`).
+        a1_scale, a2_scale: static float32 scales, shape [1] or [] (0-d), of the up GEMM's input
+            (hidden_states) and the down GEMM's input (the SwiGLU output), without block_shape only; None
+            (default): dynamic, one scale per token computed on the device. Every float8 product
+            accumulates in float32; the output has hidden_states' dtype. Needs FP8 tensor cores (compute
+            capability >= 8.9) or the interpreter: elsewhere RuntimeError with the reason
+            (`moe_lab.fp8_support`).
             Scales are taken as given: positive and finite, not checked (a zero scale gives zeros, an inf
             one inf or NaN). A NaN in hidden_states makes its 128-channel group NaN, which reaches that
             token's output. Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument
@@ -253,9 +263,10 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     x, up_scales, down_scales = hidden_states, {}, {}
-    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
+    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg)
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
-        x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
+        # each GEMM's input is quantized by a kernel before it, or by the GEMM as it loads it (the same bits)
+        x, a1_scale = (x, None) if fp8.quantized_on_load(cfg.up) else fp8.quantize(hidden_states, fp8.a1_scale)
         # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
         # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
         up_scales = dict(a_scale=a1_scale, w_scale=fp8.w1_scale, block_shape=fp8.block_shape,
@@ -270,6 +281,8 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     if fp8 is not None:
         if fused_quant:
             act, a2_scale = act
+        elif fp8.quantized_on_load(cfg.down):  # the float32 SwiGLU output as it is
+            a2_scale = None
         else:  # rows past num_tokens_post_padded are never read: not quantized
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)

@@ -70,6 +70,18 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     return values[0], values[1]
 
 
+def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)") -> torch.Tensor:
+    """A static per-tensor scale (a calibrated a1_scale, ...) viewed as [1], the shape the kernels read, after
+    checking it: a float32 tensor of shape [1] or [] (0-d: checkpoints store both). `layout` is the message's
+    list of accepted shapes, for callers that also take others."""
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(scale).__name__}")
+    if scale.shape not in ((1,), ()):
+        raise ValueError(f"{name} must have shape {layout}, got shape {tuple(scale.shape)}")
+    check_tensor(name, scale, ndim=scale.dim(), dtypes=(torch.float32,))
+    return scale.reshape(1)
+
+
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
@@ -256,7 +268,7 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     rows = 0 returns empty tensors without launching.
 
     Raises TypeError/ValueError for x not a 2-D float tensor or with K = 0, group_size not None or an int
-    >= 1 (bools refused), scale not a float32 tensor of one element, per_tensor not a bool or combined with
+    >= 1 (bools refused), scale not a float32 tensor of shape [1] or [], per_tensor not a bool or combined with
     scale, num_rows not an int32 [1] tensor, out/out_scale of the wrong shape or dtype, out sharing memory
     with x, or tensors on different devices; RuntimeError where FP8 cannot run (`fp8_support`: a CUDA GPU
     below compute capability 8.9, where Triton has no e4m3 type). Under the interpreter e4m3 is emulated
@@ -271,12 +283,7 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
         check_positive_int("group_size", group_size)
     per_tensor = _check_flag("per_tensor", per_tensor)
     if scale is not None:
-        if not isinstance(scale, torch.Tensor):
-            raise TypeError(f"scale must be a float32 torch.Tensor of one element [1], got {type(scale).__name__}")
-        if scale.dim() > 1 or scale.numel() != 1:
-            raise ValueError(f"scale must be a float32 tensor of one element, shape [1] (per tensor), got shape "
-                             f"{tuple(scale.shape)}")
-        check_tensor("scale", scale, ndim=scale.dim(), dtypes=(torch.float32,), layout="[1]")
+        scale = check_static_scale("scale", scale)
         if per_tensor:
             raise ValueError("per_tensor=True computes the scale; with scale= given, leave per_tensor=False")
         if out_scale is not None:
@@ -293,15 +300,13 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     if out is not None:
         check_not_aliased(out, x=x)
     if out_scale is None:
-        x_scale = None if scale is not None else torch.empty(scale_shape, dtype=torch.float32, device=x.device)
+        x_scale = scale if scale is not None else torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     else:
         check_tensor("out_scale", out_scale, ndim=len(scale_shape), dtypes=(torch.float32,), shape=scale_shape,
                      layout="[1]" if static else "[rows, ceil(K/group_size)]")
         x_scale = out_scale
     device = check_same_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)
     _require_fp8(device)
-    if scale is not None:
-        x_scale = scale.reshape(1)
     if per_tensor:  # dynamic per tensor: amax over the rows in use, on the device (0 for no rows)
         row_amax = x.abs().amax(dim=1).float() if rows else torch.zeros(1, device=x.device)
         if num_rows is not None and rows:

@@ -45,6 +45,16 @@ def test_demo_help_explains_every_option(capsys):
         assert len(line.split()) > 4, f"{option} has no help"
 
 
+def test_bench_help_says_what_it_times_and_where_results_go(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    description = out[:out.index("-h, --help")]
+    assert "JSON and CSV to the --out folder" in description and "fp8/ folder" in description
+    assert "Needs a CUDA GPU" in description
+
+
 def _demo_rows(out):
     """(model, T, rel err, quant err) of each result line of `moe-lab demo --dtype fp8`."""
     rows = []

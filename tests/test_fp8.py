@@ -146,6 +146,25 @@ def test_fp8_layer_static_scales_unfused_activation_chunks_and_expert_map():
     assert relative_error(out, ref) < 1e-2
 
 
+def test_fp8_zero_dim_static_scales_are_the_one_element_ones():
+    """A 0-d static scale (as checkpoints may store it) is taken as shape [1], by the layer and the GEMM."""
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(9, 4, 2, 64, 48, "per_tensor")
+    one = dict(a1_scale=torch.tensor([0.02], device=DEVICE), a2_scale=torch.tensor([0.004], device=DEVICE))
+    zero_dim = dict(a1_scale=torch.tensor(0.02, device=DEVICE), a2_scale=torch.tensor(0.004, device=DEVICE))
+    out_one = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, **one)
+    out_zero_dim = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, **zero_dim)
+    assert torch.equal(out_zero_dim, out_one)
+    routing = moe_align(topk_ids, 4, 16)
+    a_q, a_scale = quantize_activations_fp8(x, scale=one["a1_scale"])
+    gemm = dict(gather_a=True, w_scale=scales["w1_scale"], out_dtype=torch.float32)
+    want = grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 32, 64), a_scale=a_scale, **gemm)
+    got = grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 32, 64), a_scale=a_scale.reshape(()), **gemm)
+    used = routing.num_tokens_post_padded.item()
+    assert torch.equal(got[:used], want[:used])
+    with pytest.raises(ValueError, match=r"a_scale must have shape \[1\] or \[\] \(per tensor\) or \[rows, 1\]"):
+        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 32, 64), a_scale=torch.ones(2, device=DEVICE), **gemm)
+
+
 def test_fp8_layer_edges():
     x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(0, 4, 2, 160, 96, "block")
     assert fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales).shape == (0, 160)
@@ -190,7 +209,7 @@ def test_fp8_bad_arguments_name_what_is_wrong():
     a_q, a_scale = quantize_activations_fp8(x, group_size=128)
     with pytest.raises(ValueError, match="need a_scale and w_scale"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True)
-    with pytest.raises(TypeError, match=r"a must be float8_e4m3fn \(the dtype of w\)"):
+    with pytest.raises(ValueError, match="a_scale is for float8_e4m3fn a; a bfloat16 a is quantized as it is loaded"):
         grouped_matmul(x, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
                        w_scale=scales["w1_scale"], block_shape=(128, 128))
     with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
@@ -282,3 +301,5 @@ def test_fp8_newcomer_mistakes_are_named():
     per_expert = dict(w1_scale=torch.ones(3, device=DEVICE), w2_scale=torch.ones(3, device=DEVICE))
     with pytest.raises(TypeError, match="a1_scale must be a torch.Tensor"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=0.01)
+    with pytest.raises(TypeError, match="a1_scale must be float32, got float16"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=torch.tensor(0.01).half())

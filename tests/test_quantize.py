@@ -105,6 +105,13 @@ def test_static_scale_clamps_to_448():
     assert same_bits(q0, torch_quant_static(x, torch.tensor(0.5, device=DEVICE)))
 
 
+def test_zero_dim_static_scale_is_the_one_element_scale():
+    x = rand(5, 200)
+    q1, s1 = quantize_activations_fp8(x, scale=torch.tensor([0.01], device=DEVICE))
+    q0, s0 = quantize_activations_fp8(x, scale=torch.tensor(0.01, device=DEVICE))
+    assert same_bits(q0, q1) and s0.shape == (1,) and torch.equal(s0, s1)
+
+
 def test_dynamic_per_tensor():
     x = rand(6, 300, torch.bfloat16)
     q, scale = quantize_activations_fp8(x, per_tensor=True)
@@ -231,13 +238,13 @@ def test_bad_activation_arguments():
     for bad, error in ((0, ValueError), (-128, ValueError), (True, TypeError), (128.0, TypeError)):
         with pytest.raises(error, match="group_size must be"):
             quantize_activations_fp8(x, group_size=bad)
-    with pytest.raises(ValueError, match=r"scale must be a float32 tensor of one element.*got shape \(2,\)"):
+    with pytest.raises(ValueError, match=r"scale must have shape \[1\] or \[\] \(per tensor\), got shape \(2,\)"):
         quantize_activations_fp8(x, scale=torch.ones(2))
     with pytest.raises(ValueError, match=r"got shape \(1, 1\)"):
         quantize_activations_fp8(x, scale=torch.ones(1, 1))
     with pytest.raises(TypeError, match="scale must be float32, got bfloat16"):
         quantize_activations_fp8(x, scale=torch.ones(1, dtype=torch.bfloat16))
-    with pytest.raises(TypeError, match="scale must be a float32 torch.Tensor"):
+    with pytest.raises(TypeError, match="scale must be a torch.Tensor"):
         quantize_activations_fp8(x, scale=0.5)
     with pytest.raises(ValueError, match="leave per_tensor=False"):
         quantize_activations_fp8(x, scale=torch.ones(1), per_tensor=True)

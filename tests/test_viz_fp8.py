@@ -13,6 +13,7 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import moe_lab  # noqa: E402
 from moe_lab.viz import fp8  # noqa: E402
+from .conftest import DEVICE  # noqa: E402
 
 
 def test_e4m3_values_and_binades():
@@ -42,7 +43,7 @@ def test_plots_return_figures():
     shown = fig.axes[0].collections[0].get_array().reshape(3, 5)
     assert np.allclose(shown, w_scale[0].numpy())
     assert len(fig.axes[0].texts) == 15  # few blocks: each scale written in its block
-    _, x_scale = moe_lab.quantize_activations_fp8(torch.randn(4, 300), group_size=128)
+    _, x_scale = moe_lab.quantize_activations_fp8(torch.randn(4, 300, device=DEVICE), group_size=128)
     fig = fp8.plot_scale_blocks(x_scale, (4, 300), (1, 128))
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["0", "1", "2", "3"]
 

@@ -40,19 +40,21 @@ __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
 
 def __getattr__(name):
     if name in CHECKERS:
-        return _verdict_for_any_kernel(getattr(importlib.import_module(f"{__name__}.{CHECKERS[name]}"), name))
+        module = importlib.import_module(f"{__name__}.{CHECKERS[name]}")
+        # the label of its verdicts: the exercise's kernel name where the module names it
+        return _verdict_for_any_kernel(getattr(module, name), getattr(module, "EXERCISE", name.removeprefix("check_")))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _verdict_for_any_kernel(checker):
+def _verdict_for_any_kernel(checker, exercise: str):
     """The checker, answering NOT YET (not a traceback) when handed something that is not a kernel taking
-    the exercise's arguments: None, a plain function, kernel[grid], renamed parameters."""
+    the exercise's arguments: None, a plain function, kernel[grid], renamed parameters. The verdict is
+    labelled with the learner's function's name, or `exercise` where there is none (None, kernel[grid])."""
     @functools.wraps(checker)
     def checked(kernel, *args, strict: bool = False, **kwargs):
         try:
             return checker(kernel, *args, strict=strict, **kwargs)
         except KernelMismatch as mismatch:
-            exercise = getattr(kernel, "__name__", None) or checker.__name__.removeprefix("check_")
-            return report(exercise if exercise != "<lambda>" else checker.__name__.removeprefix("check_"),
-                          str(mismatch), "", strict)
+            name = getattr(kernel, "__name__", None)
+            return report(exercise if name in (None, "<lambda>") else name, str(mismatch), "", strict)
     return checked

@@ -29,10 +29,11 @@ the scales transposed; scales that are the amax (not divided by 448), 448 / amax
 instead of max |x|, one per row instead of one per group, groups starting at channel `group` instead of
 `group * GROUP`, 0 for an all-zero group (no floor), off in the last bit (a multiply by 1 / 448, or a GPU's
 approximate `/`); rows or channels of q never written; q multiplied by the scale instead of divided, or cast
-without it; the interpreter's cast without `round_to_e4m3_grid`; sizes written into the kernel (the second
-launch only). A missing clamp cannot be seen: with scale = amax / 448 no |x| / scale passes 448 by more
-than one rounding, and both `round_to_e4m3_grid` and a GPU's cast saturate at 448 anyway. The clamp is
-there for a static (calibrated) scale, which the package's kernel also takes.
+without it; a cast to another float8 type (e5m2, e4b15); the interpreter's cast without `round_to_e4m3_grid`;
+sizes written into the kernel (the second launch only). A missing clamp cannot be seen: with scale =
+amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_to_e4m3_grid` and a GPU's
+cast saturate at 448 anyway. The clamp is there for a static (calibrated) scale, which the package's kernel
+also takes.
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ from ._grade import Verdict, report
 
 EXERCISE = "quantize_rows_kernel"
 FP8 = torch.float8_e4m3fn
+E4B15_MAX = 1.875  # tl.float8e4b15's largest value
 
 SCALE_HINT = "scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0"
 LAYOUT_HINT = ("scale is [rows, tl.cdiv(K, GROUP)], one float32 per program: store it at "
@@ -114,6 +116,15 @@ def _q_matches(got: torch.Tensor, want: torch.Tensor) -> bool:
     """got == want bit for bit, or up to the interpreter's cast slips."""
     wrong = _bits(got) != _bits(want)
     return not wrong.any() or bool((wrong == _cast_slips(got, want)).all())
+
+
+def _cast_as_e4b15(got: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether got is v cast to float8e4b15 (e4m3's bits with exponent bias 15: e4m3fn's values / 256, largest
+    1.875): nothing past 1.875, and the values within its range on its grid. Torch has no e4b15 type, and what
+    a cast makes of larger values differs (the interpreter wraps them into [1, 1.875], a GPU saturates)."""
+    small = v.abs() <= 1.75  # where e4b15's grid is e4m3fn's / 256
+    on_grid = ((v[small] * 256).to(FP8).float() / 256).to(FP8)
+    return bool((got.float().abs() <= E4B15_MAX).all()) and _q_matches(got[small], on_grid)
 
 
 def _stored(run, tensor: str) -> torch.Tensor:
@@ -213,9 +224,13 @@ def _q_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tenso
                 "into x)")
     if _q_matches(got, x.clamp(-448, 448).to(FP8)):
         return "q is x cast as it is: divide x by its group's scale first, so the group's largest |x| becomes 448"
-    if _q_matches(got, (x / full).clamp(-448, 448).to(torch.float8_e5m2).to(FP8)):
+    clamped = (x / full).clamp(-448, 448)
+    if _q_matches(got, clamped.to(torch.float8_e5m2).to(FP8)):
         return ("q was rounded as float8 e5m2 (2 mantissa bits), not e4m3: cast with q.to(tl.float8e4nv), after "
                 "round_to_e4m3_grid")
+    if _cast_as_e4b15(got, clamped):
+        return ("q was cast to float8 e4b15 (exponent bias 15, largest value 1.875), not e4m3 (largest 448): cast "
+                "with q.to(tl.float8e4nv), after round_to_e4m3_grid")
     slips = _cast_slips(got, want)
     wrong = _bits(got) != _bits(want)
     if wrong.any() and bool((wrong == slips).all()):

@@ -39,12 +39,7 @@ class GemmConfig:
     setting for every token count, or a token's output changes with its batch.
     `persistent`: launch one program per SM that walks the tiles (`grouped_matmul_persistent_kernel`),
     software-pipelined across tiles so one tile's epilogue overlaps the next one's loads; tiles then run
-    whole (no tail tiles). Same results, bit for bit.
-    `quantize_on_load`: in an FP8 layer with block scales, this GEMM quantizes its input activation
-    (hidden_states for the up GEMM, the SwiGLU output for the down GEMM) per token per block_k channels as
-    it loads it, instead of a quantization kernel before it: one launch less, the same float8 values and
-    scales bit for bit. Each N-tile quantizes its rows again, so it pays off where rows are few (decode).
-    Ignored by other layers."""
+    whole (no tail tiles). Same results, bit for bit."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -56,7 +51,6 @@ class GemmConfig:
     prepermute: bool = False
     fuse_swiglu: bool = True
     persistent: bool = False
-    quantize_on_load: bool = False
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
@@ -65,7 +59,7 @@ class GemmConfig:
         check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
         check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
         check_positive_int("config.num_stages", self.num_stages)
-        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent", "quantize_on_load"):
+        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
 

@@ -85,8 +85,7 @@ class LaunchPlan:
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
     block's K). out_quant_group: the epilogue writes float8 with one scale per row per this many columns
-    (0: the output dtype as is). quantize_a: float a is quantized to float8 as it is loaded (block scales,
-    BLOCK_SIZE_K = block_k)."""
+    (0: the output dtype as is)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -97,7 +96,6 @@ class LaunchPlan:
     persistent: bool = False
     scales: str = "none"
     out_quant_group: int = 0
-    quantize_a: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -111,15 +109,12 @@ class LaunchPlan:
 class Fp8Scales:
     """The scales of a float8 GEMM as the kernel reads them: a_scale [rows, K groups] and w_scale
     [E, N groups, K groups], float32, size-1 layouts expanded with stride 0. `mode` is "outer" (constant
-    along K: per tensor, per channel, per token) or "block" (`block_shape` [group_n, group_k]).
-    `quantize_a`: a is float16/bfloat16/float32, quantized per row per group_k channels as the kernel loads
-    it (block scales only; a_scale is None)."""
+    along K: per tensor, per channel, per token) or "block" (`block_shape` [group_n, group_k])."""
     mode: str
-    a_scale: Optional[torch.Tensor]
+    a_scale: torch.Tensor
     w_scale: torch.Tensor
     group_n: int = 1
     group_k: int = 1
-    quantize_a: bool = False
 
 
 def check_gemm_block_shape(block_shape) -> Optional[tuple]:
@@ -175,30 +170,13 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
             if given is not None:
                 raise ValueError(f"{name} is for float8_e4m3fn operands; a and w are {str(w.dtype)[6:]}")
         return None
-    quantize_a = a.dtype != FP8_DTYPE
-    if quantize_a:  # float a, quantized as it is loaded: one scale per row per block_k channels
-        if block_shape is None:
-            raise ValueError(f"a is {str(a.dtype)[6:]} and w float8_e4m3fn: quantize a first "
-                             "(moe_lab.quantize_activations_fp8) and pass a_scale, or pass block_shape to have "
-                             "the kernel quantize a per token per block_k channels as it loads it")
-        if a_scale is not None:
-            raise ValueError(f"a_scale is for float8_e4m3fn a; a {str(a.dtype)[6:]} a is quantized as it is loaded "
-                             "(pass a_scale=None)")
-        if block_shape[1] > 256 or block_shape[1] & (block_shape[1] - 1):
-            raise ValueError(f"quantizing a as it is loaded takes one block_k group per K step: block_k must be a "
-                             f"power of two up to 256, got block_shape {list(block_shape)}; quantize a first "
-                             "(moe_lab.quantize_activations_fp8)")
-    elif a_scale is None or w_scale is None:
+    if a_scale is None or w_scale is None:
         raise ValueError("float8_e4m3fn a and w need a_scale and w_scale (moe_lab.quantize_weights_fp8 and "
                          "quantize_activations_fp8 make them)")
-    if w_scale is None:
-        raise ValueError("float8_e4m3fn w needs w_scale (moe_lab.quantize_weights_fp8 makes it)")
     support = fp8_support(a.device)
     if not support.available:
         raise RuntimeError(f"float8_e4m3fn operands cannot run here: {support.reason}")
     w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
-    if quantize_a:
-        return Fp8Scales("block", None, w_scale, *block_shape, quantize_a=True)
     a_scale = check_activation_scale("a_scale", a_scale, rows, w.shape[2], block_shape)
     if block_shape is not None:
         return Fp8Scales("block", a_scale, w_scale, *block_shape)
@@ -275,11 +253,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     Args:
         a: [T, K] token rows (gather_a=True) or [routing.max_num_tokens_padded, K] rows in padded sorted
             order (gather_a=False); float16/bfloat16/float32, or float8_e4m3fn with a_scale; any strides.
-            With float8 w and block_shape, a float a (a_scale None) is quantized as the kernel loads it:
-            per row per block_k channels, bit for bit as `quantize_activations_fp8(a, group_size=block_k)`
-            (BLOCK_SIZE_K = block_k, a power of two up to 256); no launch, no float8 copy of a.
-        w: [E, N, K] expert weights, same dtype as a (but for a float a quantized on load); any strides
-            (TMA needs the last one to be 1).
+        w: [E, N, K] expert weights, same dtype as a; any strides (TMA needs the last one to be 1).
         routing: the schedule from `moe_align`, built with BLOCK_SIZE_M = config.BLOCK_SIZE_M.
         config: the GemmConfig to launch with.
         gather_a: True for the up projection: row r of each block reads token row
@@ -333,10 +307,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                  layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
-    # float8 w also takes a float a, quantized as it is loaded (with block_shape: `_fp8_scales` checks)
-    a_dtypes = (FP8_DTYPE,) + FLOAT_DTYPES if w.dtype == FP8_DTYPE else (w.dtype,)
-    check_tensor("a", a, ndim=2, dtypes=a_dtypes, shape=(rows, k),
-                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]", dtype_of="w" if len(a_dtypes) == 1 else "")
+    check_tensor("a", a, ndim=2, dtypes=(w.dtype,), shape=(rows, k),
+                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]", dtype_of="w")
     scales = _fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m="
@@ -357,7 +329,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
     if out_dtype is None:
         out_dtype = out.dtype if scales is not None and isinstance(out, torch.Tensor) else (
-            torch.bfloat16 if a.dtype == FP8_DTYPE else a.dtype)
+            torch.bfloat16 if scales is not None else a.dtype)
     allowed = FLOAT_DTYPES + (FP8_DTYPE,) if scales is not None and scales.mode == "block" else FLOAT_DTYPES
     if out_dtype not in allowed or (scales is None and out_dtype != a.dtype):
         words = ", ".join(str(d)[6:] for d in allowed) if scales is not None else f"{str(a.dtype)[6:]} (the dtype of a)"
@@ -422,9 +394,7 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     `grouped_matmul(..., return_plan=True)`."""
     if scales is not None and config.prepermute:  # the kernel reads a token's scales by its token row
         config = replace(config, prepermute=False)
-    if scales is not None and scales.quantize_a:  # one K step, one scale group: a row's scale comes from one load
-        config = replace(config, BLOCK_SIZE_K=scales.group_k)
-    elif scales is not None and scales.mode == "block" and scales.group_k % config.BLOCK_SIZE_K:
+    if scales is not None and scales.mode == "block" and scales.group_k % config.BLOCK_SIZE_K:
         # each K step must lie in one scale block: the largest power of two dividing block_k (>= 16)
         config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
     budget = _shared_memory_budget(a.device)
@@ -440,8 +410,7 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
-                      config.persistent, scales.mode if scales is not None else "none", out_quant_group,
-                      scales is not None and scales.quantize_a)
+                      config.persistent, scales.mode if scales is not None else "none", out_quant_group)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -469,8 +438,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         scale_strides, groups = (0,) * 5, (1, 1)
     else:
         a_scale, w_scale = scales.a_scale, scales.w_scale
-        a_strides = a_scale.stride() if a_scale is not None else (0, 0)
-        scale_strides, groups = a_strides + w_scale.stride(), (scales.group_n, scales.group_k)
+        scale_strides, groups = a_scale.stride() + w_scale.stride(), (scales.group_n, scales.group_k)
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
     if plan.persistent:
@@ -487,8 +455,8 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
         SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1],
-        QUANT_GROUP=plan.out_quant_group, QUANTIZE_A=plan.quantize_a, EMULATE_FP8=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
-        EMULATE_BF16=interpreter_active() and torch.bfloat16 in (FP8_DTYPE if plan.quantize_a else a.dtype, out.dtype),
+        QUANT_GROUP=plan.out_quant_group, EMULATE_FP8=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,

@@ -111,19 +111,12 @@ class Fp8Weights:
     a1_scale: Optional[torch.Tensor]
     a2_scale: Optional[torch.Tensor]
 
-    def quantized_on_load(self, gemm: GemmConfig) -> bool:
-        """Whether a GEMM with this config quantizes its input as it loads it (`GemmConfig.quantize_on_load`):
-        block scales whose block_k is a power of two up to 256 (one K step per group)."""
-        block_k = self.block_shape[1] if self.block_shape is not None else 0
-        return gemm.quantize_on_load and 0 < block_k <= 256 and block_k & (block_k - 1) == 0
-
-    def quantized_by_epilogue(self, cfg: MoEConfig) -> bool:
+    def quantized_by_epilogue(self, up: GemmConfig) -> bool:
         """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32
-        buffer, no quantization launch): block scales, each program's I columns (BLOCK_SIZE_N / 2) hold
-        whole groups of block_k, and the down GEMM does not quantize on load. Bit for bit the same as
-        quantizing afterwards."""
-        return (self.block_shape is not None and cfg.up.swiglu_epilogue and not self.quantized_on_load(cfg.down)
-                and (cfg.up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
+        buffer, no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold
+        whole groups of block_k. Bit for bit the same as quantizing afterwards."""
+        return (self.block_shape is not None and up.swiglu_epilogue
+                and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
 
     def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
@@ -263,10 +256,9 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     x, up_scales, down_scales = hidden_states, {}, {}
-    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg)
+    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
-        # each GEMM's input is quantized by a kernel before it, or by the GEMM as it loads it (the same bits)
-        x, a1_scale = (x, None) if fp8.quantized_on_load(cfg.up) else fp8.quantize(hidden_states, fp8.a1_scale)
+        x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
         # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
         # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
         up_scales = dict(a_scale=a1_scale, w_scale=fp8.w1_scale, block_shape=fp8.block_shape,
@@ -281,8 +273,6 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     if fp8 is not None:
         if fused_quant:
             act, a2_scale = act
-        elif fp8.quantized_on_load(cfg.down):  # the float32 SwiGLU output as it is
-            a2_scale = None
         else:  # rows past num_tokens_post_padded are never read: not quantized
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)

@@ -12,9 +12,6 @@ FP8 (SCALES, float8_e4m3fn A and W with float32 scales, DeepSeek-V3's w8a8 forma
 SCALE_GROUP_N x SCALE_GROUP_K block of W; each K step's product is scaled before it is added (BLOCK_SIZE_K
 divides SCALE_GROUP_K). "outer" scales are one per row (per token, or a per-tensor one with stride 0) and
 one per weight row (per channel, or per expert with stride 0): the float32 sum is scaled once.
-With QUANTIZE_A (block scales, BLOCK_SIZE_K = SCALE_GROUP_K) A is float16/bfloat16/float32 and each K step's
-tile is quantized to float8 as it is loaded, one scale per row (the quantization kernel's math, bit for bit):
-no launch and no float8 copy of A, at the cost of quantizing a row once per N-tile (for few rows).
 With QUANT_GROUP (float8 operands and the SwiGLU epilogue), the tile's float32 output is quantized as the
 down GEMM reads it: one scale per row per QUANT_GROUP columns (a tile holds whole groups), float8 values.
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
@@ -50,7 +47,7 @@ def grouped_matmul_kernel(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, QUANTIZE_A: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
 ):
@@ -81,7 +78,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, QUANTIZE_A, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
@@ -89,7 +86,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, QUANTIZE_A, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
@@ -97,7 +94,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, QUANTIZE_A, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -113,7 +110,7 @@ def grouped_matmul_persistent_kernel(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, QUANTIZE_A: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
@@ -138,7 +135,7 @@ def grouped_matmul_persistent_kernel(
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, QUANTIZE_A, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -172,7 +169,7 @@ def _tile(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, QUANTIZE_A: tl.constexpr, EMULATE_FP8: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -209,11 +206,8 @@ def _tile(
         row_ok = token_valid
     else:
         row_ok = tl.full([TILE_M], 1, tl.int1)
-    tl.static_assert(not QUANTIZE_A or (SCALES == "block" and BLOCK_SIZE_K == SCALE_GROUP_K),
-                     "QUANTIZE_A quantizes one scale group per K step: block scales, BLOCK_SIZE_K = SCALE_GROUP_K")
     if SCALES != "none":  # FP8: a scale per row (of a K group) and per weight row (of a K group)
-        if not QUANTIZE_A:
-            a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
+        a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
         w_scale_ptrs = w_scale_ptr + expert.to(tl.int64) * stride_wse + (w_rows // SCALE_GROUP_N) * stride_wsn
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
@@ -226,10 +220,6 @@ def _tile(
         else:
             a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             a_ptrs += BLOCK_SIZE_K * stride_ak
-        if QUANTIZE_A:  # float a to float8 as it arrives, one scale per row of this K step (one group), with
-            # the helper of the quantization kernel: the same values and scales, bit for bit, and no launch
-            a_q, a_s = quantize_groups_e4m3(a.to(tl.float32), EMULATE_FP8)
-            a = cast_e4m3(a_q, EMULATE_FP8)
         if W_TMA:
             if SWIGLU:  # a 4-D descriptor over w viewed as [E, 2, N, K]: gate and up boxes land in one tile
                 w = w_desc.load([expert, 0, n0, kb * BLOCK_SIZE_K])
@@ -244,8 +234,7 @@ def _tile(
             w = w.to(tl.float32)
         if SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
             group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K
-            if not QUANTIZE_A:
-                a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
+            a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(w_scale_ptrs + group * stride_wsk)
             acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
         elif SCALES == "outer":  # each step's float8 product is added in float32: Hopper's float8 MMA keeps

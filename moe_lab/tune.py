@@ -62,11 +62,13 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
         space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
     if itemsize == 1:  # float8, block-scaled: K steps of one 128-channel scale block; two float32 tiles in
-        # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*)
+        # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*).
+        # BLOCK_SIZE_N = 256 gives the up GEMM 128 output columns, one activation group, which its epilogue
+        # quantizes itself (no quantization launch): the tuner weighs that against the narrower tiles.
         if rows_per_expert <= 8:
-            shapes = [(16, n, 128, 4) for n in (32, 64, 128)]
+            shapes = [(16, n, 128, 4) for n in (32, 64, 128, 256)]
         elif rows_per_expert <= 48:
-            shapes = [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)]
+            shapes = [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)] + [(16, 256, 128, 4), (32, 256, 128, 4)]
         else:
             shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
         space = dict(space, pre=[False])  # FP8 reads each token's scales by its row: no permuted copy

@@ -112,6 +112,8 @@ def test_fp8_tune_candidates_step_one_scale_block():
         configs = [c for ups, downs in space.values() for c in ups + downs]
         assert configs and all(c.BLOCK_SIZE_K == 128 and not c.prepermute for c in configs)
         assert all(c.BLOCK_SIZE_M * c.BLOCK_SIZE_N <= 64 * 256 for c in configs)
+        # an up GEMM whose 128 output columns are one activation group, quantized in its epilogue, competes
+        assert any(c.BLOCK_SIZE_N == 256 for ups, _ in space.values() for c in ups)
 
 
 def test_bench_refuses_without_a_gpu(capsys):

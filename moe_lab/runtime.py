@@ -2,14 +2,19 @@
 
 The interpreter must be switched on before any `@triton.jit` function is defined, so `import moe_lab`
 calls `select_backend()` before it imports its kernels: with no CUDA device and `TRITON_INTERPRET` unset,
-it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either way.
+it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either way. Where `triton` was
+imported first, Triton's own `@triton.jit` helpers (`tl.max`, `tl.sum`, `tl.cdiv`, ...) were made for a
+GPU; `select_backend` remakes them for the interpreter and warns that the caller's earlier kernels must be
+defined again.
 """
 from __future__ import annotations
 
 import functools
 import itertools
 import os
+import sys
 import threading
+import warnings
 from typing import Optional
 
 import torch
@@ -32,6 +37,28 @@ def select_backend() -> None:
         problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
         if problem:
             raise RuntimeError(problem)
+        if _interpret_triton_language():
+            warnings.warn("triton was imported before moe_lab switched on Triton's interpreter (no CUDA GPU here, "
+                          "TRITON_INTERPRET unset). moe_lab remade triton.language's helpers for the interpreter; "
+                          "any @triton.jit kernel of yours defined before `import moe_lab` was made for a GPU and "
+                          "cannot run here: define it again (run its cell again). Next time import moe_lab first, "
+                          "or set TRITON_INTERPRET=1 before importing triton.", stacklevel=3)
+
+
+def _interpret_triton_language() -> bool:
+    """Remake triton.language's `@triton.jit` helpers as interpreted functions where they were made before
+    the interpreter was on (a kernel running under the interpreter cannot call a compiled helper: "Cannot
+    call @triton.jit'd outside of the scope of a kernel"). Returns whether any was."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    remade = {}
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):  # one object is re-exported by several modules: remade once
+                setattr(module, attr, remade.setdefault(id(value), InterpretedFunction(value.fn)))
+    return bool(remade)
 
 
 def version_tuple(text: str) -> tuple:

@@ -1,4 +1,5 @@
 """Where kernels run, and what the interpreter needs from its environment."""
+import os
 import pytest
 
 from moe_lab import runtime
@@ -58,3 +59,39 @@ def test_launches_from_several_threads_give_right_answers():
 
 def test_unreadable_versions_do_not_block_import():
     assert interpreter_numpy_problem("dev", "2.4.0") is None and interpreter_numpy_problem("3.6.0", "") is None
+
+
+def test_triton_imported_first_still_runs_the_package_under_the_interpreter(tmp_path):
+    """A learner on a laptop who imports triton (and writes a kernel) before moe_lab: Triton's own jit
+    helpers were made for a GPU; moe_lab remakes them for the interpreter and says what to do about the
+    learner's kernel, which then runs once defined again."""
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("with a GPU the interpreter is not switched on")
+    script = """
+import triton, triton.language as tl, torch
+@triton.jit
+def before(x_ptr):
+    tl.store(x_ptr, tl.max(tl.arange(0, 4).to(tl.float32), axis=0))
+import moe_lab
+@triton.jit
+def after(x_ptr):
+    tl.store(x_ptr, tl.max(tl.arange(0, 4).to(tl.float32), axis=0))
+x = torch.zeros(1)
+after[(1,)](x)
+ids = torch.tensor([[0, 1]] * 3, dtype=torch.int32)
+out = moe_lab.fused_moe(torch.randn(3, 16), torch.randn(2, 32, 16), torch.randn(2, 16, 16), torch.rand(3, 2), ids)
+print(x.item(), tuple(out.shape))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    path = tmp_path / "learner.py"  # a file: @triton.jit reads its kernels' source
+    path.write_text(script)
+    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["3.0", "(3,", "16)"]
+    assert "define it again" in run.stderr and "import moe_lab first" in run.stderr

@@ -38,8 +38,8 @@ def select_backend() -> None:
         if problem:
             raise RuntimeError(problem)
         if _interpret_triton_language():
-            warnings.warn("triton was imported before moe_lab switched on Triton's interpreter (no CUDA GPU here, "
-                          "TRITON_INTERPRET unset). moe_lab remade triton.language's helpers for the interpreter; "
+            warnings.warn("triton was imported before Triton's interpreter was switched on (TRITON_INTERPRET=1; "
+                          "moe_lab sets it where no CUDA GPU is visible). moe_lab remade triton.language's helpers for the interpreter; "
                           "any @triton.jit kernel of yours defined before `import moe_lab` was made for a GPU and "
                           "cannot run here: define it again (run its cell again). Next time import moe_lab first, "
                           "or set TRITON_INTERPRET=1 before importing triton.", stacklevel=3)

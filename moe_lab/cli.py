@@ -220,6 +220,7 @@ def _add_shape_arguments(parser: argparse.ArgumentParser, dtypes=tuple(DTYPES), 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .tune import DEFAULT_TOKENS as TUNE_TOKENS
     parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -233,7 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                            f"{', '.join(_presets.PRESETS)}")
     demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
                       help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
-                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU; {' '.join(map(str, CPU_TOKENS_FP8))} with --dtype fp8)")
+                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU, {' '.join(map(str, CPU_TOKENS_FP8))} with --dtype fp8 "
+                           "on a CPU)")
     demo.add_argument("--dtype", choices=sorted([*DTYPES, FP8]), default="bf16",
                       help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
                            "with one float32 scale per [128, 128] block (DeepSeek-V3's format), quantized from "
@@ -267,7 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
                             "e.g. benchmarks/results/fp8/)")
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
-    tune = sub.add_parser("tune", help="search launch configs per shape on this GPU and save them as JSON")
+    tune = sub.add_parser(
+        "tune", help="search launch configs per shape on this GPU and save them as JSON",
+        description="For each model preset and token count, time candidate launch configs of the up and the down "
+                    "GEMM on this GPU (CUDA-graph medians, L2 flushed) and save the fastest pair per shape and "
+                    "token bucket into the JSON table that fused_moe reads for this device and Triton version "
+                    "(merged into an existing one). Defaults: all five presets, T = "
+                    + " ".join(map(str, TUNE_TOKENS)) + ", bf16. Needs a CUDA GPU: refuses under Triton's "
+                    "interpreter. --dtype fp8 tunes FP8 layers with [128, 128] block scales. docs/tuning.md "
+                    "says how, and which table serves at run time.")
     _add_shape_arguments(tune, (*DTYPES, FP8), "element type (default: bf16); fp8: float8_e4m3fn weights with "
                                                "[128, 128] block scales, tuned under keys of their own")
     tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")

@@ -3,9 +3,9 @@
 The interpreter must be switched on before any `@triton.jit` function is defined, so `import moe_lab`
 calls `select_backend()` before it imports its kernels: with no CUDA device and `TRITON_INTERPRET` unset,
 it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either way. Where `triton` was
-imported first, Triton's own `@triton.jit` helpers (`tl.max`, `tl.sum`, `tl.cdiv`, ...) were made for a
-GPU; `select_backend` remakes them for the interpreter and warns that the caller's earlier kernels must be
-defined again.
+imported first, `@triton.jit` functions made until then (Triton's own helpers, `tl.max`, `tl.cdiv`, ..., and
+a learner's kernels) were made for a GPU; `select_backend` remakes triton.language's and `__main__`'s for the
+interpreter, and warns.
 """
 from __future__ import annotations
 
@@ -37,28 +37,36 @@ def select_backend() -> None:
         problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
         if problem:
             raise RuntimeError(problem)
-        if _interpret_triton_language():
+        remade = _remake_for_the_interpreter()
+        if remade is not None:
+            yours = (f" Your @triton.jit functions in __main__ ({', '.join(remade)}) were remade too."
+                     if remade else "")
             warnings.warn("triton was imported before Triton's interpreter was switched on (TRITON_INTERPRET=1; "
-                          "moe_lab sets it where no CUDA GPU is visible). moe_lab remade triton.language's helpers for the interpreter; "
-                          "any @triton.jit kernel of yours defined before `import moe_lab` was made for a GPU and "
-                          "cannot run here: define it again (run its cell again). Next time import moe_lab first, "
-                          "or set TRITON_INTERPRET=1 before importing triton.", stacklevel=3)
+                          "moe_lab sets it where no CUDA GPU is visible), so its @triton.jit functions were made "
+                          "for a GPU. moe_lab remade triton.language's helpers for the interpreter." + yours +
+                          " A @triton.jit kernel or helper defined elsewhere before `import moe_lab` cannot run "
+                          "here: define it again. Next time import moe_lab first, or set TRITON_INTERPRET=1 before "
+                          "importing triton.", stacklevel=3)
 
 
-def _interpret_triton_language() -> bool:
-    """Remake triton.language's `@triton.jit` helpers as interpreted functions where they were made before
-    the interpreter was on (a kernel running under the interpreter cannot call a compiled helper: "Cannot
-    call @triton.jit'd outside of the scope of a kernel"). Returns whether any was."""
+def _remake_for_the_interpreter() -> Optional[list]:
+    """Where `@triton.jit` functions were made before the interpreter was on (a kernel running under the
+    interpreter cannot call a compiled one: "Cannot call @triton.jit'd outside of the scope of a kernel"),
+    remake them as interpreted functions: triton.language's helpers (`tl.max`, `tl.cdiv`, ...) and the
+    caller's own in `__main__` (a script's or a notebook's namespace). Returns None where there was nothing
+    to remake, else the names remade in `__main__`."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
-    remade = {}
+    remade, yours = {}, []
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+        if module is None or not (name == "__main__" or name == "triton.language" or name.startswith("triton.language.")):
             continue
         for attr, value in list(vars(module).items()):
             if isinstance(value, JITFunction):  # one object is re-exported by several modules: remade once
                 setattr(module, attr, remade.setdefault(id(value), InterpretedFunction(value.fn)))
-    return bool(remade)
+                if name == "__main__":
+                    yours.append(attr)
+    return yours if remade else None
 
 
 def version_tuple(text: str) -> tuple:
@@ -94,14 +102,18 @@ def default_device() -> torch.device:
 
 
 def require_gpu_timing(what: str = "timing") -> None:
-    """Raise `RuntimeError` where timings would mean nothing: under the interpreter or with no GPU."""
+    """Raise `RuntimeError` where timings would mean nothing: with no GPU, or under the interpreter."""
+    committed = ("The H200 results are committed: benchmarks/README.md, benchmarks/results/, and the tuned "
+                 "tables in moe_lab/configs/.")
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch, so kernels run under Triton's "
+                           f"interpreter (on the CPU, one program at a time), whose timings say nothing about a "
+                           f"GPU. Run it on a CUDA GPU. {committed}")
     if interpreter_active():
         raise RuntimeError(
             f"{what} refused: Triton's interpreter is on (TRITON_INTERPRET=1), which runs kernels on the CPU "
-            "one program at a time; its timings say nothing about a GPU. Run on a CUDA GPU without "
-            "TRITON_INTERPRET, or look at the committed H200 results in benchmarks/results/.")
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch.")
+            "one program at a time; its timings say nothing about a GPU. Unset TRITON_INTERPRET (or set it to "
+            f"0) on this GPU machine. {committed}")
 
 
 _INTERPRETER_LOCK = threading.RLock()

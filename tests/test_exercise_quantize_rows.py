@@ -38,11 +38,14 @@ def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexp
         offs = row * K + cols
     else:
         offs = cols
+    x_offs = cols if ROW == "load" else offs  # "load": the row's start left out of x's offsets only
+    if ROW == "load":
+        offs = row * K + cols
     if MASK:
         mask = cols < K
     else:
         mask = cols >= 0
-    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
     if ABS:
         amax = tl.max(tl.abs(x), axis=0)
     else:
@@ -60,12 +63,16 @@ def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexp
         scale = 448.0 / amax
     elif SCALE == "amax*(1/448)":
         scale = amax * (1.0 / 448.0)
+    elif SCALE == "448":
+        scale = amax * 0.0 + 448.0
     else:
         scale = amax / 448.0
     if Q == "x*scale" or SCALE == "448/amax":
         q = x * scale
     elif Q == "x":
         q = x
+    elif Q == "x/448":
+        q = x / 448.0
     else:
         q = x / scale
     q = tl.minimum(tl.maximum(q, -448.0), 448.0)
@@ -95,6 +102,39 @@ def cast_e5m2(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
 @triton.jit
 def cast_e4b15(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
     _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, ROUND=False, CAST="e4b15")
+
+
+@triton.jit
+def rounded_then_e5m2(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, CAST="e5m2")
+
+
+@triton.jit
+def q_over_448(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, Q="x/448")
+
+
+@triton.jit
+def scale_448(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, SCALE="448")
+
+
+@triton.jit
+def x_without_row(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, ROW="load")
+
+
+@triton.jit
+def load_without_other(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    row = tl.program_id(0)
+    group = tl.program_id(1)
+    cols = group * GROUP + tl.arange(0, GROUP)
+    mask = cols < K
+    x = tl.load(x_ptr + row * K + cols, mask=mask)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0
+    q = round_to_e4m3_grid(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
+    tl.store(q_ptr + row * K + cols, q.to(tl.float8e4nv), mask=mask)
+    tl.store(scale_ptr + row * tl.cdiv(K, GROUP) + group, scale)
 
 
 @triton.jit
@@ -220,6 +260,11 @@ def test_wrong_kernels_are_named(capsys):
                           (groups_start_at_group, ["start at channel `group`, not `group * GROUP`"]),
                           (groups_all_at_zero, ["values of q were never written", "cols = group * GROUP"]),
                           (cast_e5m2, ["e5m2", "tl.float8e4nv"]),
+                          (rounded_then_e5m2, ["e5m2", "tl.float8e4nv"]),
+                          (q_over_448, ["q is x / 448", "group's scale"]),
+                          (scale_448, ["every scale is 448", "amax divided by 448"]),
+                          (x_without_row, ["row 0's scales", "x_ptr + row * K + cols"]),
+                          (load_without_other, ["no other=", "other=0.0", "undefined"]),
                           (cast_e4b15, ["e4b15", "largest value 1.875", "tl.float8e4nv"]),
                           (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
                           (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),

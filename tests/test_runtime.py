@@ -62,9 +62,8 @@ def test_unreadable_versions_do_not_block_import():
 
 
 def test_triton_imported_first_still_runs_the_package_under_the_interpreter(tmp_path):
-    """A learner on a laptop who imports triton (and writes a kernel) before moe_lab: Triton's own jit
-    helpers were made for a GPU; moe_lab remakes them for the interpreter and says what to do about the
-    learner's kernel, which then runs once defined again."""
+    """A learner on a laptop who imports triton and writes a kernel and a helper before moe_lab: they and
+    Triton's own jit helpers were made for a GPU; moe_lab remakes them for the interpreter and says so."""
     import subprocess
     import sys
 
@@ -75,17 +74,21 @@ def test_triton_imported_first_still_runs_the_package_under_the_interpreter(tmp_
     script = """
 import triton, triton.language as tl, torch
 @triton.jit
+def twice(x):
+    return x * 2
+@triton.jit
 def before(x_ptr):
-    tl.store(x_ptr, tl.max(tl.arange(0, 4).to(tl.float32), axis=0))
+    tl.store(x_ptr, twice(tl.max(tl.arange(0, 4).to(tl.float32), axis=0)))
 import moe_lab
 @triton.jit
 def after(x_ptr):
-    tl.store(x_ptr, tl.max(tl.arange(0, 4).to(tl.float32), axis=0))
-x = torch.zeros(1)
-after[(1,)](x)
+    tl.store(x_ptr, twice(tl.sum(tl.arange(0, 4).to(tl.float32), axis=0)))
+x, y = torch.zeros(1), torch.zeros(1)
+before[(1,)](x)
+after[(1,)](y)
 ids = torch.tensor([[0, 1]] * 3, dtype=torch.int32)
 out = moe_lab.fused_moe(torch.randn(3, 16), torch.randn(2, 32, 16), torch.randn(2, 16, 16), torch.rand(3, 2), ids)
-print(x.item(), tuple(out.shape))
+print(x.item(), y.item(), tuple(out.shape))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     path = tmp_path / "learner.py"  # a file: @triton.jit reads its kernels' source
@@ -93,5 +96,5 @@ print(x.item(), tuple(out.shape))
     run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.split() == ["3.0", "(3,", "16)"]
-    assert "define it again" in run.stderr and "import moe_lab first" in run.stderr
+    assert run.stdout.split() == ["6.0", "12.0", "(3,", "16)"]
+    assert "__main__ (twice, before) were remade" in run.stderr and "import moe_lab first" in run.stderr

@@ -29,7 +29,10 @@ the scales transposed; scales that are the amax (not divided by 448), 448 / amax
 instead of max |x|, one per row instead of one per group, groups starting at channel `group` instead of
 `group * GROUP`, 0 for an all-zero group (no floor), off in the last bit (a multiply by 1 / 448, or a GPU's
 approximate `/`); rows or channels of q never written; q multiplied by the scale instead of divided, or cast
-without it; a cast to another float8 type (e5m2, e4b15); the interpreter's cast without `round_to_e4m3_grid`;
+without it, or divided by 448 instead of the scale; every scale 448; the row's start missing from x's offsets
+(every row gets row 0's scales); a masked load of x without `other=` (undefined lanes on a GPU, read by
+the amax; found in the source, since the interpreter fills 0); a cast to another float8 type (e5m2, before or
+after `round_to_e4m3_grid`, or e4b15); the interpreter's cast without `round_to_e4m3_grid`;
 sizes written into the kernel (the second launch only). A missing clamp cannot be seen: with scale =
 amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_to_e4m3_grid` and a GPU's
 cast saturate at 448 anyway. The clamp is there for a static (calibrated) scale, which the package's kernel
@@ -37,6 +40,9 @@ also takes.
 """
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -118,6 +124,21 @@ def _q_matches(got: torch.Tensor, want: torch.Tensor) -> bool:
     return not wrong.any() or bool((wrong == _cast_slips(got, want)).all())
 
 
+def _cast_as_e5m2(got: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether got is v cast to float8 e5m2, as it is or after round_to_e4m3_grid: every value on e5m2's grid
+    (2 mantissa bits) and one of v's two e5m2 neighbours (the interpreter breaks ties unlike torch, and drops
+    carries), and not simply e4m3's answer."""
+    g, v = got.float(), v.float()
+    if not bool(torch.isfinite(g).all()) or _q_matches(got, v.to(FP8)):
+        return False
+    exponent = torch.floor(torch.log2(v.abs().clamp(min=2.0 ** -14)))
+    ulp = torch.exp2(exponent - 2)  # e5m2's spacing at |v|
+    on_grid = g.to(torch.float8_e5m2).float() == g
+    # the interpreter's cast drops the carry where rounding goes up to a power of two (as it does for e4m3)
+    carry_dropped = (torch.frexp(g)[0].abs() == 0.5) & ((2 * g - v).abs() <= ulp)
+    return bool((on_grid & (((g - v).abs() <= ulp) | carry_dropped)).all())
+
+
 def _cast_as_e4b15(got: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether got is v cast to float8e4b15 (e4m3's bits with exponent bias 15: e4m3fn's values / 256, largest
     1.875): nothing past 1.875, and the values within its range on its grid. Torch has no e4b15 type, and what
@@ -175,6 +196,10 @@ def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.T
          "(1 / 448 has no exact float32): divide, scale = amax / 448"),
         (want.t().contiguous().view(case.rows, case.groups),
          f"the scales are stored transposed (group-major, scale_ptr + group * rows + row): {LAYOUT_HINT}"),
+        (torch.full_like(floored, 448.0), f"every scale is 448: the scale is the group's amax divided by 448 "
+                                          f"({SCALE_HINT})"),
+        (want[:1].expand(case.rows, case.groups), "every row got row 0's scales: the load of x misses the row's "
+                                                  "start, x_ptr + row * K + cols"),
     )
     for wrong, why in candidates:
         if not _same(wrong, want) and _same(got, wrong):
@@ -224,8 +249,10 @@ def _q_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tenso
                 "into x)")
     if _q_matches(got, x.clamp(-448, 448).to(FP8)):
         return "q is x cast as it is: divide x by its group's scale first, so the group's largest |x| becomes 448"
+    if _q_matches(got, (x / 448.0).to(FP8)):
+        return "q is x / 448: divide x by its group's scale (amax / 448), so the group's largest |x| becomes 448"
     clamped = (x / full).clamp(-448, 448)
-    if _q_matches(got, clamped.to(torch.float8_e5m2).to(FP8)):
+    if _cast_as_e5m2(got, clamped):
         return ("q was rounded as float8 e5m2 (2 mantissa bits), not e4m3: cast with q.to(tl.float8e4nv), after "
                 "round_to_e4m3_grid")
     if _cast_as_e4b15(got, clamped):
@@ -294,6 +321,27 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
             or _q_problem(case, x, got_q, want_q, want_s))
 
 
+def _masked_x_load_without_other(kernel) -> bool:
+    """Whether the kernel's source loads x (its first argument) with a mask but no `other`: masked-off lanes
+    are undefined on a GPU (the interpreter fills 0, so the numbers here cannot show it), and here they
+    feed the group's amax."""
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+        x_name = inspect.signature(fn).parameters.__iter__().__next__()
+    except (OSError, TypeError, SyntaxError, StopIteration):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load":
+            pointer = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "pointer"), None)
+            names = {n.id for n in ast.walk(pointer) if isinstance(n, ast.Name)} if pointer is not None else set()
+            words = {k.arg for k in node.keywords}
+            if x_name in names and ("mask" in words or len(node.args) >= 2) and "other" not in words \
+                    and len(node.args) < 3:
+                return True
+    return False
+
+
 def check_quantize_rows(kernel, strict: bool = False) -> Verdict:
     """Grade `quantize_rows_kernel(x_ptr, q_ptr, scale_ptr, K, GROUP)` on two launches (`CASES`: 5 rows of
     K = 200 in groups of 128, then 3 rows of K = 300 in groups of 64), q and scale poisoned with NaN, against
@@ -304,5 +352,9 @@ def check_quantize_rows(kernel, strict: bool = False) -> Verdict:
             if i:
                 problem = f"with {case.describe()}, {SIZES_HINT}: {problem}"
             return report(EXERCISE, problem, "", strict)
+    if _masked_x_load_without_other(kernel):
+        return report(EXERCISE, "every value is right here, but the masked load of x has no other=: on a GPU the "
+                      "lanes past K are undefined and go into the group's amax (the interpreter fills 0, so these "
+                      "numbers cannot show it). Load with other=0.0", "", strict)
     return report(EXERCISE, None, "q and every scale bit for bit as quantize_activations_fp8 makes them, on two "
                   "launches (" + "; ".join(c.describe() for c in CASES) + "), no access out of bounds", strict)

@@ -5,6 +5,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
+from .runtime import interpreter_active
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -40,6 +42,9 @@ def check_same_device(**tensors: torch.Tensor) -> torch.device:
     if any(d != first for d in devices.values()):
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise ValueError(f"all tensors must be on one device, got {listing}")
+    if first.type == "meta" and interpreter_active():  # (compile-only checks launch on meta tensors: no data read)
+        raise ValueError(f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
+                         "compute with: move them to the CPU or a GPU")
     return first
 
 
@@ -59,12 +64,13 @@ def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optiona
     return value
 
 
-def check_not_aliased(out: torch.Tensor, **inputs: Optional[torch.Tensor]) -> None:
-    """Raise ValueError if `out` shares storage with an input a kernel still reads while it writes `out`."""
-    for name, tensor in inputs.items():
-        if tensor is not None and out.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
-            raise ValueError(f"out shares memory with {name}: rows would be read after being overwritten; pass a "
-                             "separate buffer")
+def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Optional[torch.Tensor]) -> None:
+    """Raise ValueError if `written` (the argument `name`) shares storage with a tensor a kernel reads or
+    writes while it writes `written`."""
+    for other, tensor in inputs.items():
+        if tensor is not None and written.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+            raise ValueError(f"{name} shares memory with {other}: values would be read after being overwritten; "
+                             "pass a separate buffer")
 
 
 def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,

@@ -327,13 +327,17 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                              "up projection, which writes sorted rows")
     out_cols = n // 2 if swiglu else n
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
+    dtype_name = "out_dtype"
     if out_dtype is None:
-        out_dtype = out.dtype if scales is not None and isinstance(out, torch.Tensor) else (
-            torch.bfloat16 if scales is not None else a.dtype)
+        if scales is not None and isinstance(out, torch.Tensor):
+            out_dtype, dtype_name = out.dtype, "out's dtype"
+        else:
+            out_dtype = torch.bfloat16 if scales is not None else a.dtype
     allowed = FLOAT_DTYPES + (FP8_DTYPE,) if scales is not None and scales.mode == "block" else FLOAT_DTYPES
     if out_dtype not in allowed or (scales is None and out_dtype != a.dtype):
         words = ", ".join(str(d)[6:] for d in allowed) if scales is not None else f"{str(a.dtype)[6:]} (the dtype of a)"
-        raise TypeError(f"out_dtype must be {words}, got {out_dtype}")
+        got = str(out_dtype).replace("torch.", "") if isinstance(out_dtype, torch.dtype) else repr(out_dtype)
+        raise TypeError(f"{dtype_name} must be {words}, got {got}")
     quant_group = scales.group_k if out_dtype == FP8_DTYPE else 0
     if quant_group:
         tile_n = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N

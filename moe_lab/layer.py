@@ -305,6 +305,14 @@ def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor
 @fused_moe_op.register_fake
 def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=None, w1_scale=None, w2_scale=None,
       block_shape=None):
+    # PyTorch also picks this for a real call with one input on the meta device: refuse mixed devices, as
+    # fused_moe does, rather than return an empty tensor as if it were the result
+    tensors = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
+                   expert_map=expert_map, w1_scale=w1_scale, w2_scale=w2_scale)
+    devices = {name: t.device for name, t in tensors.items() if t is not None}
+    if len(set(devices.values())) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"all tensors must be on one device, got {listing}")
     return hidden_states.new_empty(hidden_states.shape)
 
 

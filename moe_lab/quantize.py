@@ -22,6 +22,8 @@ activations, 128x128 blocks for weights, online max-abs scaling); vLLM,
 """
 from __future__ import annotations
 
+import numbers
+
 import operator
 from typing import Optional, Sequence, Tuple
 
@@ -96,7 +98,7 @@ def _require_fp8(device: torch.device) -> None:
 
 def _expand_blocks(scale: torch.Tensor, block: Tuple[int, int], rows: int, cols: int) -> torch.Tensor:
     """A scale per [bn, bk] block ([..., ceil(rows/bn), ceil(cols/bk)]) repeated over its block: [..., rows, cols]."""
-    bn, bk = block
+    bn, bk = min(block[0], rows), min(block[1], cols)  # a block past the edge covers the rest: no larger copy
     return scale.repeat_interleave(bn, dim=-2)[..., :rows, :].repeat_interleave(bk, dim=-1)[..., :cols]
 
 
@@ -145,12 +147,14 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
         scale_shape = (experts, n) if per_channel else (experts,)
     w_fp8 = torch.empty((experts, n, k), dtype=FP8_DTYPE, device=w.device)
     w_scale = torch.empty(scale_shape, dtype=torch.float32, device=w.device)
+    if block is not None:  # a block wider than w has one block across it: pad to w's size, not the block's
+        fit = (min(block[0], n), min(block[1], k))
     for e in range(experts):
-        we = w[e].float()
+        we = w[e].detach().float()  # offline: the results carry no autograd history
         if block is not None:
             nb, kb = scale_shape[1:]
-            padded = F.pad(we.abs(), (0, kb * block[1] - k, 0, nb * block[0] - n))  # zeros do not raise amax
-            scale = _scale_of(padded.view(nb, block[0], kb, block[1]).amax(dim=(1, 3)))
+            padded = F.pad(we.abs(), (0, kb * fit[1] - k, 0, nb * fit[0] - n))  # zeros do not raise amax
+            scale = _scale_of(padded.view(nb, fit[0], kb, fit[1]).amax(dim=(1, 3)))
             full = _expand_blocks(scale, block, n, k)
         elif per_channel:
             scale = _scale_of(we.abs().amax(dim=1))
@@ -280,6 +284,8 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     if k == 0:
         raise ValueError(f"x must have K >= 1 channels [rows, K], got shape {tuple(x.shape)}")
     if group_size is not None:
+        if isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool):
+            group_size = int(group_size)  # a numpy int, as block_shape takes them
         check_positive_int("group_size", group_size)
     per_tensor = _check_flag("per_tensor", per_tensor)
     if scale is not None:
@@ -304,6 +310,10 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     else:
         check_tensor("out_scale", out_scale, ndim=len(scale_shape), dtypes=(torch.float32,), shape=scale_shape,
                      layout="[1]" if static else "[rows, ceil(K/group_size)]")
+        if any(stride == 0 for size, stride in zip(out_scale.shape, out_scale.stride()) if size > 1):
+            raise ValueError(f"out_scale's entries overlap in memory (strides {tuple(out_scale.stride())} for shape "
+                             f"{tuple(out_scale.shape)}): pass a buffer where each scale has its own memory")
+        check_not_aliased(out_scale, x=x, out=out, name="out_scale")
         x_scale = out_scale
     device = check_same_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)
     _require_fp8(device)

@@ -215,7 +215,7 @@ def test_fp8_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale[:, :0],
                        w_scale=scales["w1_scale"], block_shape=(128, 128))
-    with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16, float32, float8_e4m3fn, got torch.int8"):
+    with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16, float32, float8_e4m3fn, got int8"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
                        w_scale=scales["w1_scale"], block_shape=(128, 128), out_dtype=torch.int8)
 
@@ -303,3 +303,33 @@ def test_fp8_newcomer_mistakes_are_named():
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=0.01)
     with pytest.raises(TypeError, match="a1_scale must be float32, got float16"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=torch.tensor(0.01).half())
+
+
+def test_fp8_after_a_second_breaker_trial():
+    """Meta tensors, a NaN through a static activation scale (the interpreter reads e4m3's NaN as 480),
+    weights that carry autograd, a block larger than the tensor, and out_scale buffers that overlap."""
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(6, 4, 2, 128, 96, "per_tensor")
+    x[1, 5] = float("nan")
+    out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=torch.tensor(0.01, device=DEVICE), **scales)
+    assert out[1].isnan().all() and not out[[0, 2, 3, 4, 5]].isnan().any()
+    nan_scale = torch.tensor(float("nan"), device=DEVICE)
+    assert fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=nan_scale, **scales).isnan().all()
+    w = torch.nn.Parameter(torch.randn(2, 40, 72, device=DEVICE))
+    q, s = quantize_weights_fp8(w)
+    assert not q.requires_grad and not s.requires_grad
+    _, huge = quantize_weights_fp8(w.detach(), (10 ** 9, 10 ** 9))
+    assert torch.equal(huge, quantize_weights_fp8(w.detach(), (64, 128))[1])  # one block either way
+    a = torch.randn(6, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="out_scale's entries overlap"):
+        quantize_activations_fp8(a, group_size=32, out_scale=torch.zeros(1, 2, device=DEVICE).expand(6, 2))
+    with pytest.raises(ValueError, match="out_scale shares memory with x"):
+        quantize_activations_fp8(a, group_size=32, out_scale=a[:, :2])
+    assert quantize_activations_fp8(a, group_size=__import__("numpy").int64(32))[1].shape == (6, 2)
+    if DEVICE.type == "cpu":  # the interpreter cannot read meta tensors; a GPU run compiles on them
+        with pytest.raises(ValueError, match="meta device"):
+            quantize_activations_fp8(a.to("meta"))
+    from moe_lab import FusedMoE
+    module = FusedMoE(w1_q, w2_q, **scales).to("meta")
+    with pytest.raises(ValueError, match="all tensors must be on one device"):
+        module(x, topk_weights, topk_ids)
+    assert module(x.to("meta"), topk_weights.to("meta"), topk_ids.to("meta")).device.type == "meta"

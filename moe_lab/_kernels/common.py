@@ -63,3 +63,11 @@ def cast_e4m3(q, EMULATE_FP8: tl.constexpr):
     if EMULATE_FP8:
         out = tl.where(q != q, tl.full(q.shape, 0x7F, tl.uint8).to(tl.float8e4nv, bitcast=True), out)
     return out
+
+
+@triton.jit
+def e4m3_to_float32(x):
+    """float8e4nv x as float32 with NaN kept: Triton's interpreter reads e4m3's NaN (0x7F, 0xFF) as +-480,
+    a GPU as NaN."""
+    nan = (x.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
+    return tl.where(nan, float("nan"), x.to(tl.float32))

@@ -33,7 +33,7 @@ holds them all; such blocks run a smaller tile. Rows the smaller tile skips are 
 import triton
 import triton.language as tl
 
-from .common import cast_e4m3, quantize_groups_e4m3, round_to_bf16_grid
+from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
@@ -229,6 +229,9 @@ def _tile(
         else:
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
             w_ptrs += BLOCK_SIZE_K * stride_wk
+        if EMULATE_FP8 and SCALES != "none":  # under the interpreter: float32 operands (exact), NaN kept NaN
+            a = e4m3_to_float32(a)
+            w = e4m3_to_float32(w)
         if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
             a = a.to(tl.float32)
             w = w.to(tl.float32)

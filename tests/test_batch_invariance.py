@@ -5,17 +5,22 @@ slot order. Inference engines rely on it (a request's output must not change wit
 import pytest
 import torch
 
-from moe_lab import fused_moe, get_preset, topk_routing
+from moe_lab import fused_moe, get_preset, quantize_weights_fp8, topk_routing
 
 from .conftest import DEVICE
 
 
-def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device):
+def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device, block_shape=None):
     """The output row of one fixed token placed at a fixed position of batches of the given sizes (its
-    routing comes from its own logits; the other tokens are random)."""
+    routing comes from its own logits; the other tokens are random). With block_shape, FP8 weights with
+    block scales (hidden states in `dtype`, quantized by the layer)."""
     gen = torch.Generator(device="cpu").manual_seed(7)
     w1 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5).to(device, dtype)
     w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5).to(device, dtype)
+    scales = {}
+    if block_shape is not None:
+        (w1, s1), (w2, s2) = quantize_weights_fp8(w1, block_shape), quantize_weights_fp8(w2, block_shape)
+        scales = dict(w1_scale=s1, w2_scale=s2, block_shape=block_shape)
     token = torch.randn(1, hidden, generator=gen).to(device, dtype)
     token_logits = torch.randn(1, num_experts, generator=gen).to(device)
     rows = []
@@ -25,13 +30,31 @@ def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, dev
         where = size // 2
         hs[where], logits[where] = token[0], token_logits[0]
         topk_weights, topk_ids = topk_routing(logits, top_k=top_k)
-        rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids)[where])
+        rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids, **scales)[where])
     return rows
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_a_tokens_output_is_bitwise_the_same_in_any_batch(dtype):
     alone, *in_batches = _token_in_batches(64, 32, 6, 2, (1, 5, 40), dtype, DEVICE)
+    for row in in_batches:
+        assert torch.equal(row, alone)
+
+
+def test_fp8_token_output_is_bitwise_the_same_in_any_batch():
+    alone, *in_batches = _token_in_batches(128, 64, 6, 2, (1, 5, 40), torch.bfloat16, DEVICE, (32, 32))
+    for row in in_batches:
+        assert torch.equal(row, alone)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_fp8_batch_invariance_at_real_shapes(model):
+    """FP8 block-scaled [128, 128]: the tuned tiles change with T (16 to 64 rows, 32 to 256 columns), but
+    every K step is one 128-channel scale block and activations are quantized per token."""
+    p = get_preset(model)
+    alone, *in_batches = _token_in_batches(p.hidden_size, p.intermediate_size, p.num_experts, p.top_k,
+                                           (1, 40, 4096), torch.bfloat16, "cuda", (128, 128))
     for row in in_batches:
         assert torch.equal(row, alone)
 

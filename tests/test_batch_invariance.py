@@ -5,12 +5,13 @@ slot order. Inference engines rely on it (a request's output must not change wit
 import pytest
 import torch
 
-from moe_lab import fused_moe, get_preset, quantize_weights_fp8, topk_routing
+from moe_lab import GemmConfig, MoEConfig, fused_moe, get_preset, quantize_weights_fp8, topk_routing
 
 from .conftest import DEVICE
 
 
-def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device, block_shape=None):
+def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device, block_shape=None,
+                      config=None):
     """The output row of one fixed token placed at a fixed position of batches of the given sizes (its
     routing comes from its own logits; the other tokens are random). With block_shape, FP8 weights with
     block scales (hidden states in `dtype`, quantized by the layer)."""
@@ -30,7 +31,7 @@ def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, dev
         where = size // 2
         hs[where], logits[where] = token[0], token_logits[0]
         topk_weights, topk_ids = topk_routing(logits, top_k=top_k)
-        rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids, **scales)[where])
+        rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids, config=config, **scales)[where])
     return rows
 
 
@@ -47,14 +48,27 @@ def test_fp8_token_output_is_bitwise_the_same_in_any_batch():
         assert torch.equal(row, alone)
 
 
+ONE_MMA_KIND = {  # FP8 tiles of one kind at every T: 64 rows without tail tiles, or at most 32 rows
+    "64 rows, no tail tiles": MoEConfig(GemmConfig(64, 128, 128, 8, 4, 3, tail_tiles=False),
+                                        GemmConfig(64, 128, 128, 8, 4, 3, tail_tiles=False)),
+    "16 rows": MoEConfig(GemmConfig(16, 64, 128, 1, 4, 4), GemmConfig(16, 64, 128, 1, 4, 4)),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("model", ["qwen3-30b-a3b", "mixtral-8x7b"])
-def test_fp8_batch_invariance_at_real_shapes(model):
-    """FP8 block-scaled [128, 128]: the tuned tiles change with T (16 to 64 rows, 32 to 256 columns), but
-    every K step is one 128-channel scale block and activations are quantized per token."""
+@pytest.mark.parametrize("tiles", [pytest.param(None, id="tuned", marks=pytest.mark.xfail(
+    strict=True, reason="FP8 on Hopper: tiles of 16 or 32 rows (mma.sync) and of 64 rows (wgmma, fewer accumulator "
+                        "bits) round a K step's float8 product differently, and the tuned tiles, tail tiles "
+                        "included, change with T: benchmarks/experiments/fp8_batch_invariance-H200-2026-12-01.txt")),
+    *ONE_MMA_KIND])
+def test_fp8_batch_invariance_at_real_shapes(model, tiles):
+    """FP8 block-scaled [128, 128] is batch invariant when every T runs one kind of MMA tile (a fixed config);
+    with the tuned configs it is not (the README says so)."""
     p = get_preset(model)
     alone, *in_batches = _token_in_batches(p.hidden_size, p.intermediate_size, p.num_experts, p.top_k,
-                                           (1, 40, 4096), torch.bfloat16, "cuda", (128, 128))
+                                           (1, 40, 4096), torch.bfloat16, "cuda", (128, 128),
+                                           ONE_MMA_KIND.get(tiles))
     for row in in_batches:
         assert torch.equal(row, alone)
 

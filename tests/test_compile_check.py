@@ -165,3 +165,32 @@ def test_swiglu_weight_loads_vectorize_as_the_plain_gemm_does(pad):
     plain, fused = counts["False"], counts["True"]
     assert fused == plain, counts
     assert (fused[1] > 0) == bool(pad), counts  # scalar loads exactly where the rows are unaligned
+
+
+def test_fp8_tiles_of_16_rows_run_mma_sync_and_of_64_rows_wgmma():
+    """Why FP8 is batch invariant only with one kind of tile at every T (README, batch invariance): on sm_90
+    a 16- or 32-row tile multiplies with mma.sync, a 64-row tile with wgmma, and a 64-row config with tail
+    tiles holds both; the two round float8 products differently on an H200."""
+    code = textwrap.dedent("""
+        import json, torch
+        from moe_lab import compile_only as co
+        from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
+        co.patch_moe_lab()
+        def meta(*shape, dtype=torch.int32):
+            return torch.empty(shape, dtype=dtype, device="meta")
+        E, N, K, ROWS, FP8 = 8, 256, 512, 1024, torch.float8_e4m3fn
+        out = {}
+        for bm, tail in ((16, True), (64, False), (64, True)):
+            routing = AlignedRouting(meta(E), meta(ROWS), meta(ROWS // bm), meta(1), bm, 256, 2, E)
+            session = co.Session(compile_missing=True)
+            with co.fake_gpu(90, session):
+                grouped_matmul(meta(ROWS, K, dtype=FP8), meta(E, N, K, dtype=FP8), routing,
+                               GemmConfig(bm, 128, 128, 1, 4, 3, tail_tiles=tail), gather_a=False,
+                               a_scale=meta(ROWS, K // 128, dtype=torch.float32),
+                               w_scale=meta(E, N // 128, K // 128, dtype=torch.float32), block_shape=(128, 128))
+            (kernel,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
+            ptx = kernel.asm["ptx"]
+            out[f"{bm},{tail}"] = ["wgmma.mma_async" in ptx, "mma.sync" in ptx]
+        print("RESULT", json.dumps(out))
+    """)
+    assert run_child(code) == {"16,True": [False, True], "64,False": [True, False], "64,True": [True, True]}

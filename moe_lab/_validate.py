@@ -35,13 +35,20 @@ def check_tensor(name: str, t, *, ndim: int, dtypes: Sequence[torch.dtype],
                 raise ValueError(f"{name} must have shape {layout} = {want_s}, got {tuple(t.shape)}")
 
 
-def check_same_device(**tensors: torch.Tensor) -> torch.device:
-    """Raise ValueError if the named tensors are not all on one device; return that device."""
+def check_one_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    """Raise ValueError if the named tensors (None skipped) are not all on one device; return that device."""
     devices = {name: t.device for name, t in tensors.items() if t is not None}
     first = next(iter(devices.values()))
     if any(d != first for d in devices.values()):
         listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
         raise ValueError(f"all tensors must be on one device, got {listing}")
+    return first
+
+
+def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    """`check_one_device`, for tensors a kernel computes with: not meta under the interpreter."""
+    first = check_one_device(**tensors)
+    devices = [name for name, t in tensors.items() if t is not None]
     if first.type == "meta" and interpreter_active():  # (compile-only checks launch on meta tensors: no data read)
         raise ValueError(f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
                          "compute with: move them to the CPU or a GPU")

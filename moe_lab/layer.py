@@ -18,8 +18,8 @@ from typing import List, Optional
 
 import torch
 
-from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_same_device, check_tensor,
-                        output_buffer)
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_one_device, check_positive_int, check_same_device,
+                        check_tensor, output_buffer)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .capability import fp8_support
@@ -307,12 +307,8 @@ def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=No
       block_shape=None):
     # PyTorch also picks this for a real call with one input on the meta device: refuse mixed devices, as
     # fused_moe does, rather than return an empty tensor as if it were the result
-    tensors = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
-                   expert_map=expert_map, w1_scale=w1_scale, w2_scale=w2_scale)
-    devices = {name: t.device for name, t in tensors.items() if t is not None}
-    if len(set(devices.values())) > 1:
-        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
-        raise ValueError(f"all tensors must be on one device, got {listing}")
+    check_one_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
+                     expert_map=expert_map, w1_scale=w1_scale, w2_scale=w2_scale)
     return hidden_states.new_empty(hidden_states.shape)
 
 

@@ -106,9 +106,9 @@ def require_gpu_timing(what: str = "timing") -> None:
     committed = ("The H200 results are committed: benchmarks/README.md, benchmarks/results/, and the tuned "
                  "tables in moe_lab/configs/.")
     if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch, so kernels run under Triton's "
-                           f"interpreter (on the CPU, one program at a time), whose timings say nothing about a "
-                           f"GPU. Run it on a CUDA GPU. {committed}")
+        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch. Timings need one: here kernels "
+                           f"run only under Triton's interpreter (on the CPU, one program at a time), whose timings "
+                           f"say nothing about a GPU. {committed}")
     if interpreter_active():
         raise RuntimeError(
             f"{what} refused: Triton's interpreter is on (TRITON_INTERPRET=1), which runs kernels on the CPU "

@@ -24,12 +24,13 @@ def round_to_e4m3_grid(x):
     Normal e4m3 values keep 3 mantissa bits; below 2^-6 (subnormals) the spacing is a fixed 2^-9, which
     adding and subtracting 1.5 * 2^14 rounds to (float32 spacing there is 2^-9). The sign is put back
     afterwards, so tiny negatives round to -0 as torch's cast does."""
+    nan = x != x  # before the clamp: since Triton 3.8 the interpreter's minimum/maximum drop NaN, as GPUs do
     x = tl.minimum(tl.maximum(x, -448.0), 448.0)
     bits = x.to(tl.uint32, bitcast=True)
     normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & 0xFFF00000).to(tl.float32, bitcast=True)
     sub = (x + 24576.0) - 24576.0
     sub = ((sub.to(tl.uint32, bitcast=True) & 0x7FFFFFFF) | (bits & 0x80000000)).to(tl.float32, bitcast=True)
-    return tl.where(x != x, x, tl.where(tl.abs(x) < 0.015625, sub, normal))  # NaN stays NaN
+    return tl.where(nan, float("nan"), tl.where(tl.abs(x) < 0.015625, sub, normal))  # NaN stays NaN
 
 
 @triton.jit

@@ -345,7 +345,7 @@ from moe_lab._kernels import grouped_matmul as gemm_kernels
 
 lines, first = inspect.getsourcelines(gemm_kernels._tile.fn)  # .fn: the Python function under @triton.jit
 for number, line in enumerate(lines, first):
-    if re.search(r"\b[aw]_s\b|_scale_ptrs =|SCALES [!=]=", line):
+    if re.search(r"\b[aw]_s\b|_scale_ptrs =|SCALES [!=]=", line) and "EMULATE" not in line:  # not interpreter-only lines
         print(f"grouped_matmul.py:{number:<4} {line.rstrip()}")
 
 # %% [markdown]

@@ -328,7 +328,7 @@ def _masked_x_load_without_other(kernel) -> bool:
     fn = getattr(kernel, "fn", kernel)
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        x_name = inspect.signature(fn).parameters.__iter__().__next__()
+        x_name = next(iter(inspect.signature(fn).parameters))
     except (OSError, TypeError, SyntaxError, StopIteration):
         return False
     for node in ast.walk(tree):

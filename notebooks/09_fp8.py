@@ -474,7 +474,9 @@ if workbook.timing_allowed("the bf16 vs FP8 timing"):
 # The committed H200 measurement (`benchmarks/experiments/fp8-H200-2026-12-01.json`, **committed data, not
 # measured here**; `benchmarks/experiments/fp8.py` made it, with the best of a few configs per point):
 # bf16 GEMM-pair time over FP8 GEMM-pair time, per model and token count. Above 1 FP8 is faster; 2 is what
-# halving the weight bytes can give where reading them is all the time.
+# halving the weight bytes can give where reading them is all the time. The package's own FP8 configs, tuned
+# later on the same kind of GPU (`moe-lab tune --dtype fp8`), give 1.4x to 1.9x up to T = 512 and 1.0x to
+# 1.2x in prefill: `moe-lab bench --dtype fp8`, in benchmarks/README.md.
 
 # %%
 try:

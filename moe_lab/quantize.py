@@ -96,9 +96,14 @@ def _require_fp8(device: torch.device) -> None:
         raise RuntimeError(f"FP8 (float8_e4m3fn) kernels cannot run here: {support.reason}")
 
 
+def _fit_block(block: Tuple[int, int], rows: int, cols: int) -> Tuple[int, int]:
+    """The block cut to the matrix: a block larger than it covers all of it, with no larger copy."""
+    return min(block[0], rows), min(block[1], cols)
+
+
 def _expand_blocks(scale: torch.Tensor, block: Tuple[int, int], rows: int, cols: int) -> torch.Tensor:
     """A scale per [bn, bk] block ([..., ceil(rows/bn), ceil(cols/bk)]) repeated over its block: [..., rows, cols]."""
-    bn, bk = min(block[0], rows), min(block[1], cols)  # a block past the edge covers the rest: no larger copy
+    bn, bk = _fit_block(block, rows, cols)
     return scale.repeat_interleave(bn, dim=-2)[..., :rows, :].repeat_interleave(bk, dim=-1)[..., :cols]
 
 
@@ -147,8 +152,8 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
         scale_shape = (experts, n) if per_channel else (experts,)
     w_fp8 = torch.empty((experts, n, k), dtype=FP8_DTYPE, device=w.device)
     w_scale = torch.empty(scale_shape, dtype=torch.float32, device=w.device)
-    if block is not None:  # a block wider than w has one block across it: pad to w's size, not the block's
-        fit = (min(block[0], n), min(block[1], k))
+    if block is not None:
+        fit = _fit_block(block, n, k)
     for e in range(experts):
         we = w[e].detach().float()  # offline: the results carry no autograd history
         if block is not None:

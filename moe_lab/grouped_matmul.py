@@ -84,8 +84,10 @@ class LaunchPlan:
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
-    block's K). out_quant_group: the epilogue writes float8 with one scale per row per this many columns
-    (0: the output dtype as is)."""
+    block's K). w_scale_per_tile: with block scales, a program's weight rows (each half's, with swiglu)
+    lie in one scale block, so each K step reads one weight scale (per half) rather than one per column.
+    out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
+    dtype as is)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -96,6 +98,7 @@ class LaunchPlan:
     persistent: bool = False
     scales: str = "none"
     out_quant_group: int = 0
+    w_scale_per_tile: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -413,8 +416,14 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     else:
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
+    # A program's weight rows (each half's, with SwiGLU) start at a multiple of their count, so they lie in
+    # one scale block when its rows are a multiple of that count (and, for the up half, so is I).
+    tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
+    w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
+                        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0))
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
-                      config.persistent, scales.mode if scales is not None else "none", out_quant_group)
+                      config.persistent, scales.mode if scales is not None else "none", out_quant_group,
+                      w_scale_per_tile)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -458,7 +467,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
-        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1],
+        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,
         QUANT_GROUP=plan.out_quant_group, EMULATE_FP8=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,

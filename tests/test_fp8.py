@@ -244,6 +244,38 @@ def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), out_dtype=FP8, **args)
 
 
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("swiglu,n,block_shape,block_n,per_tile", [
+    (False, 80, (32, 32), 32, True),    # the last tile's columns past N wrap to group 0, and are dropped
+    (False, 80, (64, 32), 32, True),    # two tiles per scale block
+    (False, 80, (32, 32), 64, False),   # a tile spans two scale blocks: a scale per column
+    (True, 96, (64, 32), 64, True),     # I = 96: the up half of a tile starts inside a scale block
+    (True, 80, (32, 32), 64, False),    # I = 80: an up half of 32 rows would straddle two blocks
+    (True, 96, (32, 32), 128, False),   # halves of 64 rows span two blocks of 32
+])
+def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, block_shape, block_n, per_tile):
+    num_tokens, num_experts, top_k, k = 9, 3, 2, 96
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
+    w_q, w_scale = quantize_weights_fp8(w, block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 1), gather_a=True,
+                               swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
+                               block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
+    assert plan.w_scale_per_tile == per_tile
+    a_deq = a_q.double() * a_scale.repeat_interleave(block_shape[1], 1)[:, :k].double()
+    w_deq = dequantize_fp8(w_q, w_scale, block_shape).double()
+    if swiglu:
+        ref = swiglu_reference(a_deq, w_deq, routing)
+    else:
+        ref = per_expert_reference(a_deq, w_deq, routing, gather_a=True)
+    used = routing.num_tokens_post_padded.item()
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
+    assert relative_error(out.cpu()[:used][valid], ref[:used][valid]) < 1e-5
+
+
 def test_fp8_layer_with_the_quantizing_epilogue_matches_the_separate_quantization():
     x, (w1, w2), _, topk_weights, topk_ids, _ = fp8_layer(11, 4, 2, 64, 96, "block")
     (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))

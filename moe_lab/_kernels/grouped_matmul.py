@@ -46,7 +46,7 @@ def grouped_matmul_kernel(
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr,
@@ -78,7 +78,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
@@ -86,7 +86,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
@@ -94,7 +94,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -109,7 +109,7 @@ def grouped_matmul_persistent_kernel(
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
@@ -135,7 +135,7 @@ def grouped_matmul_persistent_kernel(
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -168,7 +168,7 @@ def _tile(
     sorted_token_ids_ptr, row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
@@ -209,8 +209,22 @@ def _tile(
     if SCALES != "none":  # FP8: a scale per row (of a K group) and per weight row (of a K group)
         a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
         w_scale_ptrs = w_scale_ptr + expert.to(tl.int64) * stride_wse + (w_rows // SCALE_GROUP_N) * stride_wsn
+    num_k_steps = tl.cdiv(K, BLOCK_SIZE_K)
+    if SCALES == "block" and W_SCALE_PER_TILE:
+        # The tile's weight rows lie in one scale block (with SWIGLU: its gate rows in one, its up rows in
+        # another): one scalar per K step instead of a vector over the tile's columns, and the step's scales
+        # are loaded a step ahead so their latency hides behind the previous step's MMA.
+        if SWIGLU:
+            up_row0 = N + n0
+        else:
+            up_row0 = n0
+        w_first_scale_ptr = w_scale_ptr + expert.to(tl.int64) * stride_wse + (n0 // SCALE_GROUP_N) * stride_wsn
+        w_second_scale_ptr = w_scale_ptr + expert.to(tl.int64) * stride_wse + (up_row0 // SCALE_GROUP_N) * stride_wsn
+        next_a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
+        next_w_first_s = tl.load(w_first_scale_ptr)
+        next_w_second_s = tl.load(w_second_scale_ptr)
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
+    for kb in range(0, num_k_steps):
         if EVEN_K:
             k_ok = tl.full([BLOCK_SIZE_K], 1, tl.int1)
         else:
@@ -235,7 +249,19 @@ def _tile(
         if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
             a = a.to(tl.float32)
             w = w.to(tl.float32)
-        if SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
+        if SCALES == "block" and W_SCALE_PER_TILE:  # as below, with the scales loaded a step ahead
+            a_s, w_first_s, w_second_s = next_a_s, next_w_first_s, next_w_second_s
+            next_group = (tl.minimum(kb + 1, num_k_steps - 1) * BLOCK_SIZE_K) // SCALE_GROUP_K
+            next_a_s = tl.load(a_scale_ptrs + next_group * stride_ask, mask=row_ok, other=0.0)
+            next_w_first_s = tl.load(w_first_scale_ptr + next_group * stride_wsk)
+            next_w_second_s = tl.load(w_second_scale_ptr + next_group * stride_wsk)
+            if SWIGLU:  # gate columns first, then up columns
+                step_scale = tl.where(lane_n[None, :] < BLOCK_SIZE_N // 2, (a_s * w_first_s)[:, None],
+                                      (a_s * w_second_s)[:, None])
+            else:
+                step_scale = (a_s * w_first_s)[:, None]
+            acc += tl.dot(a, w) * step_scale
+        elif SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
             group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K
             a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(w_scale_ptrs + group * stride_wsk)

@@ -334,6 +334,11 @@ exercises.check_quantize_rows(quantize_rows_kernel_solution, strict=True)
 #   every step does.
 # - Per-channel weights with per-token activations ("outer" scales) have one scale per row for all of K:
 #   there the sum of the unscaled steps is scaled once, after the loop.
+# - **The loop above is the general case.** When all of a tile's weight rows lie in one 128-row block (tiles
+#   of up to 128 columns, as the tuned ones are), `w_s` is one number per step, not a vector: the kernel
+#   loads it as a scalar, folds it into the rows' scales (`a_s * w_s`, two multiplies per thread instead of
+#   one per element) and loads the next step's scales a step ahead, so their latency hides behind this step's
+#   MMA (the `W_SCALE_PER_TILE` branch). Same numbers, bit for bit; 13 to 16 % faster in prefill on an H200.
 #
 # The lines of `_tile` in the installed moe-lab that read or apply the scales:
 
@@ -344,8 +349,9 @@ import re
 from moe_lab._kernels import grouped_matmul as gemm_kernels
 
 lines, first = inspect.getsourcelines(gemm_kernels._tile.fn)  # .fn: the Python function under @triton.jit
+scale_words = r"\b(next_)?([aw]|w_first|w_second)_s\b|\bstep_scale\b|_scale_ptrs? =|SCALES [!=]="
 for number, line in enumerate(lines, first):
-    if re.search(r"\b[aw]_s\b|_scale_ptrs =|SCALES [!=]=", line) and "EMULATE" not in line:  # not interpreter-only lines
+    if re.search(scale_words, line) and "EMULATE" not in line:  # not interpreter-only lines
         print(f"grouped_matmul.py:{number:<4} {line.rstrip()}")
 
 # %% [markdown]
@@ -474,9 +480,9 @@ if workbook.timing_allowed("the bf16 vs FP8 timing"):
 # The committed H200 measurement (`benchmarks/experiments/fp8-H200-2026-12-01.json`, **committed data, not
 # measured here**; `benchmarks/experiments/fp8.py` made it, with the best of a few configs per point):
 # bf16 GEMM-pair time over FP8 GEMM-pair time, per model and token count. Above 1 FP8 is faster; 2 is what
-# halving the weight bytes can give where reading them is all the time. The package's own FP8 configs, tuned
-# later on the same kind of GPU (`moe-lab tune --dtype fp8`), give 1.4x to 1.9x up to T = 512 and 1.0x to
-# 1.2x in prefill: `moe-lab bench --dtype fp8`, in benchmarks/README.md.
+# halving the weight bytes can give where reading them is all the time. The package's kernel today, with its
+# FP8 configs tuned on the same kind of GPU (`moe-lab tune --dtype fp8`), gives 1.4x to 1.9x up to T = 512 and
+# 1.15x to 1.45x in prefill: `moe-lab bench --dtype fp8`, in benchmarks/README.md.
 
 # %%
 try:
@@ -503,14 +509,16 @@ figure
 # %% [markdown]
 # How to read it (measured on an H200, Triton 3.6): at decode sizes FP8 is up to about twice as fast. The
 # GEMMs read half the weight bytes, and the scales add 1/16384 to them; at T = 1 fixed costs (launch, the
-# schedule) make the gain smaller. In prefill, where the tensor cores set the time, FP8 gains little or
-# nothing over bf16, although Hopper's FP8 tensor cores have twice bf16's rate: moe-lab's block-scaled K
-# loop does not reach that rate yet. Each step's product is needed at once, to be scaled, so one step's MMA
-# cannot overlap the next one's, and the product is a second float32 tile beside the accumulator, so tiles
-# larger than 64 x 128 run out of registers (`benchmarks/README.md` has the measurements, and a
-# one-step-late scale that was tried and dropped). DeepSeek-V3 keeps its tensor cores busy with two
-# warpgroups taking turns, one multiplying while the other scales and adds (§3.3.2). Closing that gap is
-# open work.
+# schedule) make the gain smaller. In prefill, where the tensor cores set the time, this experiment's kernel
+# gained little over bf16, although Hopper's FP8 tensor cores have twice bf16's rate; the package's kernel
+# now gains 1.15x to 1.45x, after each K step's weight scale became one number per tile, loaded a step ahead
+# (`benchmarks/experiments/fp8_step_scales-*`). It still does not reach that rate: each step's product is
+# needed at once, to be scaled, so within a program one step's MMA cannot overlap the scaling, and the
+# product is a second float32 tile beside the accumulator, so tiles larger than 64 x 128 run out of
+# registers. Two or three programs per SM fill part of the gap; a Gluon kernel that overlaps them within a
+# program was no faster (`benchmarks/README.md` has the measurements). DeepSeek-V3 keeps its tensor cores
+# busy with two warpgroups taking turns, one multiplying while the other scales and adds (§3.3.2). Closing
+# that gap is open work.
 #
 # ## Summary
 #

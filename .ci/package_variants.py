@@ -23,8 +23,9 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
   DeepSeek-V3's H in fp16 and fp32; per token, static and dynamic per tensor, with a num_rows bound, and a
   transposed input, bf16. Not on sm_80: Triton has no float8e4nv there ("fp8e4nv not supported"), so
   the workload checks instead that the launcher refuses (RuntimeError, as `fp8_support` says).
-- FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer),
-  per-channel Qwen3, per-tensor Mixtral with static activation scales; refused below sm_89 likewise.
+- FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer,
+  persistent, with the quantizing epilogue, with [64, 128] blocks), per-channel Qwen3, per-tensor Mixtral
+  with static activation scales; refused below sm_89 likewise.
 
 Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
 dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
@@ -265,16 +266,17 @@ def quantize_workloads() -> List[Workload]:
 
 
 def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme="block", *,
-                   use_tma="auto") -> Callable[[], object]:
+                   use_tma="auto", block_shape=(128, 128)) -> Callable[[], object]:
     """One FP8 w8a8 layer call (bf16 hidden states, float8_e4m3fn weights) with `scheme`'s scales: "block"
-    ([128, 128] weight blocks, per-token-group activations), "channel" (per-channel weights, per-token
+    (`block_shape` weight blocks, per-token-group activations), "channel" (per-channel weights, per-token
     activations) or "tensor" (per-tensor weights and static activation scales). Below sm_89 the call
     must be refused instead (RuntimeError naming compute capability 8.9)."""
     fp8, f32 = torch.float8_e4m3fn, torch.float32
     e, h, i = num_experts, hidden, inter
     if scheme == "block":
-        scales = dict(w1_scale=_empty(e, -(-2 * i // 128), -(-h // 128), dtype=f32),
-                      w2_scale=_empty(e, -(-h // 128), -(-i // 128), dtype=f32), block_shape=(128, 128))
+        bn, bk = block_shape
+        scales = dict(w1_scale=_empty(e, -(-2 * i // bn), -(-h // bk), dtype=f32),
+                      w2_scale=_empty(e, -(-h // bn), -(-i // bk), dtype=f32), block_shape=block_shape)
     elif scheme == "channel":
         scales = dict(w1_scale=_empty(e, 2 * i, dtype=f32), w2_scale=_empty(e, h, dtype=f32))
     else:
@@ -301,13 +303,16 @@ def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme
 def fp8_layer_workloads() -> List[Workload]:
     """FP8 w8a8 layers (float8_e4m3fn weights, heuristic tiles): DeepSeek-V3 block-scaled [128, 128] at each
     fp8 rule's token count (16x64, 32x128 and 64x128 tiles), with pointer loads at prefill, and with an up
-    GEMM of BLOCK_SIZE_N = 256 whose epilogue quantizes the SwiGLU output; Qwen3
-    per-channel with per-token activations; Mixtral per-tensor with static activation scales. (The tuned
-    table's FP8 entries are block-scaled layers of `tuned_workloads`.)"""
+    GEMM of BLOCK_SIZE_N = 256 whose epilogue quantizes the SwiGLU output, with the persistent kernel, and
+    with [64, 128] weight blocks (a 64x128 tile spans two: one weight scale per column instead of one per
+    tile); Qwen3 per-channel with per-token activations; Mixtral per-tensor with static activation scales.
+    (The tuned table's FP8 entries are block-scaled layers of `tuned_workloads`.)"""
     wl: List[Workload] = []
     for name, tokens, scheme, use_tma in (("deepseek-v3", (1, 64, 4096), "block", "auto"),
                                           ("deepseek-v3", (4096,), "block", False),
                                           ("deepseek-v3", (64, 4096), "block, quantized by the epilogue", "auto"),
+                                          ("deepseek-v3", (4096,), "block, persistent", "auto"),
+                                          ("deepseek-v3", (64, 4096), "block, [64, 128] weight blocks", "auto"),
                                           ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
                                           ("mixtral-8x7b", (4096,), "tensor", "auto")):
         p = moe_lab.PRESETS[name]
@@ -315,10 +320,14 @@ def fp8_layer_workloads() -> List[Workload]:
         calls = []
         for t in tokens:
             config = None
+            base = heuristic(t, *shape, torch.float8_e4m3fn)
             if "epilogue" in scheme:  # 128 output columns per program: whole groups, quantized in the epilogue
-                base = heuristic(t, *shape, torch.float8_e4m3fn)
                 config = MoEConfig(replace(base.up, BLOCK_SIZE_N=256, num_warps=8), base.down)
-            calls.append(fp8_layer_call(t, *shape, config, scheme.split(",")[0], use_tma=use_tma))
+            elif "persistent" in scheme:
+                config = MoEConfig(replace(base.up, persistent=True), replace(base.down, persistent=True))
+            block_shape = (64, 128) if "[64, 128]" in scheme else (128, 128)
+            calls.append(fp8_layer_call(t, *shape, config, scheme.split(",")[0], use_tma=use_tma,
+                                        block_shape=block_shape))
         label = f"fp8 {name} {scheme} T={','.join(map(str, tokens))}" + ("" if use_tma == "auto" else " use_tma=False")
         wl.append((label, lambda calls=calls: [call() for call in calls]))
     return wl

@@ -74,8 +74,11 @@ def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optiona
 def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Optional[torch.Tensor]) -> None:
     """Raise ValueError if `written` (the argument `name`) shares storage with a tensor a kernel reads or
     writes while it writes `written`."""
+    if written.numel() == 0:  # nothing written; empty tensors may all have data_ptr 0
+        return
     for other, tensor in inputs.items():
-        if tensor is not None and written.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr():
+        if (tensor is not None and tensor.numel()
+                and written.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()):
             raise ValueError(f"{name} shares memory with {other}: values would be read after being overwritten; "
                              "pass a separate buffer")
 

@@ -122,10 +122,12 @@ class Fp8Scales:
 
 def check_gemm_block_shape(block_shape) -> Optional[tuple]:
     """`moe_lab.quantize.check_block_shape`, and what the GEMM needs beyond it: block_k a multiple of 16 (a
-    K step of at least 16 channels must fit in one scale block)."""
+    K step of at least 16 channels must fit in one scale block), both entries below 2**31."""
     block_shape = check_block_shape(block_shape)
     if block_shape is not None and block_shape[1] % 16:
         raise ValueError(f"block_shape[1] (block_k) must be a multiple of 16, got {block_shape[1]}")
+    if block_shape is not None and max(block_shape) >= 2 ** 31:  # the kernel divides int32 indices by them
+        raise ValueError(f"block_shape entries must be below 2**31, got {list(block_shape)}")
     return block_shape
 
 
@@ -417,10 +419,11 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
     prepermute = gather_a and config.prepermute
     # A program's weight rows (each half's, with SwiGLU) start at a multiple of their count, so they lie in
-    # one scale block when its rows are a multiple of that count (and, for the up half, so is I).
+    # one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
+    # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
-                        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0))
+                        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile)

@@ -70,7 +70,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         elif rows_per_expert <= 48:
             shapes = [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)] + [(16, 256, 128, 4), (32, 256, 128, 4)]
         else:
-            shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4), (128, 64, 128, 4)]
+            shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
         space = dict(space, pre=[False])  # FP8 reads each token's scales by its row: no permuted copy
     out: Candidates = {}
     for (m, n, k, w), g, s, t, tail, pre, persistent in itertools.product(

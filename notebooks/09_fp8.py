@@ -338,7 +338,7 @@ exercises.check_quantize_rows(quantize_rows_kernel_solution, strict=True)
 #   of up to 128 columns, as the tuned ones are), `w_s` is one number per step, not a vector: the kernel
 #   loads it as a scalar, folds it into the rows' scales (`a_s * w_s`, two multiplies per thread instead of
 #   one per element) and loads the next step's scales a step ahead, so their latency hides behind this step's
-#   MMA (the `W_SCALE_PER_TILE` branch). Same numbers, bit for bit; 13 to 16 % faster in prefill on an H200.
+#   MMA (the `W_SCALE_PER_TILE` branch). Same numbers, bit for bit; 13 to 15 % faster in prefill on an H200.
 #
 # The lines of `_tile` in the installed moe-lab that read or apply the scales:
 
@@ -349,7 +349,7 @@ import re
 from moe_lab._kernels import grouped_matmul as gemm_kernels
 
 lines, first = inspect.getsourcelines(gemm_kernels._tile.fn)  # .fn: the Python function under @triton.jit
-scale_words = r"\b(next_)?([aw]|w_first|w_second)_s\b|\bstep_scale\b|_scale_ptrs? =|SCALES [!=]="
+scale_words = r"\b(next_)?([aw]|w_up)_s\b|\bstep_scale\b|\b(next_)?group =|_scale_(ptrs?|expert) =|SCALES [!=]="
 for number, line in enumerate(lines, first):
     if re.search(scale_words, line) and "EMULATE" not in line:  # not interpreter-only lines
         print(f"grouped_matmul.py:{number:<4} {line.rstrip()}")

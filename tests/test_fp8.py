@@ -1,6 +1,9 @@
 """FP8 (float8_e4m3fn) w8a8 GEMMs and layer: block-scaled (DeepSeek-V3's [128, 128]), per-channel with
 per-token activations, per-tensor; checked against float64 math on the dequantized operands, so the
 kernels' error is measured apart from the quantization's."""
+import dataclasses
+import sys
+
 import pytest
 import torch
 
@@ -276,6 +279,32 @@ def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, blo
     assert relative_error(out.cpu()[:used][valid], ref[:used][valid]) < 1e-5
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu):
+    """A ragged K (100) in steps of 16 under scale blocks of 64 (four steps per group, the last one short),
+    with tail tiles: the per-tile loop gives the per-column loop's bits."""
+    gm_module = sys.modules["moe_lab.grouped_matmul"]  # moe_lab.grouped_matmul is also the function's name
+    num_tokens, num_experts, top_k, n, k, block_shape = 9, 3, 2, 64, 100, (64, 64)
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 64)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w_q, w_scale = quantize_weights_fp8(torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE), block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    cfg = GemmConfig(64, 64, 16, 1, 4, 1, tail_tiles=True)
+    args = dict(gather_a=True, swiglu=swiglu, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
+                out_dtype=torch.float32, return_plan=True)
+    per_tile, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
+    assert plan.w_scale_per_tile
+    plan_launch = gm_module._plan_launch
+    monkeypatch.setattr(gm_module, "_plan_launch",
+                        lambda *a, **kw: dataclasses.replace(plan_launch(*a, **kw), w_scale_per_tile=False))
+    per_column, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
+    assert not plan.w_scale_per_tile
+    used = routing.num_tokens_post_padded.item()
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
+    assert torch.equal(per_tile.cpu()[:used][valid], per_column.cpu()[:used][valid])
+
+
 def test_fp8_layer_with_the_quantizing_epilogue_matches_the_separate_quantization():
     x, (w1, w2), _, topk_weights, topk_ids, _ = fp8_layer(11, 4, 2, 64, 96, "block")
     (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
@@ -365,3 +394,32 @@ def test_fp8_after_a_second_breaker_trial():
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         module(x, topk_weights, topk_ids)
     assert module(x.to("meta"), topk_weights.to("meta"), topk_ids.to("meta")).device.type == "meta"
+
+
+@pytest.mark.parametrize("block_n", [16, 32])  # BLOCK_SIZE_N = 32: one scale per column, one per tile
+def test_fp8_block_scales_with_no_k_or_no_tokens(block_n):
+    # K = 0: the scales have no K groups; the per-tile path's first scales (loaded before the K loop) must
+    # not be read from them (an empty tensor's pointer: a segfault under the interpreter).
+    routing = moe_align(random_topk_ids(5, 2, 1), 2, 16)
+    a, w = torch.zeros(5, 0, device=DEVICE).to(FP8), torch.zeros(2, 64, 0, device=DEVICE).to(FP8)
+    out = grouped_matmul(a, w, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True,
+                         a_scale=torch.ones(5, 0, device=DEVICE), w_scale=torch.ones(2, 64 // block_n, 0, device=DEVICE),
+                         block_shape=(block_n, 32), out_dtype=torch.float32)
+    assert not out[:routing.num_tokens_post_padded.item()].any()
+    # T = 0: a and out are both empty (data_ptr 0 on the CPU), which is no aliasing
+    routing = moe_align(random_topk_ids(0, 2, 1), 2, 16)
+    w_q, w_scale = quantize_weights_fp8(torch.randn(2, 64, 64, device=DEVICE), (block_n, 32))
+    a_q, a_scale = quantize_activations_fp8(torch.randn(0, 64, device=DEVICE), group_size=32,
+                                            out=torch.empty(0, 64, dtype=FP8, device=DEVICE))
+    out = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
+                         w_scale=w_scale, block_shape=(block_n, 32))
+    assert out.shape == (0, 64)
+
+
+def test_fp8_block_shape_past_int32_is_named():
+    routing = moe_align(random_topk_ids(5, 2, 1), 2, 16)
+    w_q, w_scale = quantize_weights_fp8(torch.randn(2, 64, 64, device=DEVICE), (2 ** 31, 32))  # one block in N
+    a_q, a_scale = quantize_activations_fp8(torch.randn(5, 64, device=DEVICE), group_size=32)
+    with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
+        grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
+                       w_scale=w_scale, block_shape=(2 ** 31, 32))

@@ -10,8 +10,10 @@ load path chosen at launch (constexpr):
 FP8 (SCALES, float8_e4m3fn A and W with float32 scales, DeepSeek-V3's w8a8 format, arXiv:2412.19437 §3.3):
 "block" scales change along K, one per SCALE_GROUP_K channels of a row (activations, per token) and one per
 SCALE_GROUP_N x SCALE_GROUP_K block of W; each K step's product is scaled before it is added (BLOCK_SIZE_K
-divides SCALE_GROUP_K). "outer" scales are one per row (per token, or a per-tensor one with stride 0) and
-one per weight row (per channel, or per expert with stride 0): the float32 sum is scaled once.
+divides SCALE_GROUP_K); where a tile's weight rows lie in one scale block (W_SCALE_PER_TILE), its weight
+scale is one number per step (one per half with SWIGLU), folded into the rows' scales. "outer" scales
+are one per row (per token, or a per-tensor one with stride 0) and one per weight row (per channel, or per
+expert with stride 0): the float32 sum is scaled once.
 With QUANT_GROUP (float8 operands and the SwiGLU epilogue), the tile's float32 output is quantized as the
 down GEMM reads it: one scale per row per QUANT_GROUP columns (a tile holds whole groups), float8 values.
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
@@ -208,21 +210,20 @@ def _tile(
         row_ok = tl.full([TILE_M], 1, tl.int1)
     if SCALES != "none":  # FP8: a scale per row (of a K group) and per weight row (of a K group)
         a_scale_ptrs = a_scale_ptr + a_rows * stride_asm
-        w_scale_ptrs = w_scale_ptr + expert.to(tl.int64) * stride_wse + (w_rows // SCALE_GROUP_N) * stride_wsn
+        w_scale_expert = w_scale_ptr + expert.to(tl.int64) * stride_wse
+    if SCALES == "outer" or (SCALES == "block" and not W_SCALE_PER_TILE):  # one per column of the tile
+        w_scale_ptrs = w_scale_expert + (w_rows // SCALE_GROUP_N) * stride_wsn
     num_k_steps = tl.cdiv(K, BLOCK_SIZE_K)
     if SCALES == "block" and W_SCALE_PER_TILE:
         # The tile's weight rows lie in one scale block (with SWIGLU: its gate rows in one, its up rows in
-        # another): one scalar per K step instead of a vector over the tile's columns, and the step's scales
-        # are loaded a step ahead so their latency hides behind the previous step's MMA.
-        if SWIGLU:
-            up_row0 = N + n0
-        else:
-            up_row0 = n0
-        w_first_scale_ptr = w_scale_ptr + expert.to(tl.int64) * stride_wse + (n0 // SCALE_GROUP_N) * stride_wsn
-        w_second_scale_ptr = w_scale_ptr + expert.to(tl.int64) * stride_wse + (up_row0 // SCALE_GROUP_N) * stride_wsn
+        # one): one weight scale per K step (two with SWIGLU) instead of a vector over the tile's columns,
+        # and each step's scales are loaded a step ahead, so their latency hides behind an MMA.
+        w_tile_scale_ptr = w_scale_expert + (n0 // SCALE_GROUP_N) * stride_wsn  # the gate rows' with SWIGLU
         next_a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
-        next_w_first_s = tl.load(w_first_scale_ptr)
-        next_w_second_s = tl.load(w_second_scale_ptr)
+        next_w_s = tl.load(w_tile_scale_ptr)
+        if SWIGLU:
+            w_up_scale_ptr = w_scale_expert + ((N + n0) // SCALE_GROUP_N) * stride_wsn
+            next_w_up_s = tl.load(w_up_scale_ptr)
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kb in range(0, num_k_steps):
         if EVEN_K:
@@ -250,16 +251,17 @@ def _tile(
             a = a.to(tl.float32)
             w = w.to(tl.float32)
         if SCALES == "block" and W_SCALE_PER_TILE:  # as below, with the scales loaded a step ahead
-            a_s, w_first_s, w_second_s = next_a_s, next_w_first_s, next_w_second_s
+            a_s, w_s = next_a_s, next_w_s
+            # the last step loads its own group again, so no load reaches past the K groups
             next_group = (tl.minimum(kb + 1, num_k_steps - 1) * BLOCK_SIZE_K) // SCALE_GROUP_K
             next_a_s = tl.load(a_scale_ptrs + next_group * stride_ask, mask=row_ok, other=0.0)
-            next_w_first_s = tl.load(w_first_scale_ptr + next_group * stride_wsk)
-            next_w_second_s = tl.load(w_second_scale_ptr + next_group * stride_wsk)
-            if SWIGLU:  # gate columns first, then up columns
-                step_scale = tl.where(lane_n[None, :] < BLOCK_SIZE_N // 2, (a_s * w_first_s)[:, None],
-                                      (a_s * w_second_s)[:, None])
+            next_w_s = tl.load(w_tile_scale_ptr + next_group * stride_wsk)
+            if SWIGLU:  # gate columns first, then up columns, as w_rows holds them
+                w_up_s = next_w_up_s
+                next_w_up_s = tl.load(w_up_scale_ptr + next_group * stride_wsk)
+                step_scale = tl.where(lane_n[None, :] < half_n, (a_s * w_s)[:, None], (a_s * w_up_s)[:, None])
             else:
-                step_scale = (a_s * w_first_s)[:, None]
+                step_scale = (a_s * w_s)[:, None]
             acc += tl.dot(a, w) * step_scale
         elif SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
             group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K

@@ -248,7 +248,9 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype,
                            config=config, device=hidden_states.device)
     cfg = choice.config
-    if num_tokens == 0:  # an idle rank: nothing to launch, but use_tma=True holds to its rules as at T > 0
+    # An idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing): nothing to launch, but
+    # use_tma=True holds to its rules as when there is work.
+    if num_tokens == 0 or hidden == 0:
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
             select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True, swiglu=cfg.up.swiglu_epilogue)
             select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,

@@ -477,12 +477,13 @@ if workbook.timing_allowed("the bf16 vs FP8 timing"):
     del g1, g2, q1, q2
 
 # %% [markdown]
-# The committed H200 measurement (`benchmarks/experiments/fp8-H200-2026-12-01.json`, **committed data, not
-# measured here**; `benchmarks/experiments/fp8.py` made it, with the best of a few configs per point):
-# bf16 GEMM-pair time over FP8 GEMM-pair time, per model and token count. Above 1 FP8 is faster; 2 is what
-# halving the weight bytes can give where reading them is all the time. The package's kernel today, with its
-# FP8 configs tuned on the same kind of GPU (`moe-lab tune --dtype fp8`), gives 1.4x to 1.9x up to T = 512 and
-# 1.15x to 1.45x in prefill: `moe-lab bench --dtype fp8`, in benchmarks/README.md.
+# Committed H200 measurements (**committed data, not measured here**), as bf16 GEMM-pair time over FP8
+# GEMM-pair time per model and token count: above 1 FP8 is faster; 2 is what halving the weight bytes can
+# give where reading them is all the time. First, and plotted, the first experiment
+# (`benchmarks/experiments/fp8-H200-2026-12-01.json`, made by `benchmarks/experiments/fp8.py` with the best
+# of a few configs per point, before the kernel's prefill work). Then the package's kernel today, with its
+# FP8 configs tuned on the same kind of GPU: 1.4x to 1.9x up to T = 512 and 1.15x to 1.45x in prefill
+# (`moe-lab bench --dtype fp8`; the table is in benchmarks/README.md).
 
 # %%
 try:
@@ -494,7 +495,7 @@ except FileNotFoundError:
 if experiment is not None:
     rows = experiment["rows"]
     tokens = sorted({r["T"] for r in rows})
-    print(f"{'speedup':<16}" + "".join(f"{'T=' + str(t):>9}" for t in tokens))
+    print(f"{'first experiment':<16}" + "".join(f"{'T=' + str(t):>9}" for t in tokens))
     for model in dict.fromkeys(r["model"] for r in rows):
         speedup = {r["T"]: r["speedup"] for r in rows if r["model"] == model}
         print(f"{model:<16}" + "".join(f"{speedup[t]:>8.2f}x" if t in speedup else f"{'-':>9}" for t in tokens))
@@ -503,6 +504,21 @@ if experiment is not None:
         chosen = [r["speedup"] for r in rows if inside(r["T"])]
         if chosen:
             print(f"{regime:<19} FP8 pair {min(chosen):.2f}x to {max(chosen):.2f}x the speed of the bf16 pair")
+# The package's kernel today, with its tuned FP8 table (`moe-lab bench --dtype fp8`, committed results):
+import json
+import os
+
+from moe_lab.viz.performance import results_dir
+
+bench_file = os.path.join(results_dir(), "fp8", "bench-fp8-NVIDIA_H200-2026-12-01_step_scales.json")
+if os.path.exists(bench_file):
+    with open(bench_file) as f:
+        fp8_rows = [r for r in json.load(f)["rows"] if r.get("speedup_gemms")]
+    print(f"\ntoday's kernel   " + "".join(f"{'T=' + str(t):>9}" for t in sorted({r['T'] for r in fp8_rows})))
+    for model in dict.fromkeys(r["model"] for r in fp8_rows):
+        print(f"{model:<16} " + "".join(f"{r['speedup_gemms']:>8.2f}x" for r in fp8_rows if r["model"] == model))
+else:
+    print(f"No committed FP8 bench in this checkout ({bench_file})")
 figure = fp8_viz.plot_fp8_speedup(experiment) if experiment is not None else None
 figure
 
@@ -530,5 +546,5 @@ figure
 #   FP8 product (BLOCK_SIZE_K divides 128) and adds it to a float32 accumulator, which also sidesteps the FP8
 #   MMA's short accumulator.
 # - Cost: the kernels add bf16-rounding-sized error to the quantized math; the quantization itself about 6 %
-#   on random weights. Gain: up to about 2x in decode, where the weight bytes set the time; in prefill the
-#   block-scaled FP8 loop is not yet faster than bf16.
+#   on random weights. Gain: up to about 2x in decode, where the weight bytes set the time; 1.15x to 1.45x
+#   in prefill, short of the FP8 tensor cores' 2x.

@@ -423,3 +423,16 @@ def test_fp8_block_shape_past_int32_is_named():
     with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
                        w_scale=w_scale, block_shape=(2 ** 31, 32))
+
+
+def test_fp8_layer_with_no_channels_returns_an_empty_output_as_bf16_does():
+    """H = 0 (after a new-user trial): the output [T, 0] holds nothing; FP8 used to refuse it with an error
+    naming quantize_activations_fp8's `x`."""
+    e, t, i = 4, 3, 128
+    x, topk_weights = torch.randn(t, 0, device=DEVICE).bfloat16(), torch.rand(t, 2, device=DEVICE)
+    topk_ids = random_topk_ids(t, e, 2)
+    w1, w2 = torch.zeros(e, 2 * i, 0, device=DEVICE), torch.zeros(e, 0, i, device=DEVICE)
+    assert fused_moe(x, w1.bfloat16(), w2.bfloat16(), topk_weights, topk_ids).shape == (t, 0)
+    out = fused_moe(x, w1.to(FP8), w2.to(FP8), topk_weights, topk_ids, w1_scale=torch.ones(e, 2, 0, device=DEVICE),
+                    w2_scale=torch.ones(e, 0, 1, device=DEVICE), block_shape=(128, 128))
+    assert out.shape == (t, 0)

@@ -333,6 +333,39 @@ def fp8_layer_workloads() -> List[Workload]:
     return wl
 
 
+def pdl_workloads() -> List[Workload]:
+    """Programmatic dependent launch (MOE_LAB_PDL=1, opt-in): each kernel with its PDL wait, from sm_90;
+    Qwen3-30B-A3B's shape at decode (one-program align) and prefill (three align kernels), the activation,
+    permute and quantization kernels."""
+    def with_pdl(fn: Callable[[], object]) -> Callable[[], object]:
+        def run():
+            previous = os.environ.get("MOE_LAB_PDL")
+            os.environ["MOE_LAB_PDL"] = "1"
+            try:
+                return fn()
+            finally:
+                if previous is None:
+                    del os.environ["MOE_LAB_PDL"]
+                else:
+                    os.environ["MOE_LAB_PDL"] = previous
+        return run
+
+    p = moe_lab.PRESETS["qwen3-30b-a3b"]
+    shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)
+    wl = [(f"pdl {p.name} bfloat16 T={t}", with_pdl(layer_call(t, *shape, torch.bfloat16,
+                                                                heuristic(t, *shape, torch.bfloat16))))
+          for t in (1, 4096)]
+
+    def other_kernels():
+        routing = moe_lab.moe_align(_empty(512, 8, dtype=torch.int32), 128, 64)
+        moe_lab.silu_and_mul(_empty(routing.max_num_tokens_padded, 2 * 768, dtype=torch.bfloat16), routing=routing)
+        moe_lab.permute_tokens(_empty(512, 2048, dtype=torch.bfloat16), routing)
+        if moe_lab.fp8_support():
+            moe_lab.quantize_activations_fp8(_empty(512, 2048, dtype=torch.bfloat16))
+    wl.append(("pdl silu_and_mul, permute_tokens, quantize_activations_fp8", with_pdl(other_kernels)))
+    return wl
+
+
 def all_workloads() -> List[Workload]:
     return (heuristic_workloads() + tuned_workloads() + odd_shape_workloads() + parallel_workloads()
-            + kernel_workloads() + fp8_layer_workloads())
+            + kernel_workloads() + fp8_layer_workloads() + pdl_workloads())

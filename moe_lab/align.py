@@ -25,6 +25,7 @@ import triton
 
 from ._kernels.align import align_one_program_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
+from .capability import pdl_launch
 from .runtime import interpreter_serialized
 
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
@@ -144,26 +145,27 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)
     has_map = expert_map is not None
+    pdl = pdl_launch(device)
     emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
     if 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS:
         align_one_program_kernel[(1,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                                        sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_m_blocks,
                                        HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
-                                       BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=4 * BLOCKS_PER_PROGRAM)
+                                       BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=4 * BLOCKS_PER_PROGRAM, **pdl)
         return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
                               block_size_m, num_tokens, top_k, num_experts)
     if num_chunks:
         count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
-                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
+                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins, **pdl)
     prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                         num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
-                        CHUNK_TILE=max(1, 8192 // num_bins))
+                        CHUNK_TILE=max(1, 8192 // num_bins), **pdl)
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
         scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                                 sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                                 HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
-                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
+                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, **pdl)
     return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
                           block_size_m, num_tokens, top_k, num_experts)

@@ -35,7 +35,8 @@ import triton
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import descriptor_problem, fp8_support, multiprocessor_count, shared_memory_limit, tma_support
+from .capability import (descriptor_problem, fp8_support, multiprocessor_count, pdl_launch, shared_memory_limit,
+                         tma_support)
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
 from .quantize import FP8_DTYPE, check_block_shape, check_static_scale
@@ -476,4 +477,5 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
+        **pdl_launch(a.device),
     )

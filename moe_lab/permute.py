@@ -16,6 +16,7 @@ import triton
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
+from .capability import pdl_launch
 from .runtime import interpreter_serialized
 
 BLOCK_ROWS = 16
@@ -44,5 +45,5 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](
         hidden_states, out, routing.sorted_token_ids, routing.num_tokens_post_padded, routing.num_slots,
         k, hidden_states.stride(0), hidden_states.stride(1), out.stride(0),
-        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K)
+        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K, **pdl_launch(out.device))
     return out

@@ -115,3 +115,43 @@ def test_fp8_interpreter_reports_emulation(monkeypatch):
     support = fp8_support("cpu")
     capability._fp8_support_cached.cache_clear()
     assert support.available and support.emulated and "interpreter" in support.reason
+
+
+@pytest.fixture
+def pdl_gpu_world(on_gpu_world):
+    on_gpu_world.setattr(torch.version, "hip", None)
+    on_gpu_world.delenv(capability.PDL_ENV_VAR, raising=False)
+    capability._pdl_support_cached.cache_clear()
+    yield on_gpu_world
+    capability._pdl_support_cached.cache_clear()
+
+
+def test_pdl_is_opt_in(pdl_gpu_world):
+    pdl_gpu_world.setattr(torch.cuda, "get_device_capability", lambda d=None: (9, 0))
+    support = capability.pdl_support("cuda:0")
+    assert not support and "MOE_LAB_PDL=1" in support.reason
+    assert capability.pdl_launch("cuda:0") == dict(PDL=False)
+    pdl_gpu_world.setenv(capability.PDL_ENV_VAR, "1")
+    assert capability.pdl_support("cuda:0") and capability.pdl_launch("cuda:0") == dict(PDL=True, launch_pdl=True)
+    pdl_gpu_world.setenv(capability.PDL_ENV_VAR, "yes")
+    with pytest.raises(ValueError, match="MOE_LAB_PDL must be 0 or 1"):
+        capability.pdl_support("cuda:0")
+
+
+@pytest.mark.parametrize("cc,hip", [((8, 0), None), ((8, 9), None), ((11, 0), "6.2")])
+def test_pdl_needs_hopper_and_cuda(pdl_gpu_world, cc, hip):
+    pdl_gpu_world.setenv(capability.PDL_ENV_VAR, "1")
+    pdl_gpu_world.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
+    pdl_gpu_world.setattr(torch.version, "hip", hip)
+    support = capability.pdl_support("cuda:0")
+    assert not support and ("ROCm" in support.reason if hip else "needs >= 9.0" in support.reason)
+    assert not capability.pdl_support("cpu")
+
+
+def test_pdl_off_under_the_interpreter(monkeypatch):
+    monkeypatch.setenv(capability.PDL_ENV_VAR, "1")
+    monkeypatch.setattr(capability, "interpreter_active", lambda: True)
+    capability._pdl_support_cached.cache_clear()
+    support = capability.pdl_support("cpu")
+    capability._pdl_support_cached.cache_clear()
+    assert not support and "interpreter" in support.reason

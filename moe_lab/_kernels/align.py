@@ -14,6 +14,8 @@ two runs give the same `sorted_token_ids`.
 import triton
 import triton.language as tl
 
+from .common import wait_for_previous_kernel
+
 
 @triton.jit
 def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr):
@@ -31,7 +33,8 @@ def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots"])
 def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_ids, num_experts,
-                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
+                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
@@ -43,7 +46,9 @@ def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_
 @triton.jit(do_not_specialize=["num_chunks"])
 def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                   num_tokens_post_padded_ptr, num_chunks, num_experts,
-                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
+                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr,
+                  PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     experts = tl.arange(0, NUM_BINS)
     expert_mask = experts < num_experts
     rows = tl.arange(0, CHUNK_TILE)
@@ -71,7 +76,8 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
                    num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
                    num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                    HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
-                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous_kernel(PDL)
     pid = tl.program_id(0)
     if pid < num_chunks:
         _scatter_chunk(pid, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
@@ -87,9 +93,10 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
                              num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
                              num_slots, num_ids, num_experts, num_m_blocks,
                              HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
-                             BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
+                             BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr):
     """All three steps in one program, for few slots (decode): one launch instead of three. The same
     chunks, positions and block map as the three kernels, so the same schedule, bit for bit."""
+    wait_for_previous_kernel(PDL)
     bins = tl.arange(0, NUM_BINS)
     expert_mask = bins < num_experts
     total = tl.zeros([NUM_BINS], dtype=tl.int32)

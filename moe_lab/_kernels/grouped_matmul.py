@@ -35,7 +35,7 @@ holds them all; such blocks run a smaller tile. Rows the smaller tile skips are 
 import triton
 import triton.language as tl
 
-from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid
+from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid, wait_for_previous_kernel
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
@@ -51,8 +51,9 @@ def grouped_matmul_kernel(
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     # The combinations the layer uses: gather without scatter (up), sorted rows with or without scatter,
     # routed weights only where rows are scattered to their slots (down).
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
@@ -114,7 +115,7 @@ def grouped_matmul_persistent_kernel(
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     """The same tiles as `grouped_matmul_kernel`, walked by a grid of P programs (one per SM): program p
     takes tiles p, p + P, ... of the M-blocks in use, whose count it reads from
@@ -124,6 +125,7 @@ def grouped_matmul_persistent_kernel(
     python/tutorials/09-persistent-matmul.py). Every tile runs whole (no tail tiles): a loop nest with
     branches of different tile sizes cannot be flattened. Each row's K reduction runs in the same order as
     in `grouped_matmul_kernel`, so results are bitwise the same."""
+    wait_for_previous_kernel(PDL)
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
     tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")

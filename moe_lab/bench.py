@@ -123,7 +123,7 @@ def _layer_gemms(hs, w1, w2, tw, routing, cfg: MoEConfig, *, use_tma="auto", sca
 
     def down():
         grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=tw, out=out_k,
-                       use_tma=use_tma, prefetch_weights=True, **down_kw)  # as the layer launches it
+                       use_tma=use_tma, **down_kw)
     return up, down
 
 

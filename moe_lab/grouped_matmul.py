@@ -88,9 +88,7 @@ class LaunchPlan:
     block's K). w_scale_per_tile: with block scales, a program's weight rows (each half's, with swiglu)
     lie in one scale block, so each K step reads one weight scale (per half) rather than one per column.
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
-    dtype as is).
-    pdl: launched with programmatic dependent launch (`moe_lab.capability.pdl_launch`); prefetch_w: its
-    programs pull their weight rows into L2 before waiting for the kernel before (`prefetch_weights`)."""
+    dtype as is)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -102,8 +100,6 @@ class LaunchPlan:
     scales: str = "none"
     out_quant_group: int = 0
     w_scale_per_tile: bool = False
-    pdl: bool = False
-    prefetch_w: bool = False
 
     @property
     def tile_n(self) -> int:
@@ -257,8 +253,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
                    swiglu: bool = False, out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto",
                    a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
-                   block_shape=None, out_dtype: Optional[torch.dtype] = None, prefetch_weights: bool = False,
-                   return_plan: bool = False):
+                   block_shape=None, out_dtype: Optional[torch.dtype] = None, return_plan: bool = False):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
@@ -299,11 +294,6 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             bit), for the next GEMM; the call then returns (out, out_scale [rows, ceil(N_out/block_k)] float32).
             Sorted rows only (not scatter), and each program's columns (BLOCK_SIZE_N, half with swiglu) must
             hold whole groups of block_k.
-        prefetch_weights: with programmatic dependent launch (MOE_LAB_PDL=1, `moe_lab.capability.pdl_support`),
-            each program reads its M-block's expert and pulls its weight rows into L2 before it waits for the
-            kernel before, so weight reads start while that kernel finishes. Only where `routing` was written
-            before the kernel right before this call (the layer's down GEMM: the up GEMM runs in between);
-            ignored without PDL, with swiglu and for the persistent kernel.
         return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).
     Returns:
         `out`, or (`out`, LaunchPlan) with return_plan. Supported: gather_a without scatter (the up
@@ -375,7 +365,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
-                        scales=scales, out_quant_group=quant_group, prefetch_weights=prefetch_weights)
+                        scales=scales, out_quant_group=quant_group)
     result = (out, out_scale) if quant_group else out
     if plan.grid == 0:
         return (result, plan) if return_plan else result
@@ -407,7 +397,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                  gather_a: bool, scatter: bool = False, swiglu: bool = False,
                  use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None,
-                 out_quant_group: int = 0, prefetch_weights: bool = False) -> LaunchPlan:
+                 out_quant_group: int = 0) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
     the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
     block), the load paths, the grid. Launches nothing. Callers get the plan with
@@ -435,10 +425,9 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
-    pdl = bool(pdl_launch(a.device)["PDL"])
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
-                      w_scale_per_tile, pdl, prefetch_weights and pdl and not config.persistent and not swiglu)
+                      w_scale_per_tile)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
@@ -473,7 +462,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         kernel = grouped_matmul_persistent_kernel
         schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE)
     else:
-        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits, PREFETCH_W=plan.prefetch_w)
+        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
     kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
@@ -488,5 +477,5 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
-        **(dict(PDL=True, launch_pdl=True) if plan.pdl else dict(PDL=False)),
+        **pdl_launch(a.device),
     )

@@ -279,11 +279,9 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
-    # The routing is older than the kernel before the down GEMM, so under PDL its programs may read it and
-    # start their weight reads early (`prefetch_weights`).
     _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
-                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, prefetch_weights=True,
-                                  return_plan=True, **down_scales)
+                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True,
+                                  **down_scales)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:
         return None

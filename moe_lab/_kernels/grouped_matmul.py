@@ -51,18 +51,15 @@ def grouped_matmul_kernel(
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr, PREFETCH_W: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous_kernel(PDL)
     # The combinations the layer uses: gather without scatter (up), sorted rows with or without scatter,
     # routed weights only where rows are scattered to their slots (down).
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
     tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")
     pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, _num_pid_n(N, SWIGLU, BLOCK_SIZE_N), GROUP_SIZE_M)
-    if PREFETCH_W:  # the routing is older than the kernel before: start this tile's weight reads now
-        _prefetch_weight_rows(w_ptr, expert_ids_ptr, num_tokens_post_padded_ptr, pid_m, pid_n, N, K,
-                              stride_we, stride_wn, stride_wk, BLOCK_SIZE_M, BLOCK_SIZE_N)
-    wait_for_previous_kernel(PDL)
 
     # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do.
     row0 = pid_m * BLOCK_SIZE_M
@@ -145,24 +142,6 @@ def grouped_matmul_persistent_kernel(
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
-
-
-@triton.jit
-def _prefetch_weight_rows(w_ptr, expert_ids_ptr, num_tokens_post_padded_ptr, pid_m, pid_n, N, K,
-                          stride_we, stride_wn, stride_wk, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
-    """Pull the tile's BLOCK_SIZE_N weight rows of its M-block's expert into L2, one `prefetch.global.L2` per
-    128 bytes (PTX ISA, prefetch): a hint, no registers held, nothing waited for. Reads the routing, so only
-    where it was written before the kernel this one may overlap (programmatic dependent launch)."""
-    if pid_m * BLOCK_SIZE_M < tl.load(num_tokens_post_padded_ptr):
-        expert = tl.load(expert_ids_ptr + pid_m)
-        if expert >= 0:
-            LINE: tl.constexpr = 128 // w_ptr.dtype.element_ty.primitive_bitwidth * 8  # elements per 128 bytes
-            rows = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N
-            base = w_ptr + expert.to(tl.int64) * stride_we + rows[:, None].to(tl.int64) * stride_wn
-            for k0 in range(0, K, 8 * LINE):
-                cols = tl.minimum(k0 + tl.arange(0, 8)[None, :] * LINE, K - 1)
-                tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [base + cols * stride_wk],
-                                          dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

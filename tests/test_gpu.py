@@ -187,3 +187,42 @@ def test_programmatic_dependent_launch_gives_the_same_bits(monkeypatch, num_toke
         outs[setting] = (out.clone(), fused_moe(hs, w1, w2, tw, ti), fused_moe(hs, w1_q, w2_q, tw, ti, **fp8))
     for without, with_pdl in zip(outs["0"], outs["1"]):
         assert torch.equal(without, with_pdl)
+
+
+FP8_POINTS = [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64), ("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 8),
+              ("mixtral-8x7b", 4096), ("deepseek-v3", 1), ("deepseek-v3", 64)]
+
+
+@pytest.mark.parametrize("use_tma", [False, "auto"])
+@pytest.mark.parametrize("model,num_tokens", FP8_POINTS)
+def test_fp8_real_presets(model, num_tokens, use_tma):
+    """The FP8 layer (w8a8, [128, 128] weight blocks, as DeepSeek-V3 ships; the shipped tuned FP8 configs)
+    at real shapes, both load paths, NaN-poisoned output, against float32 math on the dequantized operands
+    (`fused_moe_reference` quantizes each GEMM's input as the layer does): the kernels' error alone. The
+    unit tests (tests/test_fp8.py) cover every format on small shapes; this covers what only a GPU runs:
+    wgmma and mma.sync float8 tiles, TMA boxes of float8, the tuned decode and prefill configs."""
+    preset = get_preset(model)
+    hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=torch.bfloat16, device="cuda")
+    w1_q, w2_q, scales = preset.quantize_fp8(w1, w2)
+    del w1, w2
+    out = torch.full_like(hs, float("nan"))
+    _, info = fused_moe(hs, w1_q, w2_q, tw, ti, use_tma=use_tma, out=out, return_info=True, **scales)
+    err = relative_error(out, fused_moe_reference(hs, w1_q, w2_q, tw, ti, **scales))
+    torch.cuda.empty_cache()
+    print(f"FP8 {model} T={num_tokens} use_tma={use_tma} ({info.up_path.name}, {info.down_path.name}): "
+          f"rel err {err:.2e}")
+    assert err < 1e-2
+    if use_tma is False:
+        assert not (info.up_path.w_tma or info.down_path.w_tma)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_fp8_per_channel_and_per_tensor_at_a_real_shape(per_channel):
+    """Per-channel weights with per-token activations, and per-tensor scales, on Qwen3-30B-A3B at T = 256:
+    the scales enter once, after the K loop."""
+    from moe_lab import quantize_weights_fp8
+    hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(256, dtype=torch.bfloat16, device="cuda")
+    (w1_q, w1_s), (w2_q, w2_s) = (quantize_weights_fp8(w, None, per_channel=per_channel) for w in (w1, w2))
+    scales = dict(w1_scale=w1_s, w2_scale=w2_s)
+    out = fused_moe(hs, w1_q, w2_q, tw, ti, **scales)
+    assert relative_error(out, fused_moe_reference(hs, w1_q, w2_q, tw, ti, **scales)) < 1e-2

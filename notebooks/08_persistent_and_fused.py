@@ -12,6 +12,7 @@
 # 4. Write a persistent kernel yourself (exercise), then run moe-lab's and compare it with the per-tile one.
 # 5. Move SiLU-and-mul into the up GEMM's epilogue: one tile holds gate and up rows.
 # 6. Timings: live on a GPU, committed H200 data otherwise.
+# 7. See where the remaining prefill time goes: padding rows, measured against cuBLAS.
 
 # %%
 # %matplotlib inline
@@ -262,6 +263,47 @@ schedule_viz.plot_persistent_speedup(experiment)
 # gains 5 to 8 % on both GEMMs (short K, many tiles) and DeepSeek 4 to 7 % on all but its T = 4096 down GEMM
 # (3 % slower); Mixtral's long K leaves little to overlap (within 3 % either way). So it is a switch
 # (`GemmConfig.persistent`) that `moe-lab tune` sets per shape and token count.
+
+# %% [markdown]
+# ## 7. Where the rest of the time goes: padding
+#
+# With the persistent kernel, Qwen3-30B-A3B's GEMM pair runs at about 550 to 580 TFLOP/s at T = 16384, of
+# an H200's 700 or so for one large bf16 matmul. Is the kernel slow, or the schedule? Each expert's rows
+# are padded to a whole number of M-blocks, and a padding row costs the tensor cores as much as a real one.
+# Count them for the benchmark's routing (k distinct experts per token, uniformly at random) at T = 4096:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from moe_lab.routing import uniform_routing
+
+for name in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
+    p = moe_lab.get_preset(name)
+    _, ids = uniform_routing(4096, p.num_experts, p.top_k, device="cpu", seed=1)
+    counts = torch.bincount(ids.flatten().long(), minlength=p.num_experts)
+    blocks = int(((counts + 127) // 128).sum())
+    exact = 4096 * p.top_k // 128
+    print(f"{name:<15} {4096 * p.top_k / p.num_experts:5.0f} rows per expert (std {counts.float().std():4.1f}): "
+          f"{blocks} M-blocks of 128 rows, {exact} without padding ({blocks / exact - 1:+.0%} tensor-core work)")
+
+# %% [markdown]
+# `benchmarks/experiments/prefill_anatomy.py` timed the same GEMMs three ways on an H200 (**committed data,
+# not measured here**): on that routing; on a routing that gives every expert exactly T*k/E rows, a
+# multiple of 128, so no M-block holds padding; and cuBLAS's batched matmul (`torch.bmm`, one
+# [T*k/E, K] x [K, N] product per expert) on the padding-free problem: what a vendor library does with the
+# same per-expert shapes.
+
+# %%
+schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
+
+# %% [markdown]
+# How to read it: without padding (green) moe-lab's GEMMs run at 0.95 to 1.06x cuBLAS's speed (grey),
+# except Qwen3's down GEMM, whose K = 768 leaves each tile's prologue and epilogue a large share (0.88 to
+# 0.94x). The gap to the routed case (blue) is padding: up to 22 % more time (Qwen3's up GEMM at T = 4096,
+# DeepSeek-V3 16 to 18 % at both T), where the routing adds 2 to 47 % more M-blocks. Tail tiles (a mostly
+# empty last block run as a smaller tile) win back part of it in the per-tile kernel; moving those blocks
+# to a launch of their own lost 0 to 19 %, because their weights then come from HBM a second time
+# (`benchmarks/experiments/tail_split-H200-2026-12-01.txt`). The next gains at prefill are in the
+# schedule: fewer padded rows, without taking a block away from its expert's others.
 #
 # ## Summary
 #
@@ -274,3 +316,5 @@ schedule_viz.plot_persistent_speedup(experiment)
 # - The persistent kernel keeps every row's K reduction in the same order: its results are bitwise the
 #   per-tile kernel's, and a token's output still does not depend on its batch. The fused epilogue is not
 #   bitwise the two-kernel path (it skips a rounding), so the layer uses it at every T, never by turns.
+# - At prefill the kernels run at cuBLAS's speed on padding-free shapes; what is left is padding, the
+#   rows that fill each expert's last M-block.

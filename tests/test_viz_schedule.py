@@ -36,3 +36,14 @@ def test_plots_return_figures():
     data = schedule.load_persistent_experiment()
     assert data["environment"]["device"] == "NVIDIA H200" and data["rows"]
     assert isinstance(schedule.plot_persistent_speedup(data), Figure)
+
+
+def test_committed_prefill_anatomy_loads_and_plots():
+    data = schedule.load_prefill_anatomy()
+    assert {"tflops_uniform", "tflops_balanced", "tflops_bmm"} <= set(data["rows"][0])
+    assert isinstance(schedule.plot_prefill_anatomy(data), Figure)
+    with pytest.raises(ValueError, match="load_prefill_anatomy"):
+        schedule.plot_prefill_anatomy([])
+    # a row whose variant failed (an error text instead of a number) is left out, not plotted as text
+    broken = dict(data, rows=[dict(data["rows"][0], tflops_bmm="RuntimeError: ...")] + data["rows"][1:])
+    assert isinstance(schedule.plot_prefill_anatomy(broken), Figure)

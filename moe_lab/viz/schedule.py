@@ -1,6 +1,6 @@
 """Pictures of notebook 08: the tile schedule of a persistent grouped GEMM over its programs, the gate and
-up rows one program of the SwiGLU epilogue reads, and the committed H200 timings of per-tile against
-persistent launches.
+up rows one program of the SwiGLU epilogue reads, the committed H200 timings of per-tile against
+persistent launches, and where prefill GEMM time goes (padding, against cuBLAS).
 
 `tile_schedule` computes which program takes which tile (plain data, with the kernels' GROUP_SIZE_M
 arithmetic, `moe_lab.viz.tiles.program_tile`; easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
@@ -19,6 +19,7 @@ from ._common import expert_colors, figure_and_ax
 from .tiles import program_tile
 
 PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
+PREFILL_ANATOMY = "prefill_anatomy-H200-2026-12-01.json"
 
 
 @dataclass(frozen=True)
@@ -166,4 +167,42 @@ def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
     env = data.get("environment", {})
     ax.set_title(f"persistent vs one program per tile, same config ({env.get('device', '?')}, Triton "
                  f"{env.get('triton', '?')}; committed)", fontsize=9)
+    return fig
+
+
+def load_prefill_anatomy(path: Optional[str] = None) -> dict:
+    """The committed H200 measurement of where prefill GEMM time goes
+    (`benchmarks/experiments/prefill_anatomy-H200-2026-12-01.json`, written by
+    `benchmarks/experiments/prefill_anatomy.py`): {"environment": {...}, "rows": [{"model", "T", "gemm",
+    "tflops_uniform", "tflops_balanced", "tflops_bmm", "blocks": {"uniform", "balanced"}, ...}]}, TFLOP/s
+    counting real rows only: the benchmark's routing (padded M-blocks), a routing with exactly T*k/E rows per
+    expert (no padding), and cuBLAS's batched matmul on that padding-free problem."""
+    if path is None:
+        from .performance import results_dir
+        path = os.path.join(os.path.dirname(results_dir()), "experiments", PREFILL_ANATOMY)
+    with open(path) as f:
+        return json.load(f)
+
+
+def plot_prefill_anatomy(data: dict, *, ax=None) -> Figure:
+    """TFLOP/s of each GEMM in `data` (from `load_prefill_anatomy`) three ways side by side: moe-lab on the
+    benchmark's routing, moe-lab without padding, cuBLAS bmm without padding."""
+    kinds = (("tflops_uniform", "moe-lab, benchmark routing (padded blocks)", "#4C72B0"),
+             ("tflops_balanced", "moe-lab, T*k/E rows per expert (no padding)", "#55A868"),
+             ("tflops_bmm", "cuBLAS bmm, no padding", "#8C8C8C"))
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError("data must be the experiment's dict with a list of rows (load_prefill_anatomy())")
+    rows = [r for r in data["rows"] if isinstance(r, dict) and all(
+        isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for key, _, _ in kinds)]
+    fig, ax = figure_and_ax(ax, (11, 3.8))
+    for j, (key, label, color) in enumerate(kinds):
+        ax.bar([i + (j - 1) * 0.27 for i in range(len(rows))], [r[key] for r in rows], width=0.27, color=color,
+               label=label)
+    ax.set_xticks(range(len(rows)), [f"{str(r.get('model', '?')).split('-')[0]} {r.get('gemm', '?')}\nT={r.get('T', '?')}"
+                                     for r in rows], fontsize=7)
+    ax.set_ylabel("TFLOP/s (real rows)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
+    env = data.get("environment", {})
+    ax.set_title(f"where prefill GEMM time goes ({env.get('device', '?')}, Triton {env.get('triton', '?')}; "
+                 "committed)", fontsize=9)
     return fig

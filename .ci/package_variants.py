@@ -43,6 +43,7 @@ import os
 import re
 from dataclasses import replace
 from typing import Callable, List, Tuple
+from unittest import mock
 
 import torch
 
@@ -338,17 +339,7 @@ def pdl_workloads() -> List[Workload]:
     Qwen3-30B-A3B's shape at decode (one-program align) and prefill (three align kernels), the activation,
     permute and quantization kernels."""
     def with_pdl(fn: Callable[[], object]) -> Callable[[], object]:
-        def run():
-            previous = os.environ.get("MOE_LAB_PDL")
-            os.environ["MOE_LAB_PDL"] = "1"
-            try:
-                return fn()
-            finally:
-                if previous is None:
-                    del os.environ["MOE_LAB_PDL"]
-                else:
-                    os.environ["MOE_LAB_PDL"] = previous
-        return run
+        return mock.patch.dict(os.environ, MOE_LAB_PDL="1")(fn)
 
     p = moe_lab.PRESETS["qwen3-30b-a3b"]
     shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)

@@ -226,8 +226,7 @@ def _pdl_setting() -> str:
 @functools.lru_cache(maxsize=None)
 def _pdl_support_cached(device_key: str, setting: str, interpreted: bool) -> PdlSupport:
     if setting == "0":
-        return PdlSupport(False, f"off unless {PDL_ENV_VAR}=1 (on an H200 it gained at most 1 % at decode and lost up "
-                                 "to 4 % at T = 16384: benchmarks/experiments/pdl_wait-H200-2026-12-01.txt)")
+        return PdlSupport(False, f"off unless {PDL_ENV_VAR}=1 (no faster on an H200: see pdl_support)")
     if interpreted:
         return PdlSupport(False, "Triton interpreter: kernels run one after another on the CPU")
     problem = _not_a_cuda_gpu(device_key)
@@ -252,7 +251,7 @@ def pdl_support(device: Optional[torch.device | str] = None) -> PdlSupport:
     first wait for that kernel to finish (`griddepcontrol.wait`: its writes are then visible), then let the
     next kernel launch. Launch latency between the layer's kernels hides behind the kernel before; results
     are bitwise unchanged. Measured on an H200 (benchmarks/experiments/pdl_wait-H200-2026-12-01.txt): the
-    layer 0 to 1 % faster at T <= 512, up to 4 % slower at T = 16384 (CUDA graphs already hide most launch
+    layer 0 to 1 % faster at T <= 512, up to 5 % slower at T = 16384 (CUDA graphs already hide most launch
     latency), hence off by default. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
     Synchronization"; PTX ISA, griddepcontrol (sm_90+)."""
     return _pdl_support_cached(_device_key(device), _pdl_setting(), interpreter_active())

@@ -13,7 +13,7 @@ What is faked, and nothing else:
 - Triton's driver: target GPUTarget("cuda", cc, 32), device index = cc (so Triton's per-device kernel
   caches keep the targets apart), stream 0, and the real GPUs' shared memory per block (DEVICES);
 - moe_lab's device questions, which look at the tensors' device (meta here): `tma_support` answers for
-  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), `pdl_launch` (programmatic
+  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), `pdl_support` (programmatic
   dependent launch from sm_90, where MOE_LAB_PDL=1), and the grouped matmul launcher fits its config to
   the fake GPU's shared memory just before launching, as it does for CUDA tensors (`patch_moe_lab`);
 - the checks Triton makes when it loads a compiled kernel (`CompiledKernel._init_handles`: shared
@@ -163,18 +163,18 @@ def patch_moe_lab() -> None:
     for name, module in list(sys.modules.items()):
         if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
             module.fp8_support = fake_fp8_support
-    def fake_pdl_launch(device=None):
-        """capability.pdl_launch's answer for the fake GPU: programmatic dependent launch from sm_90 where
-        MOE_LAB_PDL=1."""
-        on = capability._pdl_setting() == "1" and DRIVER.cc >= 90
-        return dict(PDL=True, launch_pdl=True) if on else dict(PDL=False)
 
-    if not hasattr(capability, "pdl_launch"):
-        raise RuntimeError("moe_lab.capability.pdl_launch is gone: update moe_lab/compile_only.py")
-    real_pdl_launch = capability.pdl_launch
-    for name, module in list(sys.modules.items()):
-        if name.startswith("moe_lab") and getattr(module, "pdl_launch", None) is real_pdl_launch:
-            module.pdl_launch = fake_pdl_launch
+    def fake_pdl_support(device=None):
+        """capability.pdl_support's answer for the fake GPU: PDL from sm_90, where MOE_LAB_PDL=1. The
+        launchers' capability.pdl_launch reads it, so their launch arguments stay the package's own."""
+        cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
+        if capability._pdl_setting() != "1":
+            return capability.PdlSupport(False, f"{name}, off unless {capability.PDL_ENV_VAR}=1")
+        return capability.PdlSupport(cc >= 90, name)
+
+    if not hasattr(capability, "pdl_support"):
+        raise RuntimeError("moe_lab.capability.pdl_support is gone: update moe_lab/compile_only.py")
+    capability.pdl_support = fake_pdl_support
     if not hasattr(gm, "multiprocessor_count"):
         raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid

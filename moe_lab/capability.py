@@ -217,9 +217,11 @@ class PdlSupport:
 
 
 def _pdl_setting() -> str:
-    value = os.environ.get(PDL_ENV_VAR, "0").strip().lower()
+    """The `MOE_LAB_PDL` setting: "0" (the default, also when unset) or "1". Raises ValueError for other values."""
+    raw = os.environ.get(PDL_ENV_VAR, "0")
+    value = raw.strip()
     if value not in ("0", "1"):
-        raise ValueError(f"{PDL_ENV_VAR} must be 0 or 1, got {value!r}")
+        raise ValueError(f"{PDL_ENV_VAR} must be 0 or 1 (unset: 0, off), got {raw!r}")
     return value
 
 

@@ -155,3 +155,17 @@ def test_pdl_off_under_the_interpreter(monkeypatch):
     support = capability.pdl_support("cpu")
     capability._pdl_support_cached.cache_clear()
     assert not support and "interpreter" in support.reason
+
+
+@pytest.mark.parametrize("value", ["", "true", "ON", "2", "auto", "01", "1.0"])
+def test_pdl_bad_setting_names_the_variable_the_value_and_the_choices(monkeypatch, value):
+    monkeypatch.setenv(capability.PDL_ENV_VAR, value)
+    with pytest.raises(ValueError, match="MOE_LAB_PDL must be 0 or 1") as info:
+        capability.pdl_support("cpu")
+    assert repr(value) in str(info.value)
+
+
+def test_pdl_setting_is_read_at_each_call(monkeypatch):
+    for value in (" 1 ", "0", "1", "0"):
+        monkeypatch.setenv(capability.PDL_ENV_VAR, value)
+        assert ("MOE_LAB_PDL=1" in capability.pdl_support("cpu").reason) == (value.strip() == "0")

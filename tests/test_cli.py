@@ -147,3 +147,13 @@ def test_deepseek_v3_preset_says_its_checkpoint_is_fp8():
     assert scales["block_shape"] == (128, 128)
     assert scales["w1_scale"].shape == (256, 1, 1) and scales["w2_scale"].shape == (256, 1, 1)
     assert small.quantize_fp8(w1, w2, (32, 64))[2]["w1_scale"].shape == (256, 2, 2)
+
+
+def test_bad_env_settings_are_said_before_any_launch(monkeypatch, capsys):
+    for var, value in (("MOE_LAB_PDL", "ON"), ("MOE_LAB_TMA", "maybe")):
+        monkeypatch.setenv(var, value)
+        for argv in (["demo", "--model", "qwen3-30b-a3b", "--tokens", "1", "--scale", "128"], ["info"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"moe-lab: {var} must be") and repr(value) in err
+        monkeypatch.delenv(var)

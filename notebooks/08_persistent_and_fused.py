@@ -268,9 +268,13 @@ schedule_viz.plot_persistent_speedup(experiment)
 # ## 7. Where the rest of the time goes: padding
 #
 # With the persistent kernel, Qwen3-30B-A3B's GEMM pair runs at about 550 to 580 TFLOP/s at T = 16384, of
-# an H200's 700 or so for one large bf16 matmul. Is the kernel slow, or the schedule? Each expert's rows
-# are padded to a whole number of M-blocks, and a padding row costs the tensor cores as much as a real one.
-# Count them for the benchmark's routing (k distinct experts per token, uniformly at random) at T = 4096:
+# an H200's 700 or so for one large bf16 matmul. Is the kernel slow, or the schedule (how rows are grouped
+# into blocks)? `moe_align` pads each expert's rows up to a whole number of M-blocks (BLOCK_SIZE_M = 128
+# rows each, the shipped value at prefill): an expert with 300 rows gets 3 blocks, 384 rows, 84 of them
+# padding. A padding row costs the tensor cores as much as a real one. Count them for the benchmark's
+# routing (each of T tokens picks k distinct experts of E, uniformly at random) at T = 4096. This cell draws
+# that routing with the CPU's random generator; the GPU experiment below draws it on the GPU, so its
+# counts differ a little (there: 313, 376 and 67 M-blocks, against 256, 256 and 64 without padding):
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -290,7 +294,8 @@ for name in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
 # not measured here**): on that routing; on a routing that gives every expert exactly T*k/E rows, a
 # multiple of 128, so no M-block holds padding; and cuBLAS's batched matmul (`torch.bmm`, one
 # [T*k/E, K] x [K, N] product per expert) on the padding-free problem: what a vendor library does with the
-# same per-expert shapes.
+# same per-expert shapes. moe-lab runs its shipped config: the persistent kernel at 8 of the 12 points, the
+# per-tile kernel at the other 4.
 
 # %%
 schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
@@ -299,11 +304,15 @@ schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
 # How to read it: without padding (green) moe-lab's GEMMs run at 0.95 to 1.06x cuBLAS's speed (grey),
 # except Qwen3's down GEMM, whose K = 768 leaves each tile's prologue and epilogue a large share (0.88 to
 # 0.94x). The gap to the routed case (blue) is padding: up to 22 % more time (Qwen3's up GEMM at T = 4096,
-# DeepSeek-V3 16 to 18 % at both T), where the routing adds 2 to 47 % more M-blocks. Tail tiles (a mostly
-# empty last block run as a smaller tile) win back part of it in the per-tile kernel; moving those blocks
-# to a launch of their own lost 0 to 19 %, because their weights then come from HBM a second time
-# (`benchmarks/experiments/tail_split-H200-2026-12-01.txt`). The next gains at prefill are in the
-# schedule: fewer padded rows, without taking a block away from its expert's others.
+# DeepSeek-V3 16 to 18 % at both T), where the GPU's routing adds 2 to 47 % more M-blocks. Time grows less
+# than the block count (DeepSeek-V3 at T = 4096: 47 % more blocks, 17 % more time), and Qwen3's down GEMM
+# at T = 16384 is even 4 % faster routed than padding-free. Tail tiles (a mostly empty last block run as a
+# smaller tile, `GemmConfig.tail_tiles`) win back a little in the per-tile kernel's down GEMM (3 to 8 % at
+# T = 512, `benchmarks/README.md`); moving those blocks to a launch of
+# their own ran at 0.81 to 1.00x the speed (up to 24 % more time), because their expert's weights then come
+# from HBM (the GPU's main memory) a second time instead of from the L2 cache
+# (`benchmarks/experiments/tail_split-H200-2026-12-01.txt`). So the next gains at prefill are in the
+# schedule: fewer padding rows, while each expert's last block stays in the same launch as its other blocks.
 #
 # ## Summary
 #
@@ -316,5 +325,5 @@ schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
 # - The persistent kernel keeps every row's K reduction in the same order: its results are bitwise the
 #   per-tile kernel's, and a token's output still does not depend on its batch. The fused epilogue is not
 #   bitwise the two-kernel path (it skips a rounding), so the layer uses it at every T, never by turns.
-# - At prefill the kernels run at cuBLAS's speed on padding-free shapes; what is left is padding, the
-#   rows that fill each expert's last M-block.
+# - At prefill the kernels run at 0.95 to 1.06x cuBLAS's speed on padding-free shapes (Qwen3's short-K down
+#   GEMM 0.88 to 0.94x); what is left is mostly padding, the rows that fill each expert's last M-block.

@@ -92,6 +92,12 @@ def _not_a_cuda_gpu(device_key: str) -> Optional[str]:
     return None
 
 
+def _name_and_capability(device_key: str):
+    """(name, (major, minor)) of the CUDA GPU `device_key` names (one that `_not_a_cuda_gpu` let through)."""
+    device = torch.device(device_key)
+    return torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+
+
 @functools.lru_cache(maxsize=None)
 def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> TmaSupport:
     import triton
@@ -107,9 +113,7 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
     problem = _not_a_cuda_gpu(device_key)
     if problem:
         return TmaSupport(False, problem.replace("an NVIDIA feature", "TMA is an NVIDIA Hopper feature"))
-    device = torch.device(device_key)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    name, (major, minor) = _name_and_capability(device_key)
     if (major, minor) < (9, 0):
         if override == "1":
             return TmaSupport(True, f"{name} is sm_{major}{minor} (< 9.0) but {ENV_VAR}=1: Triton lowers "
@@ -147,9 +151,7 @@ def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
     if problem:
         return Fp8Support(False, problem.replace("an NVIDIA feature", "moe-lab's FP8 path targets NVIDIA's "
                                                  "float8_e4m3fn tensor cores (compute capability >= 8.9)"))
-    device = torch.device(device_key)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    name, (major, minor) = _name_and_capability(device_key)
     if (major, minor) < (8, 9):
         return Fp8Support(False, f"{name} has compute capability {major}.{minor}; FP8 tensor cores need >= 8.9 "
                                  "(Ada, Hopper)")
@@ -235,9 +237,7 @@ def _pdl_support_cached(device_key: str, setting: str, interpreted: bool) -> Pdl
     if problem:
         return PdlSupport(False, problem.replace("an NVIDIA feature", "programmatic dependent launch is an "
                                                  "NVIDIA Hopper feature"))
-    device = torch.device(device_key)
-    major, minor = torch.cuda.get_device_capability(device)
-    name = torch.cuda.get_device_name(device)
+    name, (major, minor) = _name_and_capability(device_key)
     if major < 9:
         return PdlSupport(False, f"{name} has compute capability {major}.{minor}; programmatic dependent launch "
                                  "needs >= 9.0 (Hopper)")

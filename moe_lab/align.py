@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 import triton
 
-from ._kernels.align import align_one_program_kernel, count_kernel, prefix_kernel, scatter_kernel
+from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 from .capability import pdl_launch
 from .runtime import interpreter_serialized
@@ -133,28 +133,30 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     i32 = dict(dtype=torch.int32, device=device)
 
     counts = torch.empty(num_experts, **i32)
-    expert_start = torch.empty(num_experts, **i32)
     num_tokens_post_padded = torch.empty(1, **i32)
     sorted_token_ids = torch.empty(padded_len, **i32)
     expert_ids = torch.empty(num_m_blocks, **i32)
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
-    num_chunks = triton.cdiv(num_slots, CHUNK)
     num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
-    chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
-    chunk_offsets = torch.empty_like(chunk_counts)
     has_map = expert_map is not None
     pdl = pdl_launch(device)
     emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
     if 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS:
-        align_one_program_kernel[(1,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
-                                       sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_m_blocks,
-                                       HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
-                                       BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=4 * BLOCKS_PER_PROGRAM, **pdl)
+        slots = triton.next_power_of_2(num_slots)
+        align_in_registers_kernel[(1,)](flat_ids, emap, counts, num_tokens_post_padded, sorted_token_ids, expert_ids,
+                                        num_slots, num_ids, num_experts, num_m_blocks, HAS_EXPERT_MAP=has_map,
+                                        SLOTS=slots, NUM_BINS=num_bins, BLOCK_SIZE_M=block_size_m,
+                                        BLOCKS_PER_STEP=max(1, min(slots, 4096 // block_size_m)),
+                                        num_warps=max(4, min(16, slots // 8)), **pdl)
         return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
                               block_size_m, num_tokens, top_k, num_experts)
+    num_chunks = triton.cdiv(num_slots, CHUNK)
+    chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
+    chunk_offsets = torch.empty_like(chunk_counts)
+    expert_start = torch.empty(num_experts, **i32)
     if num_chunks:
         count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
                                     HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins, **pdl)

@@ -130,3 +130,23 @@ def test_one_program_align_gives_the_three_kernel_schedule(monkeypatch, num_toke
     for got, (i, e, m) in zip(one, cases):
         assert_same(got, moe_align(i, e, block_size_m, expert_map=m))
         assert_same(got, moe_align_reference(i, e, block_size_m, expert_map=m))
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_one_program_align_on_random_routings(seed):
+    """The one-program kernel (slot-by-slot comparisons in registers) on random routings the tests above
+    do not draw: repeated experts within a token, ids out of range, 1 to 512 experts, 1 to 128 slots,
+    every BLOCK_SIZE_M; the same schedule as the reference, bit for bit."""
+    import moe_lab.align as align
+    g = torch.Generator().manual_seed(seed)
+    num_experts = int(torch.randint(1, align.ONE_PROGRAM_MAX_EXPERTS + 1, (1,), generator=g))
+    top_k = int(torch.randint(1, 9, (1,), generator=g))
+    num_tokens = int(torch.randint(1, align.ONE_PROGRAM_MAX_SLOTS // top_k + 1, (1,), generator=g))
+    block_size_m = 2 ** int(torch.randint(0, 9, (1,), generator=g))
+    # Few distinct experts make repeats and full blocks; some ids fall outside [0, E) and are dropped.
+    pool = int(torch.randint(1, num_experts + 1, (1,), generator=g))
+    ids = torch.randint(0, pool, (num_tokens, top_k), generator=g, dtype=torch.int32)
+    ids[torch.rand(ids.shape, generator=g) < 0.1] = num_experts + 1
+    ids[torch.rand(ids.shape, generator=g) < 0.05] = -1
+    ids = ids.to(DEVICE)
+    assert_same(moe_align(ids, num_experts, block_size_m), moe_align_reference(ids, num_experts, block_size_m))

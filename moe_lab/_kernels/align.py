@@ -124,6 +124,58 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
                    expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
 
 
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_tokens_post_padded_ptr,
+                              sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_ids, num_experts, num_m_blocks,
+                              HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, NUM_BINS: tl.constexpr,
+                              BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr, PDL: tl.constexpr):
+    """The whole schedule in one program, for few slots (decode): one load of the ids, then slot-by-slot
+    comparisons in registers; no histogram round trip through memory between the steps, no barrier. The
+    same positions and block map as the three kernels, bit for bit. SLOTS (a power of two >= num_slots)
+    sets the [SLOTS, SLOTS] comparisons, so its cost grows as the square of the slots."""
+    wait_for_previous_kernel(PDL)
+    lane = tl.arange(0, SLOTS)
+    ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
+                              HAS_EXPERT_MAP)
+    # same[i, j]: slots i and j go to one expert. The matrix is symmetric, so reducing it over either axis
+    # gives a slot's count and rank both as rows (i) and as columns (j) of later comparisons.
+    same = (ids[:, None] == ids[None, :]) & keep[:, None] & keep[None, :]
+    before = lane[None, :] < lane[:, None]                                    # j comes before i
+    count_i = tl.sum(same.to(tl.int32), axis=1)
+    rank_i = tl.sum((same & before).to(tl.int32), axis=1)
+    count_j = tl.sum(same.to(tl.int32), axis=0)
+    rank_j = tl.sum((same & (lane[:, None] < lane[None, :])).to(tl.int32), axis=0)
+    # One slot per used expert (its first) carries the expert's padded run.
+    padded_i = tl.where(keep & (rank_i == 0), tl.cdiv(count_i, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
+    padded_j = tl.where(keep & (rank_j == 0), tl.cdiv(count_j, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
+    # An expert's run starts after the padded runs of all smaller expert ids (empty experts take none).
+    start_i = tl.sum(tl.where(ids[None, :] < ids[:, None], padded_j[None, :], 0), axis=1)
+    start_j = tl.sum(tl.where(ids[:, None] < ids[None, :], padded_i[:, None], 0), axis=0)
+    total = tl.sum(padded_j, axis=0)
+
+    tl.store(num_tokens_post_padded_ptr, total)
+    bins = tl.arange(0, NUM_BINS)
+    tl.store(counts_ptr + bins, tl.histogram(ids, NUM_BINS), mask=bins < num_experts)
+    tl.store(sorted_token_ids_ptr + start_i + rank_i, lane, mask=keep)
+    # The block map: a used block lies in exactly one expert's run; the rows past that expert's slots and
+    # every row of an unused block take the sentinel num_slots. These rows and the slots' rows above are
+    # disjoint, so no ordering between the stores is needed.
+    end_j = tl.where(padded_j > 0, start_j + padded_j, 0)                       # empty run for non-first slots
+    for b0 in range(0, num_m_blocks, BLOCKS_PER_STEP):
+        blocks = b0 + tl.arange(0, BLOCKS_PER_STEP)
+        first_row = blocks * BLOCK_SIZE_M
+        inside = (start_j[None, :] <= first_row[:, None]) & (first_row[:, None] < end_j[None, :])
+        used = first_row < total
+        block_expert = tl.sum(tl.where(inside, ids[None, :], 0), axis=1)
+        filled_end = tl.sum(tl.where(inside, start_j[None, :] + count_j[None, :], 0), axis=1)
+        block_mask = blocks < num_m_blocks
+        tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
+        rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
+        is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
+        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
+                 mask=block_mask[:, None] & is_padding)
+
+
 @triton.jit
 def _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
                   BLOCK_SIZE_M: tl.constexpr):

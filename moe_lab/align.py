@@ -37,6 +37,7 @@ BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
 # (benchmarks/experiments/lean_layer-H200-2026-11-30.txt).
 ONE_PROGRAM_MAX_SLOTS = 128
 ONE_PROGRAM_MAX_EXPERTS = 512
+ONE_PROGRAM_NUM_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class AlignedRouting:
     expert_ids:             [max_num_m_blocks] expert of each M-block; -1 for blocks past the end.
     num_tokens_post_padded: [1] rows in use: sum over experts of counts rounded up to BLOCK_SIZE_M.
     block_size_m, num_tokens (T), top_k, num_experts: the sizes it was built for.
+    topk_ids:               [T*k] the flat ids it was built from (int32/int64), expert_map the map or None:
+                            a GEMM that sums each token's rows itself reads which slots are computed here.
+    arrivals:               [T, reduce_tiles] zeroed counters for such a GEMM (`moe_align(reduce_tiles=)`),
+                            or None.
     """
     counts: torch.Tensor
     sorted_token_ids: torch.Tensor
@@ -57,6 +62,9 @@ class AlignedRouting:
     num_tokens: int
     top_k: int
     num_experts: int
+    topk_ids: Optional[torch.Tensor] = None
+    expert_map: Optional[torch.Tensor] = None
+    arrivals: Optional[torch.Tensor] = None
 
     @property
     def num_slots(self) -> int:
@@ -81,6 +89,11 @@ def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -
     return (used + (num_slots - used) // block_size_m) * block_size_m
 
 
+def align_in_one_program(num_slots: int, num_experts: int) -> bool:
+    """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than three launches."""
+    return 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS
+
+
 def _check(topk_ids, num_experts, block_size_m, expert_map):
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
     check_positive_int("num_experts", num_experts)
@@ -96,7 +109,7 @@ def _check(topk_ids, num_experts, block_size_m, expert_map):
 
 @interpreter_serialized
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
-              expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
+              expert_map: Optional[torch.Tensor] = None, reduce_tiles: int = 0) -> AlignedRouting:
     """Sort (token, k) slots by expert and pad each expert to a multiple of `block_size_m`.
 
     Args:
@@ -106,6 +119,10 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
         block_size_m: BLOCK_SIZE_M of the grouped matmul that reads the result, a power of two.
         expert_map: optional [E_global] int: global expert -> local index, -1 for experts not here
             (expert parallelism); such slots are left out.
+        reduce_tiles: for a down GEMM that sums each token's k rows itself (`grouped_matmul(...,
+            reduce_out=)`): its N-tiles, cdiv(N, BLOCK_SIZE_N); the result then carries `arrivals`, one
+            zeroed int32 counter per token per N-tile (zeroed by the one-program kernel itself, else by a
+            fill). 0 (the default): none.
     Returns:
         AlignedRouting (see its docstring). No device-to-host synchronization.
     Raises:
@@ -125,6 +142,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     ([0, 1, 2], 12, [1, 2, 1])
     """
     _check(topk_ids, num_experts, block_size_m, expert_map)
+    check_positive_int("reduce_tiles", reduce_tiles, minimum=0)
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
@@ -142,17 +160,24 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
     has_map = expert_map is not None
     pdl = pdl_launch(device)
-    emap = expert_map.contiguous() if has_map else flat_ids  # placeholder pointer when there is no map
 
-    if 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS:
+    emap = expert_map.contiguous() if has_map else None
+    arrivals = torch.empty((num_tokens, reduce_tiles), **i32) if reduce_tiles else None
+    result = AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens,
+                            top_k, num_experts, flat_ids, emap, arrivals)
+    emap = emap if has_map else flat_ids  # a placeholder pointer when there is no map
+    if align_in_one_program(num_slots, num_experts):
         slots = triton.next_power_of_2(num_slots)
         align_in_registers_kernel[(1,)](flat_ids, emap, counts, num_tokens_post_padded, sorted_token_ids, expert_ids,
-                                        num_slots, num_ids, num_experts, num_m_blocks, HAS_EXPERT_MAP=has_map,
-                                        SLOTS=slots, NUM_BINS=num_bins, BLOCK_SIZE_M=block_size_m,
-                                        BLOCKS_PER_STEP=max(1, min(slots, 4096 // block_size_m)),
-                                        num_warps=max(4, min(16, slots // 8)), **pdl)
-        return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                              block_size_m, num_tokens, top_k, num_experts)
+                                        arrivals if reduce_tiles else counts, num_slots, num_ids, num_experts,
+                                        num_m_blocks, num_tokens * reduce_tiles, HAS_EXPERT_MAP=has_map,
+                                        SLOTS=slots, SLOTS_PER_STEP=min(slots, 32), NUM_BINS=num_bins,
+                                        BLOCK_SIZE_M=block_size_m,
+                                        BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
+                                        num_warps=ONE_PROGRAM_NUM_WARPS, **pdl)
+        return result
+    if arrivals is not None:
+        arrivals.zero_()
     num_chunks = triton.cdiv(num_slots, CHUNK)
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)
@@ -169,5 +194,4 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
                                 sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                                 HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
                                 BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, **pdl)
-    return AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded,
-                          block_size_m, num_tokens, top_k, num_experts)
+    return result

@@ -1,4 +1,5 @@
-"""Experiment: the decode align in registers (H200, bf16, shipped configs).
+"""Experiment: the lean decode layer: the align in registers, the top-k reduce in the down GEMM (H200,
+bf16, shipped configs).
 
 For few slots (T*k <= ONE_PROGRAM_MAX_SLOTS) `moe_align` runs one program. Until 2026-12-01 that program
 ran the three kernels' steps one after the other (`align_one_program_kernel`: a histogram per chunk,
@@ -6,12 +7,14 @@ stores of the chunk offsets, a barrier, loads back, the block map from the store
 slot-by-slot comparisons in registers (`align_in_registers_kernel`: one load of the ids, no round trip
 through memory between the steps, no barrier). For each model and T, CUDA-graph medians (L2 flushed,
 least of 3 rounds) of
-  - align: moe_align as it is now (the register kernel at these sizes);
+  - align: moe_align as it is now (the register kernel at these sizes), align8 the same with 8 warps;
   - old:   the one-program kernel it replaces, launched as moe_align launched it (while it still exists);
   - three: moe_align forced to its three launches (count, prefix, scatter);
-  - layer and pair: the whole fused_moe and its GEMM pair (as `moe-lab bench` times them);
-and whether the three schedules and the reference agree bit for bit (also on 200 random routings with
-repeated and out-of-range ids). Writes JSON to argv[1] if it ends in .json.
+  - pair: the layer's GEMM pair (as `moe-lab bench` times it);
+  - layer: the whole fused_moe, with the top-k reduce in its down GEMM (`layer.REDUCE_IN_DOWN_GEMM`,
+    where it applies), and layer_sep with the reduce as a launch of its own;
+and whether the schedules and the reference agree bit for bit (also on 200 random routings with
+repeated and out-of-range ids), and the two layers' outputs too. Writes JSON to argv[1] if it ends in .json.
 Usage: python benchmarks/experiments/align_registers.py [OUT.json]
 """
 import json
@@ -22,6 +25,7 @@ import triton
 
 import moe_lab._kernels.align as kernels
 import moe_lab.align as align
+import moe_lab.layer as layer
 from moe_lab import fused_moe, moe_align, moe_align_reference
 from moe_lab.bench import _both, _layer_gemms
 from moe_lab.presets import get_preset
@@ -31,7 +35,7 @@ from moe_lab.tuned import default_config
 
 POINTS = (("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8), ("qwen3-30b-a3b", 16), ("deepseek-v3", 1),
           ("deepseek-v3", 8), ("deepseek-v3", 16), ("mixtral-8x7b", 1), ("mixtral-8x7b", 8),
-          ("mixtral-8x7b", 64))
+          ("mixtral-8x7b", 64), ("qwen3-30b-a3b", 64))
 FIELDS = ("counts", "sorted_token_ids", "expert_ids", "num_tokens_post_padded")
 
 
@@ -99,12 +103,23 @@ def point(model, t):
     row["bitwise"] = same(routing, three_launches(ti, e, bm)) and same(routing, moe_align_reference(ti, e, bm)) \
         and (old is None or same(routing, old()))
     row["align_ms"] = graph_ms(lambda: moe_align(ti, e, bm), rounds=3)
+    align.ONE_PROGRAM_NUM_WARPS = 8
+    row["align8_ms"] = graph_ms(lambda: moe_align(ti, e, bm), rounds=3)
+    align.ONE_PROGRAM_NUM_WARPS = 4
     row["old_ms"] = graph_ms(old, rounds=3) if old else None
     row["three_ms"] = graph_ms(lambda: three_launches(ti, e, bm), rounds=3)
     up, down = _layer_gemms(hs, w1, w2, tw, routing, cfg)
     row["pair_ms"] = graph_ms(_both(up, down), rounds=3)
-    row["layer_ms"] = graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg), rounds=3)
+    row["reduce_in_gemm"] = layer._reduce_in_down_gemm(t * p.top_k, e, cfg.down)
+    fused = fused_moe(hs, w1, w2, tw, ti, config=cfg)
+    for name, on in (("layer", True), ("layer_sep", False), ("layer", True), ("layer_sep", False)):
+        layer.REDUCE_IN_DOWN_GEMM = on
+        ms = graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg), rounds=3)
+        row[f"{name}_ms"] = min(ms, row.get(f"{name}_ms", ms))
+    row["layers_bitwise"] = torch.equal(fused.view(torch.int16), fused_moe(hs, w1, w2, tw, ti, config=cfg).view(torch.int16))
+    layer.REDUCE_IN_DOWN_GEMM = True
     row["layer_over_pair"] = row["layer_ms"] / row["pair_ms"]
+    row["layer_sep_over_pair"] = row["layer_sep_ms"] / row["pair_ms"]
     return row
 
 
@@ -115,13 +130,16 @@ def main():
     rows = [point(m, t) for m, t in POINTS]
     bad = random_check()
     print(f"random routings where the register kernel differs from three launches or the reference: {bad} of 200")
-    print(f"{'model':<15} {'T':>4} {'slots':>5} {'BM':>4} {'align us':>9} {'old us':>7} {'three us':>9} "
-          f"{'pair us':>8} {'layer us':>9} {'layer/pair':>10} bitwise")
+    print("times in us; layer: reduce in the down GEMM where it applies (rin), layer_sep: reduce launched apart")
+    print(f"{'model':<15} {'T':>4} {'slots':>5} {'BM':>4} {'align':>6} {'align8':>6} {'old':>6} {'three':>6} "
+          f"{'pair':>8} {'layer':>8} {'sep':>8} {'layer/pair':>10} {'sep/pair':>8} rin bitwise")
     for r in rows:
-        old = f"{1e3 * r['old_ms']:7.1f}" if r["old_ms"] else f"{'-':>7}"
-        print(f"{r['model']:<15} {r['T']:>4} {r['slots']:>5} {r['BLOCK_SIZE_M']:>4} {1e3 * r['align_ms']:9.1f} {old} "
-              f"{1e3 * r['three_ms']:9.1f} {1e3 * r['pair_ms']:8.1f} {1e3 * r['layer_ms']:9.1f} "
-              f"{r['layer_over_pair']:10.3f} {r['bitwise']}")
+        old = f"{1e3 * r['old_ms']:6.1f}" if r["old_ms"] else f"{'-':>6}"
+        print(f"{r['model']:<15} {r['T']:>4} {r['slots']:>5} {r['BLOCK_SIZE_M']:>4} {1e3 * r['align_ms']:6.1f} "
+              f"{1e3 * r['align8_ms']:6.1f} {old} {1e3 * r['three_ms']:6.1f} {1e3 * r['pair_ms']:8.1f} "
+              f"{1e3 * r['layer_ms']:8.1f} {1e3 * r['layer_sep_ms']:8.1f} {r['layer_over_pair']:10.3f} "
+              f"{r['layer_sep_over_pair']:8.3f} {'y' if r['reduce_in_gemm'] else 'n':>3} "
+              f"{r['bitwise'] and r['layers_bitwise']}")
     if out:
         with open(out, "w") as f:
             json.dump(dict(env, rows=rows, random_mismatches=bad), f, indent=1)

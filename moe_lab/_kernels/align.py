@@ -14,20 +14,7 @@ two runs give the same `sorted_token_ids`.
 import triton
 import triton.language as tl
 
-from .common import wait_for_previous_kernel
-
-
-@triton.jit
-def _local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr):
-    """Expert index of each slot, or `num_experts` (a spare bin) for padding lanes, ids outside
-    [0, num_ids) and non-local experts. Ranges are checked in the ids' own dtype, before any narrowing,
-    so no id (int64 ones past 2^31 included) is read through the map out of bounds or wraps around."""
-    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=-1)
-    keep = mask & (ids >= 0) & (ids < num_ids)
-    if HAS_EXPERT_MAP:
-        ids = tl.load(expert_map_ptr + tl.where(keep, ids, 0), mask=keep, other=-1)
-        keep = keep & (ids >= 0) & (ids < num_experts)
-    return tl.where(keep, ids, num_experts).to(tl.int32), keep
+from .common import local_expert, wait_for_previous_kernel
 
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
@@ -37,7 +24,7 @@ def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_
     wait_for_previous_kernel(PDL)
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
-    ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
+    ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
     hist = tl.histogram(ids, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
     tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
@@ -102,7 +89,7 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
     total = tl.zeros([NUM_BINS], dtype=tl.int32)
     for c0 in range(0, num_slots, CHUNK):
         offs = c0 + tl.arange(0, CHUNK)
-        ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+        ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
                                HAS_EXPERT_MAP)
         total += tl.histogram(ids, NUM_BINS)
     start = _store_totals(tl.where(expert_mask, total, 0), bins, expert_mask, counts_ptr, expert_start_ptr,
@@ -111,7 +98,7 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
     running = start
     for c0 in range(0, num_slots, CHUNK):
         offs = c0 + tl.arange(0, CHUNK)
-        ids, _ = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+        ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
                                HAS_EXPERT_MAP)
         tl.store(chunk_offsets_ptr + (c0 // CHUNK) * num_experts + bins, running, mask=expert_mask)
         running += tl.histogram(ids, NUM_BINS)
@@ -124,56 +111,68 @@ def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, co
                    expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
 
 
-@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "num_arrivals"])
 def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_tokens_post_padded_ptr,
-                              sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_ids, num_experts, num_m_blocks,
-                              HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, NUM_BINS: tl.constexpr,
-                              BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr, PDL: tl.constexpr):
-    """The whole schedule in one program, for few slots (decode): one load of the ids, then slot-by-slot
-    comparisons in registers; no histogram round trip through memory between the steps, no barrier. The
-    same positions and block map as the three kernels, bit for bit. SLOTS (a power of two >= num_slots)
-    sets the [SLOTS, SLOTS] comparisons, so its cost grows as the square of the slots."""
+                              sorted_token_ids_ptr, expert_ids_ptr, arrivals_ptr, num_slots, num_ids, num_experts,
+                              num_m_blocks, num_arrivals, HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
+                              NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
+                              PDL: tl.constexpr):
+    """The whole schedule in one program, for few slots (decode): slot-by-slot comparisons in registers,
+    with no round trip through memory between the steps and no barrier. The same positions and block map
+    as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run against
+    SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each), so their registers stay bounded.
+    It also zeroes `num_arrivals` counters for a down GEMM that sums each token's rows itself (no launch
+    of its own for that)."""
     wait_for_previous_kernel(PDL)
     lane = tl.arange(0, SLOTS)
-    ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
+    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
                               HAS_EXPERT_MAP)
-    # same[i, j]: slots i and j go to one expert. The matrix is symmetric, so reducing it over either axis
-    # gives a slot's count and rank both as rows (i) and as columns (j) of later comparisons.
-    same = (ids[:, None] == ids[None, :]) & keep[:, None] & keep[None, :]
-    before = lane[None, :] < lane[:, None]                                    # j comes before i
-    count_i = tl.sum(same.to(tl.int32), axis=1)
-    rank_i = tl.sum((same & before).to(tl.int32), axis=1)
-    count_j = tl.sum(same.to(tl.int32), axis=0)
-    rank_j = tl.sum((same & (lane[:, None] < lane[None, :])).to(tl.int32), axis=0)
-    # One slot per used expert (its first) carries the expert's padded run.
-    padded_i = tl.where(keep & (rank_i == 0), tl.cdiv(count_i, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
-    padded_j = tl.where(keep & (rank_j == 0), tl.cdiv(count_j, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
-    # An expert's run starts after the padded runs of all smaller expert ids (empty experts take none).
-    start_i = tl.sum(tl.where(ids[None, :] < ids[:, None], padded_j[None, :], 0), axis=1)
-    start_j = tl.sum(tl.where(ids[:, None] < ids[None, :], padded_i[:, None], 0), axis=0)
-    total = tl.sum(padded_j, axis=0)
+    # For every slot i: how many slots share its expert (count), how many of those come before it (rank),
+    # and where its expert's run starts: after the padded runs of all smaller expert ids (start).
+    count = tl.zeros([SLOTS], dtype=tl.int32)
+    rank = tl.zeros([SLOTS], dtype=tl.int32)
+    start = tl.zeros([SLOTS], dtype=tl.int32)
+    for j0 in tl.static_range(0, SLOTS, SLOTS_PER_STEP):
+        lane_j = j0 + tl.arange(0, SLOTS_PER_STEP)
+        ids_j, keep_j = local_expert(topk_ids_ptr, expert_map_ptr, lane_j, lane_j < num_slots, num_ids,
+                                      num_experts, HAS_EXPERT_MAP)
+        same = (ids[:, None] == ids_j[None, :]) & keep[:, None] & keep_j[None, :]
+        count += tl.sum(same.to(tl.int32), axis=1)
+        rank += tl.sum((same & (lane_j[None, :] < lane[:, None])).to(tl.int32), axis=1)
+        # Slot j's own count and rank (the same comparisons, summed over i): the first slot of each used
+        # expert carries the expert's padded run.
+        count_j = tl.sum(same.to(tl.int32), axis=0)
+        first_j = keep_j & (tl.sum((same & (lane[:, None] < lane_j[None, :])).to(tl.int32), axis=0) == 0)
+        padded_j = tl.where(first_j, tl.cdiv(count_j, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
+        start += tl.sum(tl.where(ids_j[None, :] < ids[:, None], padded_j[None, :], 0), axis=1)
+    first = keep & (rank == 0)
+    padded = tl.where(first, tl.cdiv(count, BLOCK_SIZE_M) * BLOCK_SIZE_M, 0)
+    total = tl.sum(padded, axis=0)
 
     tl.store(num_tokens_post_padded_ptr, total)
     bins = tl.arange(0, NUM_BINS)
     tl.store(counts_ptr + bins, tl.histogram(ids, NUM_BINS), mask=bins < num_experts)
-    tl.store(sorted_token_ids_ptr + start_i + rank_i, lane, mask=keep)
-    # The block map: a used block lies in exactly one expert's run; the rows past that expert's slots and
-    # every row of an unused block take the sentinel num_slots. These rows and the slots' rows above are
-    # disjoint, so no ordering between the stores is needed.
-    end_j = tl.where(padded_j > 0, start_j + padded_j, 0)                       # empty run for non-first slots
+    tl.store(sorted_token_ids_ptr + start + rank, lane, mask=keep)
+    # The block map: a used block lies in exactly one expert's run (that of one first slot); the rows past
+    # that expert's slots and every row of an unused block take the sentinel num_slots. These rows and the
+    # slots' rows above are disjoint, so the stores need no ordering.
+    end = start + padded                                                          # = start where not first
     for b0 in range(0, num_m_blocks, BLOCKS_PER_STEP):
         blocks = b0 + tl.arange(0, BLOCKS_PER_STEP)
         first_row = blocks * BLOCK_SIZE_M
-        inside = (start_j[None, :] <= first_row[:, None]) & (first_row[:, None] < end_j[None, :])
+        inside = (start[None, :] <= first_row[:, None]) & (first_row[:, None] < end[None, :])
         used = first_row < total
         block_expert = tl.sum(tl.where(inside, ids[None, :], 0), axis=1)
-        filled_end = tl.sum(tl.where(inside, start_j[None, :] + count_j[None, :], 0), axis=1)
+        filled_end = tl.sum(tl.where(inside, start[None, :] + count[None, :], 0), axis=1)
         block_mask = blocks < num_m_blocks
         tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
         rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
         is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
         tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
                  mask=block_mask[:, None] & is_padding)
+    for c0 in range(0, num_arrivals, 1024):
+        offs = c0 + tl.arange(0, 1024)
+        tl.store(arrivals_ptr + offs, tl.zeros([1024], dtype=tl.int32), mask=offs < num_arrivals)
 
 
 @triton.jit
@@ -195,7 +194,7 @@ def _scatter_chunk(chunk, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorte
     among the chunk's earlier slots of that expert (a stable order, no atomics)."""
     lane = tl.arange(0, CHUNK)
     offs = chunk * CHUNK + lane
-    ids, keep = _local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
                               HAS_EXPERT_MAP)
     earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
     rank = tl.sum(earlier_same.to(tl.int32), axis=1)

@@ -16,6 +16,20 @@ def wait_for_previous_kernel(PDL: tl.constexpr):
 
 
 @triton.jit
+def local_expert(topk_ids_ptr, expert_map_ptr, offs, mask, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr):
+    """Local expert of each slot `offs` (flat t*k + j) where `mask`, and whether it is computed here
+    (`keep`); where not, `num_experts` (the align kernels' spare bin): padding lanes, ids outside
+    [0, num_ids) and non-local experts. Ranges are checked in the ids' own dtype, before any narrowing,
+    so no id (int64 ones past 2^31 included) is read through the map out of bounds or wraps around."""
+    ids = tl.load(topk_ids_ptr + offs, mask=mask, other=-1)
+    keep = mask & (ids >= 0) & (ids < num_ids)
+    if HAS_EXPERT_MAP:
+        ids = tl.load(expert_map_ptr + tl.where(keep, ids, 0), mask=keep, other=-1)
+        keep = keep & (ids >= 0) & (ids < num_experts)
+    return tl.where(keep, ids, num_experts).to(tl.int32), keep
+
+
+@triton.jit
 def round_to_bf16_grid(x):
     """Round float32 `x` to the nearest bfloat16 value (ties to even), still as float32.
 

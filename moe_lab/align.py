@@ -12,8 +12,8 @@ Nothing here asks the host for a size: buffers are sized by the tight bound
     (u + (T*k - u) // BLOCK_SIZE_M) * BLOCK_SIZE_M,   u = min(E, T*k)   (see `max_num_tokens_padded`),
 and blocks past `num_tokens_post_padded` are tagged -1, so the layer can be captured in a CUDA graph.
 The layout follows vLLM's `moe_align_block_size` (vllm-project/vllm, fused_moe); the kernels are three
-launches (count, prefix, scatter), or one for at most ONE_PROGRAM_MAX_SLOTS slots over at most
-ONE_PROGRAM_MAX_EXPERTS experts, see `moe_lab/_kernels/align.py`.
+launches (count, prefix, scatter), or one for few slots (`align_in_one_program`), see
+`moe_lab/_kernels/align.py`.
 """
 from __future__ import annotations
 
@@ -31,13 +31,16 @@ from .runtime import interpreter_serialized
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
 MAX_EXPERTS = 4096        # the block map holds one row of all experts per program
 BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
-# Up to one CHUNK of slots over at most this many experts (decode), one program runs all three steps: one
-# launch instead of three. On an H200 that took Qwen3-30B-A3B's align at T=1 from 12.6 to 10.5 us; at 512
-# slots the single program's loops cost 26.5 us against 12.7 for three launches
-# (benchmarks/experiments/lean_layer-H200-2026-11-30.txt).
+# Few slots (decode) take one program that works in registers (`align_in_registers_kernel`): one launch
+# instead of three. Its comparisons cost slots x (slots + M-blocks), so it runs up to ONE_PROGRAM_MAX_SLOTS
+# slots whose schedule has at most ONE_PROGRAM_MAX_M_BLOCKS M-blocks. On an H200 (graph replays, L2 flushed;
+# benchmarks/experiments/lean_decode-H200-2026-12-01.txt) it takes 5.0 to 9.4 us up to 64 slots, where
+# the three launches take 11.6 to 16.4 and the one-program kernel before it (three steps in sequence)
+# 8.3 to 11.7; at 128 slots over 128 or 256 experts (128 M-blocks) 15.6 to 15.9 against 12.2 to 12.4 for three
+# launches, but over Mixtral's 8 (11 M-blocks) 11.1 against 16.6.
 ONE_PROGRAM_MAX_SLOTS = 128
+ONE_PROGRAM_MAX_M_BLOCKS = 64
 ONE_PROGRAM_MAX_EXPERTS = 512
-ONE_PROGRAM_NUM_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -49,10 +52,6 @@ class AlignedRouting:
     expert_ids:             [max_num_m_blocks] expert of each M-block; -1 for blocks past the end.
     num_tokens_post_padded: [1] rows in use: sum over experts of counts rounded up to BLOCK_SIZE_M.
     block_size_m, num_tokens (T), top_k, num_experts: the sizes it was built for.
-    topk_ids:               [T*k] the flat ids it was built from (int32/int64), expert_map the map or None:
-                            a GEMM that sums each token's rows itself reads which slots are computed here.
-    arrivals:               [T, reduce_tiles] zeroed counters for such a GEMM (`moe_align(reduce_tiles=)`),
-                            or None.
     """
     counts: torch.Tensor
     sorted_token_ids: torch.Tensor
@@ -62,9 +61,6 @@ class AlignedRouting:
     num_tokens: int
     top_k: int
     num_experts: int
-    topk_ids: Optional[torch.Tensor] = None
-    expert_map: Optional[torch.Tensor] = None
-    arrivals: Optional[torch.Tensor] = None
 
     @property
     def num_slots(self) -> int:
@@ -89,9 +85,15 @@ def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -
     return (used + (num_slots - used) // block_size_m) * block_size_m
 
 
-def align_in_one_program(num_slots: int, num_experts: int) -> bool:
+def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) -> bool:
     """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than three launches."""
-    return 0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS
+    return (0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS
+            and max_num_tokens_padded(num_slots, num_experts, block_size_m) // block_size_m <= ONE_PROGRAM_MAX_M_BLOCKS)
+
+
+def one_program_warps(slots: int) -> int:
+    """Warps of `align_in_registers_kernel` for `slots` (a power of two) slots."""
+    return 4
 
 
 def _check(topk_ids, num_experts, block_size_m, expert_map):
@@ -109,7 +111,7 @@ def _check(topk_ids, num_experts, block_size_m, expert_map):
 
 @interpreter_serialized
 def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
-              expert_map: Optional[torch.Tensor] = None, reduce_tiles: int = 0) -> AlignedRouting:
+              expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
     """Sort (token, k) slots by expert and pad each expert to a multiple of `block_size_m`.
 
     Args:
@@ -119,10 +121,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
         block_size_m: BLOCK_SIZE_M of the grouped matmul that reads the result, a power of two.
         expert_map: optional [E_global] int: global expert -> local index, -1 for experts not here
             (expert parallelism); such slots are left out.
-        reduce_tiles: for a down GEMM that sums each token's k rows itself (`grouped_matmul(...,
-            reduce_out=)`): its N-tiles, cdiv(N, BLOCK_SIZE_N); the result then carries `arrivals`, one
-            zeroed int32 counter per token per N-tile (zeroed by the one-program kernel itself, else by a
-            fill). 0 (the default): none.
     Returns:
         AlignedRouting (see its docstring). No device-to-host synchronization.
     Raises:
@@ -142,7 +140,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     ([0, 1, 2], 12, [1, 2, 1])
     """
     _check(topk_ids, num_experts, block_size_m, expert_map)
-    check_positive_int("reduce_tiles", reduce_tiles, minimum=0)
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
@@ -161,23 +158,18 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     has_map = expert_map is not None
     pdl = pdl_launch(device)
 
-    emap = expert_map.contiguous() if has_map else None
-    arrivals = torch.empty((num_tokens, reduce_tiles), **i32) if reduce_tiles else None
+    emap = expert_map.contiguous() if has_map else flat_ids  # a placeholder pointer when there is no map
     result = AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens,
-                            top_k, num_experts, flat_ids, emap, arrivals)
-    emap = emap if has_map else flat_ids  # a placeholder pointer when there is no map
-    if align_in_one_program(num_slots, num_experts):
+                            top_k, num_experts)
+    if align_in_one_program(num_slots, num_experts, block_size_m):
         slots = triton.next_power_of_2(num_slots)
         align_in_registers_kernel[(1,)](flat_ids, emap, counts, num_tokens_post_padded, sorted_token_ids, expert_ids,
-                                        arrivals if reduce_tiles else counts, num_slots, num_ids, num_experts,
-                                        num_m_blocks, num_tokens * reduce_tiles, HAS_EXPERT_MAP=has_map,
+                                        num_slots, num_ids, num_experts, num_m_blocks, HAS_EXPERT_MAP=has_map,
                                         SLOTS=slots, SLOTS_PER_STEP=min(slots, 32), NUM_BINS=num_bins,
                                         BLOCK_SIZE_M=block_size_m,
                                         BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
-                                        num_warps=ONE_PROGRAM_NUM_WARPS, **pdl)
+                                        num_warps=one_program_warps(slots), **pdl)
         return result
-    if arrivals is not None:
-        arrivals.zero_()
     num_chunks = triton.cdiv(num_slots, CHUNK)
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)

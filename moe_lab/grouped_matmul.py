@@ -253,8 +253,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                    gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
                    swiglu: bool = False, out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto",
                    a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
-                   block_shape=None, out_dtype: Optional[torch.dtype] = None,
-                   reduce_out: Optional[torch.Tensor] = None, return_plan: bool = False):
+                   block_shape=None, out_dtype: Optional[torch.dtype] = None, return_plan: bool = False):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
@@ -295,12 +294,6 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             bit), for the next GEMM; the call then returns (out, out_scale [rows, ceil(N_out/block_k)] float32).
             Sorted rows only (not scatter), and each program's columns (BLOCK_SIZE_N, half with swiglu) must
             hold whole groups of block_k.
-        reduce_out: with scatter, also sum each token's k rows into reduce_out [T, N] (the dtype of the output,
-            last stride 1), in slot order and float32 as `moe_lab.topk_reduce` does, bit for bit: the top-k
-            reduce without a launch of its own. The routing must carry zeroed counters for this N
-            (`moe_align(..., reduce_tiles=cdiv(N, config.BLOCK_SIZE_N))`, used once: each call counts on them)
-            and the config must not be persistent. Rows of tokens with no slot computed here are left as
-            they were.
         return_plan: also return the LaunchPlan: what was launched (config as fitted, load paths, grid).
     Returns:
         `out`, or (`out`, LaunchPlan) with return_plan. Supported: gather_a without scatter (the up
@@ -363,11 +356,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     out_scale = (torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
                  if quant_group else None)
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights,
-                      a_scale=a_scale, w_scale=w_scale, reduce_out=reduce_out)
+                      a_scale=a_scale, w_scale=w_scale)
     check_not_aliased(out, a=a, w=w)
-    if reduce_out is not None:
-        _check_reduce_out(reduce_out, out, routing, config, n, scatter=scatter)
-        check_not_aliased(reduce_out, "reduce_out", a=a, w=w, out=out)
 
     if gather_a and scatter:
         raise ValueError("gather_a=True with scatter=True is not a supported combination (the up projection "
@@ -396,31 +386,12 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale, reduce_out)
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
             return (result, plan) if return_plan else result
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
                 raise ValueError(f"config {plan.config} does not fit this device: {exc}") from None
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
-
-
-def _check_reduce_out(reduce_out, out: torch.Tensor, routing: AlignedRouting, config: GemmConfig, n: int, *,
-                      scatter: bool) -> None:
-    """reduce_out's rules (see grouped_matmul): ValueError/TypeError naming what is wrong."""
-    if not scatter:
-        raise ValueError("reduce_out needs scatter=True: it sums the rows scattered to each token's slots")
-    check_tensor("reduce_out", reduce_out, ndim=2, dtypes=(out.dtype,), shape=(routing.num_tokens, n), layout="[T, N]",
-                 dtype_of="out")
-    if reduce_out.stride(1) != 1:
-        raise ValueError(f"reduce_out must have a last stride of 1, got strides {tuple(reduce_out.stride())}")
-    if config.persistent:
-        raise ValueError("reduce_out needs a non-persistent config (config.persistent=False)")
-    tiles = triton.cdiv(n, config.BLOCK_SIZE_N)
-    if routing.arrivals is None or tuple(routing.arrivals.shape) != (routing.num_tokens, tiles):
-        got = "none" if routing.arrivals is None else f"shape {tuple(routing.arrivals.shape)}"
-        raise ValueError(f"reduce_out needs the routing's zeroed counters for {tiles} N-tiles: build it with "
-                         f"moe_align(..., reduce_tiles={tiles}) (cdiv(N={n}, BLOCK_SIZE_N={config.BLOCK_SIZE_N})); "
-                         f"it has {got}")
 
 
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
@@ -477,7 +448,7 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
 
 
 def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
-            out_scale: Optional[torch.Tensor], reduce_out: Optional[torch.Tensor]):
+            out_scale: Optional[torch.Tensor]):
     config, (_, n, k) = plan.config, w.shape
     if scales is None:
         a_scale = w_scale = None
@@ -492,21 +463,12 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE)
     else:
         kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
-        reduce = reduce_out is not None
-        emap = routing.expert_map
-        schedule.update(reduce_ptr=reduce_out, arrivals_ptr=routing.arrivals, topk_ids_ptr=routing.topk_ids,
-                        expert_map_ptr=emap, num_ids=emap.numel() if emap is not None else routing.num_experts,
-                        num_experts=routing.num_experts, stride_rm=reduce_out.stride(0) if reduce else 0,
-                        stride_rn=reduce_out.stride(1) if reduce else 0, REDUCE=reduce,
-                        HAS_EXPERT_MAP=reduce and emap is not None)
     kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
-        N=n, K=k, num_slots=routing.num_slots, num_m_blocks=routing.max_num_m_blocks,
-        stride_am=a.stride(0), stride_ak=a.stride(1), stride_we=w.stride(0), stride_wn=w.stride(1),
-        stride_wk=w.stride(2), stride_cm=out.stride(0), stride_cn=out.stride(1),
-        **dict(zip(("stride_asm", "stride_ask", "stride_wse", "stride_wsn", "stride_wsk"), scale_strides)),
-        **dict(zip(("stride_csm", "stride_csk"), out_scale.stride() if out_scale is not None else (0, 0))),
+        n, k, routing.num_slots, routing.max_num_m_blocks,
+        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
+        *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
         SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,

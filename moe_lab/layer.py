@@ -21,7 +21,7 @@ import torch
 from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_one_device, check_positive_int, check_same_device,
                         check_tensor, output_buffer)
 from .activation import silu_and_mul
-from .align import AlignedRouting, align_in_one_program, moe_align
+from .align import AlignedRouting, moe_align
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
 from .grouped_matmul import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
@@ -240,17 +240,6 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     return (out, info) if return_info else out
 
 
-# Decode: the down GEMM sums each token's k rows itself (`grouped_matmul(reduce_out=)`), on counters the
-# one-program align zeroes, so the top-k reduce has no launch of its own; bitwise topk_reduce's sum.
-REDUCE_IN_DOWN_GEMM = True
-
-
-def _reduce_in_down_gemm(num_slots: int, num_experts: int, down: GemmConfig) -> bool:
-    """Whether this layer call folds the top-k reduce into its down GEMM (see REDUCE_IN_DOWN_GEMM): where
-    the align runs in one program (few slots) and the down GEMM is not persistent."""
-    return REDUCE_IN_DOWN_GEMM and align_in_one_program(num_slots, num_experts) and not down.persistent
-
-
 def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map,
                      with_info: bool, fp8: Optional[Fp8Weights] = None) -> Optional[FusedMoEInfo]:
     num_tokens, hidden = hidden_states.shape
@@ -267,9 +256,7 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
             select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
                              gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
-    reduce_tiles = -(-hidden // cfg.down.BLOCK_SIZE_N) if _reduce_in_down_gemm(num_tokens * top_k, num_experts,
-                                                                                 cfg.down) else 0
-    routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map, reduce_tiles=reduce_tiles)
+    routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
     x, up_scales, down_scales = hidden_states, {}, {}
     fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
@@ -294,9 +281,8 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
     _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
                                   topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True,
-                                  reduce_out=out if reduce_tiles else None, **down_scales)
-    if not reduce_tiles:
-        topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
+                                  **down_scales)
+    topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:
         return None
     return FusedMoEInfo(cfg, up_plan.path, down_plan.path, routing, choice.source, up_plan, down_plan)

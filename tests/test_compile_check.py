@@ -220,6 +220,6 @@ def test_pdl_wait_only_where_opted_in_and_from_sm_90(setting):
     """)
     result = run_child(code, MOE_LAB_PDL=setting)
     names = {name for name, _ in result["90"]}
-    assert {"align_one_program_kernel", "grouped_matmul_kernel", "topk_reduce_kernel"} <= names
+    assert {"align_in_registers_kernel", "grouped_matmul_kernel", "topk_reduce_kernel"} <= names
     assert all(not wait for _, wait in result["80"])
     assert all(wait == (setting == "1") for _, wait in result["90"])

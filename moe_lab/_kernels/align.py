@@ -1,5 +1,5 @@
 """Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in three launches (one for
-few slots: `align_one_program_kernel` runs the same three steps in one program).
+few slots: `align_in_registers_kernel` computes the same schedule in one program, in registers).
 
 1. `count_kernel`    one program per CHUNK of flat (token, k) slots: a histogram per chunk.
 2. `prefix_kernel`   one program: per-expert totals, padded exclusive prefix sum over experts, and for
@@ -76,53 +76,15 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
-def align_one_program_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
-                             num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-                             num_slots, num_ids, num_experts, num_m_blocks,
-                             HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
-                             BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr):
-    """All three steps in one program, for few slots (decode): one launch instead of three. The same
-    chunks, positions and block map as the three kernels, so the same schedule, bit for bit."""
-    wait_for_previous_kernel(PDL)
-    bins = tl.arange(0, NUM_BINS)
-    expert_mask = bins < num_experts
-    total = tl.zeros([NUM_BINS], dtype=tl.int32)
-    for c0 in range(0, num_slots, CHUNK):
-        offs = c0 + tl.arange(0, CHUNK)
-        ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
-                               HAS_EXPERT_MAP)
-        total += tl.histogram(ids, NUM_BINS)
-    start = _store_totals(tl.where(expert_mask, total, 0), bins, expert_mask, counts_ptr, expert_start_ptr,
-                          num_tokens_post_padded_ptr, BLOCK_SIZE_M)
-    # Each chunk's first free position per expert, as prefix_kernel writes them.
-    running = start
-    for c0 in range(0, num_slots, CHUNK):
-        offs = c0 + tl.arange(0, CHUNK)
-        ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
-                               HAS_EXPERT_MAP)
-        tl.store(chunk_offsets_ptr + (c0 // CHUNK) * num_experts + bins, running, mask=expert_mask)
-        running += tl.histogram(ids, NUM_BINS)
-    tl.debug_barrier()  # the stores above are read back by other threads of this program below
-    for c0 in range(0, num_slots, CHUNK):
-        _scatter_chunk(c0 // CHUNK, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
-                       num_slots, num_ids, num_experts, HAS_EXPERT_MAP, CHUNK)
-    for b0 in range(0, num_m_blocks, BLOCKS_PER_PROGRAM):
-        _block_map(b0, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr,
-                   expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
-
-
-@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "num_arrivals"])
 def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_tokens_post_padded_ptr,
-                              sorted_token_ids_ptr, expert_ids_ptr, arrivals_ptr, num_slots, num_ids, num_experts,
-                              num_m_blocks, num_arrivals, HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
+                              sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_ids, num_experts, num_m_blocks,
+                              HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
                               NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
                               PDL: tl.constexpr):
     """The whole schedule in one program, for few slots (decode): slot-by-slot comparisons in registers,
     with no round trip through memory between the steps and no barrier. The same positions and block map
     as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run against
-    SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each), so their registers stay bounded.
-    It also zeroes `num_arrivals` counters for a down GEMM that sums each token's rows itself (no launch
-    of its own for that)."""
+    SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each), so their registers stay bounded."""
     wait_for_previous_kernel(PDL)
     lane = tl.arange(0, SLOTS)
     ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
@@ -170,9 +132,6 @@ def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_toke
         is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
         tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
                  mask=block_mask[:, None] & is_padding)
-    for c0 in range(0, num_arrivals, 1024):
-        offs = c0 + tl.arange(0, 1024)
-        tl.store(arrivals_ptr + offs, tl.zeros([1024], dtype=tl.int32), mask=offs < num_arrivals)
 
 
 @triton.jit

@@ -35,8 +35,7 @@ holds them all; such blocks run a smaller tile. Rows the smaller tile skips are 
 import triton
 import triton.language as tl
 
-from .common import (cast_e4m3, e4m3_to_float32, local_expert, quantize_groups_e4m3, round_to_bf16_grid,
-                     wait_for_previous_kernel)
+from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid, wait_for_previous_kernel
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
@@ -44,15 +43,13 @@ from .common import (cast_e4m3, e4m3_to_float32, local_expert, quantize_groups_e
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr,
-    N, K, num_slots, num_m_blocks, num_ids, num_experts,
+    N, K, num_slots, num_m_blocks,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, stride_rm, stride_rn,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
-    REDUCE: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -62,23 +59,14 @@ def grouped_matmul_kernel(
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
     tl.static_assert(not (SWIGLU and SCATTER_C), "SWIGLU writes sorted rows (the up projection)")
-    tl.static_assert(SCATTER_C or not REDUCE, "REDUCE sums the rows scattered to their slots")
-    num_pid_n = _num_pid_n(N, SWIGLU, BLOCK_SIZE_N)
-    pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, num_pid_n, GROUP_SIZE_M)
-    if REDUCE:
-        if pid_m == 0:  # tokens with no slot computed here have no last row: their sum is zero
-            _zero_tokens_without_slots(reduce_ptr, topk_ids_ptr, expert_map_ptr, pid_n, N, num_slots // TOP_K,
-                                       num_ids, num_experts, stride_rm, stride_rn, TOP_K, HAS_EXPERT_MAP,
-                                       BLOCK_SIZE_N)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, _num_pid_n(N, SWIGLU, BLOCK_SIZE_N), GROUP_SIZE_M)
 
-    # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do.
+    # The grid is sized by the bound on padded rows; blocks past the real end have nothing to do. The
+    # schedule's words this program needs are all loaded before the first branch (every address is in
+    # bounds: the buffers are sized by the bound), so they cost one round trip to memory, not one each.
     row0 = pid_m * BLOCK_SIZE_M
-    if row0 >= tl.load(num_tokens_post_padded_ptr):
-        return
+    rows_in_use = tl.load(num_tokens_post_padded_ptr)
     expert = tl.load(expert_ids_ptr + pid_m)
-    if expert < 0:
-        return
-
     # Tail tiles (see above). Smaller tiles read A by pointer: the descriptor's box is BLOCK_SIZE_M rows.
     half_pad = False
     quarter_pad = False
@@ -86,33 +74,32 @@ def grouped_matmul_kernel(
         half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_slots
     if TAIL_SPLITS >= 2:
         quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
+    if (row0 >= rows_in_use) | (expert < 0):
+        return
     if quarter_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr,
-              row0, expert, pid_n, num_pid_n, N, K, num_slots, num_ids, num_experts,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, stride_rm, stride_rn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              REDUCE, HAS_EXPERT_MAP, BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr,
-              row0, expert, pid_n, num_pid_n, N, K, num_slots, num_ids, num_experts,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, stride_rm, stride_rn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              REDUCE, HAS_EXPERT_MAP, BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr,
-              row0, expert, pid_n, num_pid_n, N, K, num_slots, num_ids, num_experts,
+              row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, stride_rm, stride_rn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              REDUCE, HAS_EXPERT_MAP, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles.
@@ -149,13 +136,12 @@ def grouped_matmul_persistent_kernel(
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
-              c_ptr, c_ptr, c_ptr, c_ptr,  # no REDUCE: placeholders for its pointers
-              pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, num_pid_n, N, K, num_slots, 0, 0,
+              pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, 0, 0,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              False, False, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 @triton.jit
@@ -183,16 +169,14 @@ def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 @triton.jit
 def _tile(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr,
-    sorted_token_ids_ptr, reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr,
-    row0, expert, pid_n, num_pid_n, N, K, num_slots, num_ids, num_experts,
+    sorted_token_ids_ptr, row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
-    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk, stride_rm, stride_rn,
+    stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    FP32_IEEE: tl.constexpr, REDUCE: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr,
-    TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
 ):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
     With SWIGLU the BLOCK_SIZE_N weight rows are BLOCK_SIZE_N/2 gate rows and the matching up rows, one
@@ -329,63 +313,3 @@ def _tile(
     else:
         c = acc.to(c_ptr.dtype.element_ty)
     tl.store(c_ptrs, c, mask=row_mask[:, None] & (offs_n[None, :] < N))
-    if REDUCE:
-        _reduce_when_last(c_ptr, reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr, token_ids, token_valid,
-                          offs_n, pid_n, num_pid_n, N, num_ids, num_experts, stride_cm, stride_cn, stride_rm, stride_rn,
-                          TOP_K, HAS_EXPERT_MAP, EMULATE_BF16)
-
-
-@triton.jit
-def _zero_tokens_without_slots(reduce_ptr, topk_ids_ptr, expert_map_ptr, pid_n, N, num_tokens, num_ids, num_experts,
-                               stride_rm, stride_rn, TOP_K: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr,
-                               BLOCK_SIZE_N: tl.constexpr):
-    """Zeros in N-tile pid_n of reduce_ptr's rows of tokens none of whose slots is computed here (ids out
-    of range, or other ranks' experts), as topk_reduce writes them."""
-    offs_n = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
-    for t0 in range(0, num_tokens, 32):
-        token = t0 + tl.arange(0, 32)
-        inside = token < num_tokens
-        computed_slots = tl.zeros([32], dtype=tl.int32)
-        for j in tl.static_range(TOP_K):
-            _, computed = local_expert(topk_ids_ptr, expert_map_ptr, token * TOP_K + j, inside, num_ids,
-                                       num_experts, HAS_EXPERT_MAP)
-            computed_slots += computed.to(tl.int32)
-        out = reduce_ptr + token.to(tl.int64)[:, None] * stride_rm + offs_n[None, :] * stride_rn
-        tl.store(out, tl.zeros([32, BLOCK_SIZE_N], dtype=reduce_ptr.dtype.element_ty),
-                 mask=(inside & (computed_slots == 0))[:, None] & (offs_n[None, :] < N))
-
-
-@triton.jit
-def _reduce_when_last(c_ptr, reduce_ptr, arrivals_ptr, topk_ids_ptr, expert_map_ptr, token_ids, token_valid,
-                      offs_n, pid_n, num_pid_n, N, num_ids, num_experts, stride_cm, stride_cn, stride_rm, stride_rn,
-                      TOP_K: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr, EMULATE_BF16: tl.constexpr):
-    """The top-k reduce folded into the down GEMM: after a tile's rows are stored, each row counts its
-    arrival on its (token, N-tile) counter; the row that arrives last, once every computed slot of its
-    token has been written, sums the token's k rows of these columns in slot order, as `topk_reduce`
-    does (bitwise the same, so batch invariance holds), and writes them to reduce_ptr [T, N]. Which
-    program sums varies; the order of the sum does not. The barrier, then the release of the
-    acquire-release atomic, publish every thread's stores before the count (CUTLASS's semaphore); the
-    barrier after it, and loads that skip L1 (.cg), let the summing threads see the other programs' rows."""
-    tl.debug_barrier()
-    token = tl.where(token_valid, token_ids // TOP_K, 0)
-    expected = tl.zeros_like(token)
-    for j in tl.static_range(TOP_K):
-        _, computed = local_expert(topk_ids_ptr, expert_map_ptr, token * TOP_K + j, token_valid, num_ids,
-                                   num_experts, HAS_EXPERT_MAP)
-        expected += computed.to(tl.int32)
-    arrived = tl.atomic_add(arrivals_ptr + token * num_pid_n + pid_n, 1, mask=token_valid, sem="acq_rel",
-                            scope="gpu")
-    last = token_valid & (arrived == expected - 1)
-    tl.debug_barrier()
-    cols_ok = offs_n[None, :] < N
-    total = tl.zeros([token.shape[0], offs_n.shape[0]], dtype=tl.float32)
-    for j in tl.static_range(TOP_K):
-        slot = token * TOP_K + j
-        _, computed = local_expert(topk_ids_ptr, expert_map_ptr, slot, last, num_ids, num_experts, HAS_EXPERT_MAP)
-        rows = c_ptr + slot.to(tl.int64)[:, None] * stride_cm + offs_n[None, :] * stride_cn
-        # -0.0 for a slot not computed here: x + (-0.0) is x bit for bit, as skipping it is
-        total += tl.load(rows, mask=computed[:, None] & cols_ok, other=-0.0, cache_modifier=".cg").to(tl.float32)
-    if EMULATE_BF16:
-        total = round_to_bf16_grid(total)
-    out = reduce_ptr + token.to(tl.int64)[:, None] * stride_rm + offs_n[None, :] * stride_rn
-    tl.store(out, total.to(reduce_ptr.dtype.element_ty), mask=last[:, None] & cols_ok)

@@ -270,7 +270,10 @@ viz_align.plot_alignment_cases({name: moe_lab.moe_align(ids, 8, WIDGET_BLOCK_SIZ
 # instead: counts per chunk of 128 slots with `tl.histogram` (no atomics), scans those chunk counts
 # in one program so every chunk knows where its slots of each expert go, and scatters each chunk in
 # parallel with a rank inside the chunk — stable and deterministic, three launches, and it writes
-# the padding and the -1 blocks itself. Same schedule, checked above.
+# the padding and the -1 blocks itself. Same schedule, checked above. For a few slots (decode: a
+# handful of tokens) one program does it all in registers instead: each slot compares its expert
+# with every other slot's to find its count, its rank and where its expert's run starts — one launch,
+# no round trip through memory.
 
 # %% [markdown]
 # ## Exercise: `expert_ids` from the counts

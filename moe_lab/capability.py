@@ -254,7 +254,8 @@ def pdl_support(device: Optional[torch.device | str] = None) -> PdlSupport:
     next kernel launch. Launch latency between the layer's kernels hides behind the kernel before; results
     are bitwise unchanged. Measured on an H200 (benchmarks/experiments/pdl_wait-H200-2026-12-01.txt): the
     layer 0 to 1 % faster at T <= 512, up to 5 % slower at T = 16384 (CUDA graphs already hide most launch
-    latency), hence off by default. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
+    latency), and after the leaner decode kernels -2 to +2 % at T <= 8 (pdl_decode-H200-2026-12-01.txt),
+    hence off by default. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
     Synchronization"; PTX ISA, griddepcontrol (sm_90+)."""
     return _pdl_support_cached(_device_key(device), _pdl_setting(), interpreter_active())
 

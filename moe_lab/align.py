@@ -33,11 +33,13 @@ MAX_EXPERTS = 4096        # the block map holds one row of all experts per progr
 BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
 # Few slots (decode) take one program that works in registers (`align_in_registers_kernel`): one launch
 # instead of three. Its comparisons cost slots x (slots + M-blocks), so it runs up to ONE_PROGRAM_MAX_SLOTS
-# slots whose schedule has at most ONE_PROGRAM_MAX_M_BLOCKS M-blocks. On an H200 (graph replays, L2 flushed;
-# benchmarks/experiments/lean_decode-H200-2026-12-01.txt) it takes 5.0 to 9.4 us up to 64 slots, where
-# the three launches take 11.6 to 16.4 and the one-program kernel before it (three steps in sequence)
-# 8.3 to 11.7; at 128 slots over 128 or 256 experts (128 M-blocks) 15.6 to 15.9 against 12.2 to 12.4 for three
-# launches, but over Mixtral's 8 (11 M-blocks) 11.1 against 16.6.
+# slots where the schedule's bound on M-blocks (`max_num_tokens_padded` / BLOCK_SIZE_M) is at most
+# ONE_PROGRAM_MAX_M_BLOCKS. On an H200 (CUDA-graph replays, L2 flushed;
+# benchmarks/experiments/lean_decode-H200-2026-12-01-reduce_in_gemm.txt) it took 5.0 to 9.4 us up to 64
+# slots, where three launches took 11.6 to 16.4 and the one-program kernel before it (the three steps in
+# sequence) 8.3 to 11.7; at 128 slots over 128 or 256 experts (128 M-blocks) 15.6 to 15.9 against 12.2 to
+# 12.4 for three launches, but over Mixtral's 8 experts (11 M-blocks) 11.1 against 16.6. 64 lies between
+# the two; the shipped code measured again: lean_decode-H200-2026-12-01.txt.
 ONE_PROGRAM_MAX_SLOTS = 128
 ONE_PROGRAM_MAX_M_BLOCKS = 64
 ONE_PROGRAM_MAX_EXPERTS = 512
@@ -92,7 +94,9 @@ def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) ->
 
 
 def one_program_warps(slots: int) -> int:
-    """Warps of `align_in_registers_kernel` for `slots` (a power of two) slots."""
+    """Warps of `align_in_registers_kernel` for `slots` (a power of two) slots: 4 at every size. On an H200
+    1 and 2 warps came within 0.3 us of it up to 16 slots; 1 warp was slower at 64 slots, both at 128
+    (benchmarks/experiments/lean_decode-H200-2026-12-01.txt)."""
     return 4
 
 
@@ -106,7 +110,7 @@ def _check(topk_ids, num_experts, block_size_m, expert_map):
         raise ValueError(f"block_size_m must be <= 256, got {block_size_m}")
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
-        check_same_device(topk_ids=topk_ids, expert_map=expert_map)
+    check_same_device(topk_ids=topk_ids, expert_map=expert_map)
 
 
 @interpreter_serialized

@@ -305,6 +305,11 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
+    # Every program reads its block's schedule words before it knows whether its block is in use.
+    if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
+        raise ValueError(f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
+                         f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
+                         f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)")
     for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("swiglu", swiglu),
                        ("return_plan", return_plan)):
         if not isinstance(flag, bool):

@@ -12,7 +12,8 @@ import torch
 import triton
 
 from ._kernels.reduce import topk_reduce_kernel
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, output_buffer
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_positive_int, check_same_device,
+                        check_tensor, output_buffer)
 from .capability import pdl_launch
 from .runtime import interpreter_active, interpreter_serialized
 
@@ -37,6 +38,8 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
     if out_k.stride(1) != 1:
         out_k = out_k.contiguous()
     out = output_buffer(out, (num_tokens, hidden), out_k.dtype, out_k.device, "[T, H]")
+    check_same_device(out_k=out_k, topk_ids=topk_ids, expert_map=expert_map, out=out)
+    check_not_aliased(out, out_k=out_k, topk_ids=topk_ids, expert_map=expert_map)
     if num_tokens == 0 or hidden == 0:
         return out
     topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](

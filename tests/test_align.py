@@ -134,20 +134,37 @@ def test_one_program_align_gives_the_three_kernel_schedule(monkeypatch, num_toke
 
 @pytest.mark.parametrize("seed", range(24))
 def test_one_program_align_on_random_routings(seed):
-    """The align at decode sizes (one program in registers where `align_in_one_program` says so, else three
-    launches) on random routings the tests above do not draw: repeated experts within a token, ids out of
-    range, 1 to 512 experts, 1 to 128 slots, every BLOCK_SIZE_M; the same schedule as the reference, bit
-    for bit."""
+    """The one-program kernel (slot-by-slot comparisons in registers) on random routings the tests above
+    do not draw: repeated experts within a token, ids out of range (int64 ones past 2^31 too), expert maps
+    with -1 entries, 1 to 128 slots, every BLOCK_SIZE_M; the same schedule as the reference, bit for bit."""
     import moe_lab.align as align
     g = torch.Generator().manual_seed(seed)
-    num_experts = int(torch.randint(1, align.ONE_PROGRAM_MAX_EXPERTS + 1, (1,), generator=g))
-    top_k = int(torch.randint(1, 9, (1,), generator=g))
-    num_tokens = int(torch.randint(1, align.ONE_PROGRAM_MAX_SLOTS // top_k + 1, (1,), generator=g))
     block_size_m = 2 ** int(torch.randint(0, 9, (1,), generator=g))
+    top_k = int(torch.randint(1, 9, (1,), generator=g))
+    most_tokens = max(t for t in range(1, align.ONE_PROGRAM_MAX_SLOTS // top_k + 1)
+                      if align.align_in_one_program(t * top_k, 1, block_size_m))
+    num_tokens = int(torch.randint(1, most_tokens + 1, (1,), generator=g))
+    num_slots = num_tokens * top_k
+    # As many experts as keep the schedule within the one program's M-block bound.
+    most = next(e for e in range(align.ONE_PROGRAM_MAX_EXPERTS, 0, -1)
+                if align.align_in_one_program(num_slots, e, block_size_m))
+    num_experts = int(torch.randint(1, most + 1, (1,), generator=g))
+    assert align.align_in_one_program(num_slots, num_experts, block_size_m)
     # Few distinct experts make repeats and full blocks; some ids fall outside [0, E) and are dropped.
-    pool = int(torch.randint(1, num_experts + 1, (1,), generator=g))
-    ids = torch.randint(0, pool, (num_tokens, top_k), generator=g, dtype=torch.int32)
-    ids[torch.rand(ids.shape, generator=g) < 0.1] = num_experts + 1
+    with_map = seed % 3 == 0
+    num_ids = num_experts + 3 if with_map else num_experts
+    pool = int(torch.randint(1, num_ids + 1, (1,), generator=g))
+    ids = torch.randint(0, pool, (num_tokens, top_k), generator=g, dtype=torch.int64)
+    ids[torch.rand(ids.shape, generator=g) < 0.1] = num_ids + 1
     ids[torch.rand(ids.shape, generator=g) < 0.05] = -1
-    ids = ids.to(DEVICE)
-    assert_same(moe_align(ids, num_experts, block_size_m), moe_align_reference(ids, num_experts, block_size_m))
+    if seed % 2:
+        ids[torch.rand(ids.shape, generator=g) < 0.05] = 2 ** 32 + 1   # wraps to 1 if narrowed first
+        ids = ids.to(DEVICE)
+    else:
+        ids = ids.to(torch.int32).to(DEVICE)
+    emap = None
+    if with_map:  # num_ids global experts onto num_experts local ones, three of them elsewhere (-1)
+        emap = torch.cat([torch.randperm(num_experts, generator=g), torch.full((3,), -1)])
+        emap = emap[torch.randperm(num_ids, generator=g)].to(torch.int32).to(DEVICE)
+    assert_same(moe_align(ids, num_experts, block_size_m, expert_map=emap),
+                moe_align_reference(ids, num_experts, block_size_m, expert_map=emap))

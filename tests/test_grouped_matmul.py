@@ -238,3 +238,16 @@ def test_unsupported_switch_combinations_are_refused():
         grouped_matmul(a, w, routing, CFG, gather_a=True, scatter=True)
     with pytest.raises(ValueError, match="topk_weights needs scatter=True"):
         grouped_matmul(a, w, routing, CFG, gather_a=True, topk_weights=torch.rand(5, 2, device=DEVICE))
+
+
+def test_routing_with_too_few_sorted_rows_is_refused():
+    """Each program reads its block's schedule words (tail-tile probes included) before it knows whether
+    the block is in use: a hand-made routing whose sorted_token_ids is shorter than its blocks is refused."""
+    from dataclasses import replace
+    ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=DEVICE)
+    routing = moe_align(ids, 3, 16)
+    short = replace(routing, sorted_token_ids=routing.sorted_token_ids[:20])
+    a = torch.randn(2, 32, device=DEVICE)
+    w = torch.randn(3, 16, 32, device=DEVICE)
+    with pytest.raises(ValueError, match=r"routing.sorted_token_ids has 20 rows; its 3 M-blocks"):
+        grouped_matmul(a, w, short, GemmConfig(16, 16, 16), gather_a=True)

@@ -6,7 +6,7 @@ import moe_lab
 from moe_lab import FusedMoE, GemmConfig, fused_moe, fused_moe_reference, relative_error
 from moe_lab.configs import fit_to_shared_memory
 
-from .conftest import DEVICE, TOL, random_layer, small_layer
+from .conftest import DEVICE, ON_GPU, TOL, random_layer, small_layer
 
 
 def test_mixed_devices_are_named():
@@ -53,6 +53,22 @@ def test_small_launchers_validate():
         topk_reduce(torch.randn(2, 4, device=DEVICE), ids, 0)
     with pytest.raises(TypeError, match="expert_map must be int32 or int64"):
         topk_reduce(torch.randn(2, 4, device=DEVICE), ids, 2, expert_map=torch.zeros(4, device=DEVICE))
+    out_k = torch.randn(2, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="out shares memory with out_k"):
+        topk_reduce(out_k, ids, 2, out=out_k[:1])
+    with pytest.raises(ValueError, match="all tensors must be on one device, got out_k on .*, out on meta"):
+        topk_reduce(out_k, ids, 2, out=torch.empty(1, 4, device="meta"))
+
+
+@pytest.mark.skipif(ON_GPU, reason="meta tensors are refused under the interpreter (a GPU run compiles them)")
+def test_meta_tensors_are_named_not_crashed():
+    """Tensors on the meta device hold no data: a clear ValueError, not a copy error from inside a kernel."""
+    from moe_lab import moe_align, topk_reduce
+    ids = torch.zeros(1, 2, dtype=torch.int32, device="meta")
+    with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the meta device"):
+        moe_align(ids, 2, 16)
+    with pytest.raises(ValueError, match=r"the tensors \(out_k, topk_ids, out\) are on the meta device"):
+        topk_reduce(torch.zeros(2, 4, device="meta"), ids, 2)
 
 
 def test_config_errors_name_the_key():

@@ -82,13 +82,14 @@ def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_toke
                               NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
                               PDL: tl.constexpr):
     """The whole schedule in one program, for few slots (decode): slot-by-slot comparisons in registers,
-    with no round trip through memory between the steps and no barrier. The same positions and block map
-    as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run against
-    SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each), so their registers stay bounded."""
+    with no round trip through memory between the steps and no barrier of its own. The same positions and
+    block map as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run
+    against SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each, their ids loaded again: L1 hits),
+    so their registers stay bounded."""
     wait_for_previous_kernel(PDL)
     lane = tl.arange(0, SLOTS)
     ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
-                              HAS_EXPERT_MAP)
+                             HAS_EXPERT_MAP)
     # For every slot i: how many slots share its expert (count), how many of those come before it (rank),
     # and where its expert's run starts: after the padded runs of all smaller expert ids (start).
     count = tl.zeros([SLOTS], dtype=tl.int32)

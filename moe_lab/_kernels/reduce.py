@@ -22,10 +22,12 @@ def topk_reduce_kernel(out_k_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, hidden,
         if HAS_EXPERT_MAP:
             expert = tl.load(expert_map_ptr + tl.where(routed, expert, 0), mask=routed, other=-1)
         computed = routed & (expert >= 0) & (expert < num_experts)
-        # A masked load, not a branch: all k row loads are in flight together (a branch per slot made each
-        # wait for the sum before it). A slot not computed here adds -0.0, which leaves any sum as it is.
+        # A masked load, not a branch: the k row loads are in flight together (a branch per slot made each
+        # wait for the sum before it). A slot not computed here reads no column and adds -0.0, which
+        # leaves any sum as it is. (The mask is a comparison of columns: Triton 3.9's interpreter cannot
+        # load with a mask made by `&` of a tensor and a loaded scalar.)
         row = out_k_ptr + (token * TOP_K + j) * stride_km
-        acc += tl.load(row + cols, mask=mask & computed, other=-0.0).to(tl.float32)
+        acc += tl.load(row + cols, mask=cols < tl.where(computed, hidden, 0), other=-0.0).to(tl.float32)
     if EMULATE_BF16:
         acc = round_to_bf16_grid(acc)
     tl.store(out_ptr + token * stride_om + cols, acc.to(out_ptr.dtype.element_ty), mask=mask)

@@ -43,6 +43,9 @@ BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
 ONE_PROGRAM_MAX_SLOTS = 128
 ONE_PROGRAM_MAX_M_BLOCKS = 64
 ONE_PROGRAM_MAX_EXPERTS = 512
+# Warps of that program at every size: on an H200 1 and 2 warps came within 0.3 us of 4 up to 16 slots;
+# 1 warp was slower at 64 slots, both at 128 (benchmarks/experiments/lean_decode-H200-2026-12-01.txt).
+ONE_PROGRAM_NUM_WARPS = 4
 
 
 @dataclass(frozen=True)
@@ -91,13 +94,6 @@ def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) ->
     """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than three launches."""
     return (0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS
             and max_num_tokens_padded(num_slots, num_experts, block_size_m) // block_size_m <= ONE_PROGRAM_MAX_M_BLOCKS)
-
-
-def one_program_warps(slots: int) -> int:
-    """Warps of `align_in_registers_kernel` for `slots` (a power of two) slots: 4 at every size. On an H200
-    1 and 2 warps came within 0.3 us of it up to 16 slots; 1 warp was slower at 64 slots, both at 128
-    (benchmarks/experiments/lean_decode-H200-2026-12-01.txt)."""
-    return 4
 
 
 def _check(topk_ids, num_experts, block_size_m, expert_map):
@@ -172,7 +168,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
                                         SLOTS=slots, SLOTS_PER_STEP=min(slots, 32), NUM_BINS=num_bins,
                                         BLOCK_SIZE_M=block_size_m,
                                         BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
-                                        num_warps=one_program_warps(slots), **pdl)
+                                        num_warps=ONE_PROGRAM_NUM_WARPS, **pdl)
         return result
     num_chunks = triton.cdiv(num_slots, CHUNK)
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)

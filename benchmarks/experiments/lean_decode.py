@@ -75,14 +75,14 @@ def point(model, t):
     row = dict(model=model, T=t, slots=t * p.top_k, E=e, BLOCK_SIZE_M=bm,
                one_program=align.align_in_one_program(t * p.top_k, e, bm), shipped_warps=None)
     row["bitwise"] = same(routing, three_launches(ti, e, bm)) and same(routing, moe_align_reference(ti, e, bm))
-    shipped = align.one_program_warps
+    shipped = align.ONE_PROGRAM_NUM_WARPS
     if row["one_program"]:
-        row["shipped_warps"] = shipped(triton.next_power_of_2(t * p.top_k))
+        row["shipped_warps"] = shipped
         for w in WARPS:
-            align.one_program_warps = lambda slots, w=w: w
+            align.ONE_PROGRAM_NUM_WARPS = w
             row["bitwise"] &= same(moe_align(ti, e, bm), routing)
             row[f"align_w{w}_ms"] = graph_ms(lambda: moe_align(ti, e, bm), rounds=3)
-        align.one_program_warps = shipped
+        align.ONE_PROGRAM_NUM_WARPS = shipped
     row["three_ms"] = graph_ms(lambda: three_launches(ti, e, bm), rounds=3)
     up, down = _layer_gemms(hs, w1, w2, tw, routing, cfg)
     out_k = torch.randn(t * p.top_k, p.hidden_size, device="cuda").to(hs.dtype)

@@ -71,16 +71,33 @@ def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optiona
     return value
 
 
+def _byte_span(t: torch.Tensor) -> tuple:
+    """The first byte and one past the last byte that `t`'s elements can occupy (strides may be negative
+    only in theory: torch tensors' are not)."""
+    start = t.data_ptr()
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+    return start, start + (last + 1) * t.element_size()
+
+
 def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Optional[torch.Tensor]) -> None:
-    """Raise ValueError if `written` (the argument `name`) shares storage with a tensor a kernel reads or
-    writes while it writes `written`."""
+    """Raise ValueError if the memory `written` (the argument `name`) spans overlaps the memory of a tensor
+    a kernel reads or writes while it writes `written`. Views of one buffer that do not overlap pass."""
     if written.numel() == 0:  # nothing written; empty tensors may all have data_ptr 0
         return
+    start, end = _byte_span(written)
     for other, tensor in inputs.items():
-        if (tensor is not None and tensor.numel()
-                and written.untyped_storage().data_ptr() == tensor.untyped_storage().data_ptr()):
+        if tensor is None or not tensor.numel() or tensor.device != written.device:
+            continue
+        other_start, other_end = _byte_span(tensor)
+        if start < other_end and other_start < end:
             raise ValueError(f"{name} shares memory with {other}: values would be read after being overwritten; "
                              "pass a separate buffer")
+
+
+def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `a` and `b` are the same elements of memory in the same order (an in-place call)."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+            and a.dtype == b.dtype and a.device == b.device)
 
 
 def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,

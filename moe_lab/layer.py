@@ -18,8 +18,8 @@ from typing import List, Optional
 
 import torch
 
-from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_one_device, check_positive_int, check_same_device,
-                        check_tensor, output_buffer)
+from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_one_device, check_positive_int,
+                        check_same_device, check_tensor, output_buffer, same_view)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align
 from .capability import fp8_support
@@ -185,7 +185,8 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
         use_tma: "auto" (TMA where device and tensors allow), True (raise ValueError if not), False.
         expert_map: optional [E_global] int: global expert -> local index in w1/w2, -1 if not on this
             rank (expert parallelism); slots on other ranks contribute zero.
-        out: optional [T, H] output buffer (last stride 1), dtype of hidden_states.
+        out: optional [T, H] output buffer (last stride 1), dtype of hidden_states; `hidden_states` itself
+            computes in place. ValueError if it overlaps any input otherwise.
         chunk_size: process at most this many tokens at a time, bounding the intermediate buffers
             (about chunk_size*k*(I + H) elements; chunk_size*k*(3I + H) with the activation unfused)
             for very large T.
@@ -229,6 +230,13 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
         raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
     out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
+    # Each chunk reads its hidden states before it writes its output rows, so out=hidden_states (the same
+    # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
+    inputs = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map,
+                  w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    if not same_view(out, hidden_states):
+        inputs["hidden_states"] = hidden_states
+    check_not_aliased(out, **inputs)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
     step = chunk_size or max(num_tokens, 1)

@@ -151,3 +151,22 @@ def test_chunking_gives_the_same_bits():
 def test_two_runs_are_bitwise_equal():
     hs, w1, w2, tw, ti = random_layer(40, 8, 3, 32, 32, torch.bfloat16)
     assert torch.equal(fused_moe(hs, w1, w2, tw, ti), fused_moe(hs, w1, w2, tw, ti))
+
+
+def test_out_may_be_hidden_states_but_no_other_overlap():
+    hs, w1, w2, tw, ti = random_layer(9, 4, 2, 32, 32, torch.float32)
+    want = fused_moe_reference(hs, w1, w2, tw, ti)
+    inplace = hs.clone()
+    assert fused_moe(inplace, w1, w2, tw, ti, out=inplace, chunk_size=2) is inplace  # in place, chunk by chunk
+    assert relative_error(inplace, want) < TOL[torch.float32]
+    buf = torch.cat([hs, torch.zeros(1, 32, device=DEVICE)])
+    with pytest.raises(ValueError, match="out shares memory with hidden_states"):  # shifted by one row
+        fused_moe(buf[:-1], w1, w2, tw, ti, out=buf[1:], chunk_size=1)
+    w1_rows = w1.clone()
+    with pytest.raises(ValueError, match="out shares memory with w1"):
+        fused_moe(hs, w1_rows, w2, tw, ti, out=w1_rows[0, :9])
+    assert torch.equal(w1_rows, w1)  # refused before anything ran
+    halves = torch.empty(18, 32, device=DEVICE)  # two views of one buffer that do not overlap
+    halves[:9] = hs
+    out = fused_moe(halves[:9], w1, w2, tw, ti, out=halves[9:])
+    assert relative_error(out, want) < TOL[torch.float32]

@@ -82,7 +82,7 @@ def _byte_span(t: torch.Tensor) -> tuple:
 def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Optional[torch.Tensor]) -> None:
     """Raise ValueError if the memory `written` (the argument `name`) spans overlaps the memory of a tensor
     a kernel reads or writes while it writes `written`. Views of one buffer that do not overlap pass."""
-    if written.numel() == 0:  # nothing written; empty tensors may all have data_ptr 0
+    if written.numel() == 0 or written.device.type == "meta":  # nothing written, or no memory (data_ptr 0)
         return
     start, end = _byte_span(written)
     for other, tensor in inputs.items():

@@ -409,6 +409,8 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     `grouped_matmul(..., return_plan=True)`."""
     if scales is not None and config.prepermute:  # the kernel reads a token's scales by its token row
         config = replace(config, prepermute=False)
+    if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
+        config = replace(config, persistent=False)
     if scales is not None and scales.mode == "block" and scales.group_k % config.BLOCK_SIZE_K:
         # each K step must lie in one scale block: the largest power of two dividing block_k (>= 16)
         config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
@@ -471,13 +473,13 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
     kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
-        n, k, routing.num_slots, routing.max_num_m_blocks,
+        n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
         SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
         SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,
-        QUANT_GROUP=plan.out_quant_group, EMULATE_FP8=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
+        QUANT_GROUP=plan.out_quant_group, INTERPRETER=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,

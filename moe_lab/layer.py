@@ -1,6 +1,6 @@
 """The fused MoE layer: align, gate/up GEMM with SiLU-and-mul, down GEMM with routed weights, top-k reduce.
 
-    topk_ids ──moe_align──▶ routing (sorted_token_ids, expert_ids, num_tokens_post_padded)
+    topk_ids ──moe_align──▶ routing (sorted_token_ids, expert_ids, num_tokens_post_padded); one token: slot order
     hidden_states [T, H] ──grouped_matmul(w1, gather rows, swiglu)──▶ act [padded, I], expert-sorted
     act ──grouped_matmul(w2, × topk_weights, scatter)──▶ out_k [T*k, H] ──topk_reduce──▶ out [T, H]
 
@@ -21,7 +21,7 @@ import torch
 from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_one_device, check_positive_int,
                         check_same_device, check_tensor, output_buffer, same_view)
 from .activation import silu_and_mul
-from .align import AlignedRouting, moe_align
+from .align import AlignedRouting, moe_align, slot_order_routing
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
 from .grouped_matmul import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
@@ -56,6 +56,8 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
     check_tensor("w1", w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]",
                  dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
+    if num_experts == 0:
+        raise ValueError(f"w1 must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
     if two_inter % 2 or two_inter == 0:
         raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
     check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(num_experts, hidden, two_inter // 2),
@@ -264,7 +266,9 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
             select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
                              gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
-    routing = moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
+    # One token needs no sort (its experts are distinct): slot order, one launch fewer; else the align.
+    routing = (slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
+               or moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map))
     x, up_scales, down_scales = hidden_states, {}, {}
     fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype

@@ -106,3 +106,11 @@ def test_strict_tma_refuses_unaligned_weights_whatever_the_batch(num_tokens):
     hs, w1, w2, tw, ti = random_layer(num_tokens, 2, 1, 511, 32, torch.bfloat16)  # rows of 1022 bytes
     with pytest.raises(ValueError, match="use_tma=True but w"):
         fused_moe(hs, w1, w2, tw, ti, use_tma=True)
+
+
+def test_no_experts_is_named_as_such():
+    from moe_lab import fused_moe
+    with pytest.raises(ValueError, match="w1 must have shape .* with at least one expert, got \\(0, 64, 32\\)"):
+        fused_moe(torch.randn(2, 32, device=DEVICE), torch.randn(0, 64, 32, device=DEVICE),
+                  torch.randn(0, 32, 32, device=DEVICE), torch.ones(2, 1, device=DEVICE),
+                  torch.zeros(2, 1, dtype=torch.int32, device=DEVICE))

@@ -170,3 +170,26 @@ def test_out_may_be_hidden_states_but_no_other_overlap():
     halves[:9] = hs
     out = fused_moe(halves[:9], w1, w2, tw, ti, out=halves[9:])
     assert relative_error(out, want) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 16, 1, tail_tiles=False), GemmConfig(32, 32, 16, 1, persistent=True)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
+    from moe_lab.align import slot_order_routing
+    hs, w1, w2, tw, ti = random_layer(1, 6, 4, 32, 32, dtype)
+    out, info = fused_moe(hs, w1, w2, tw, ti, config=config, return_info=True)
+    assert not info.routing.expert_sorted and info.routing.counts is None
+    assert info.routing.max_num_m_blocks == 4 and not info.up_plan.persistent  # one block per slot
+    identity = torch.arange(6, device=DEVICE)  # an expert map takes the align
+    aligned, info_aligned = fused_moe(hs, w1, w2, tw, ti, config=config, expert_map=identity, return_info=True)
+    assert info_aligned.routing.expert_sorted
+    assert torch.equal(out, aligned)
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[dtype]
+    # a repeated expert (never from top-k routing) stays right: each block reads its weights again
+    twice = torch.tensor([[2, 2, 5, 0]], dtype=torch.int32, device=DEVICE)
+    assert relative_error(fused_moe(hs, w1, w2, tw, twice, config=config),
+                          fused_moe_reference(hs, w1, w2, tw, twice)) < TOL[dtype]
+    # more tokens, a map or strided ids: no slot order
+    assert slot_order_routing(ti.expand(2, 4), 6, 16) is None
+    assert slot_order_routing(ti, 6, 16, expert_map=identity) is None
+    assert slot_order_routing(torch.stack([ti, ti], -1)[..., 0], 6, 16) is None

@@ -43,13 +43,13 @@ from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_b
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    N, K, num_slots, num_m_blocks,
+    N, K, num_slots, num_m_blocks, num_experts,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -66,7 +66,8 @@ def grouped_matmul_kernel(
     # bounds: the buffers are sized by the bound), so they cost one round trip to memory, not one each.
     row0 = pid_m * BLOCK_SIZE_M
     rows_in_use = tl.load(num_tokens_post_padded_ptr)
-    expert = tl.load(expert_ids_ptr + pid_m)
+    # In its own dtype: a slot-order schedule's block map is topk_ids itself, whose ids may lie outside [0, E).
+    block_expert = tl.load(expert_ids_ptr + pid_m)
     # Tail tiles (see above). Smaller tiles read A by pointer: the descriptor's box is BLOCK_SIZE_M rows.
     half_pad = False
     quarter_pad = False
@@ -74,14 +75,15 @@ def grouped_matmul_kernel(
         half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_slots
     if TAIL_SPLITS >= 2:
         quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
-    if (row0 >= rows_in_use) | (expert < 0):
+    if (row0 >= rows_in_use) | (block_expert < 0) | (block_expert >= num_experts):
         return
+    expert = block_expert.to(tl.int32)
     if quarter_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif half_pad:
@@ -89,7 +91,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
@@ -97,7 +99,7 @@ def grouped_matmul_kernel(
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
@@ -107,13 +109,13 @@ def grouped_matmul_kernel(
 def grouped_matmul_persistent_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
-    N, K, num_slots, num_m_blocks,
+    N, K, num_slots, num_m_blocks, num_experts,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -124,7 +126,8 @@ def grouped_matmul_persistent_kernel(
     next tile's loads are in flight during this tile's epilogue (Triton's persistent-matmul tutorial,
     python/tutorials/09-persistent-matmul.py). Every tile runs whole (no tail tiles): a loop nest with
     branches of different tile sizes cannot be flattened. Each row's K reduction runs in the same order as
-    in `grouped_matmul_kernel`, so results are bitwise the same."""
+    in `grouped_matmul_kernel`, so results are bitwise the same. Expert-sorted schedules only (the launcher's
+    plan sees to it): every block in use has an expert in [0, E), so no tile is skipped."""
     wait_for_previous_kernel(PDL)
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
@@ -139,9 +142,21 @@ def grouped_matmul_persistent_kernel(
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
-              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, EMULATE_FP8,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+@triton.jit
+def _step_product(a, w, INTERPRETER: tl.constexpr):
+    """One K step's product a @ w in float32. Under the interpreter through float64, then rounded: numpy's
+    BLAS orders a row's sum by the shape of the whole tile, so a row's float32 result would change with the
+    rows beside it (a token's output with its batch), which a GPU's MMA never does."""
+    if INTERPRETER:
+        product = tl.dot(a.to(tl.float64), w.to(tl.float64), input_precision="ieee").to(tl.float32)
+    else:
+        product = tl.dot(a, w)
+    return product
 
 
 @triton.jit
@@ -173,7 +188,7 @@ def _tile(
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
-    QUANT_GROUP: tl.constexpr, EMULATE_FP8: tl.constexpr,
+    QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
@@ -246,7 +261,7 @@ def _tile(
         else:
             w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
             w_ptrs += BLOCK_SIZE_K * stride_wk
-        if EMULATE_FP8 and SCALES != "none":  # under the interpreter: float32 operands (exact), NaN kept NaN
+        if INTERPRETER and SCALES != "none":  # under the interpreter: float32 operands (exact), NaN kept NaN
             a = e4m3_to_float32(a)
             w = e4m3_to_float32(w)
         if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
@@ -264,14 +279,14 @@ def _tile(
                 step_scale = tl.where(lane_n[None, :] < half_n, (a_s * w_s)[:, None], (a_s * w_up_s)[:, None])
             else:
                 step_scale = (a_s * w_s)[:, None]
-            acc += tl.dot(a, w) * step_scale
+            acc += _step_product(a, w, INTERPRETER) * step_scale
         elif SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
             group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K
             a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(w_scale_ptrs + group * stride_wsk)
-            acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
-        elif SCALES == "outer":  # each step's float8 product is added in float32: Hopper's float8 MMA keeps
-            acc += tl.dot(a, w)  # fewer accumulator bits (DeepSeek-V3 §3.3.2), so it sums one K step only
+            acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
+        elif SCALES == "outer" or INTERPRETER:  # each step's float8 product is added in float32: Hopper's float8
+            acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits (DeepSeek-V3 §3.3.2)
         elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:
@@ -300,7 +315,7 @@ def _tile(
     if QUANT_GROUP > 0:  # float8 output, one scale per row per QUANT_GROUP columns (the down GEMM's input)
         TILE_N: tl.constexpr = BLOCK_SIZE_N // 2 if SWIGLU else BLOCK_SIZE_N
         acc = tl.where(offs_n[None, :] < N, acc, 0.0)  # columns past N (wrapped weight rows) are no group's
-        acc, c_scale = quantize_groups_e4m3(acc.reshape(TILE_M, TILE_N // QUANT_GROUP, QUANT_GROUP), EMULATE_FP8)
+        acc, c_scale = quantize_groups_e4m3(acc.reshape(TILE_M, TILE_N // QUANT_GROUP, QUANT_GROUP), INTERPRETER)
         acc = acc.reshape(TILE_M, TILE_N)
         groups = n0 // QUANT_GROUP + tl.arange(0, TILE_N // QUANT_GROUP)
         tl.store(c_scale_ptr + c_rows[:, None] * stride_csm + groups[None, :] * stride_csk, c_scale,
@@ -309,7 +324,7 @@ def _tile(
         acc = round_to_bf16_grid(acc)
     c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if QUANT_GROUP > 0:
-        c = cast_e4m3(acc, EMULATE_FP8)
+        c = cast_e4m3(acc, INTERPRETER)
     else:
         c = acc.to(c_ptr.dtype.element_ty)
     tl.store(c_ptrs, c, mask=row_mask[:, None] & (offs_n[None, :] < N))

@@ -273,7 +273,9 @@ viz_align.plot_alignment_cases({name: moe_lab.moe_align(ids, 8, WIDGET_BLOCK_SIZ
 # the padding and the -1 blocks itself. Same schedule, checked above. For a few slots (decode: a
 # handful of tokens) one program does it all in registers instead: each slot compares its expert
 # with every other slot's to find its count, its rank and where its expert's run starts — one launch,
-# no round trip through memory.
+# no round trip through memory. And one token needs no align at all: its k experts are distinct, so
+# each slot is an M-block of its own, and `fused_moe` runs them in slot order, with the GEMMs reading
+# each block's expert straight from `topk_ids` (`moe_lab.align.slot_order_routing`).
 
 # %% [markdown]
 # ## Exercise: `expert_ids` from the counts

@@ -80,8 +80,9 @@ def _byte_span(t: torch.Tensor) -> tuple:
 
 
 def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Optional[torch.Tensor]) -> None:
-    """Raise ValueError if the memory `written` (the argument `name`) spans overlaps the memory of a tensor
-    a kernel reads or writes while it writes `written`. Views of one buffer that do not overlap pass."""
+    """Raise ValueError if the bytes `written` (the argument `name`) spans, first element to last, overlap
+    those of a tensor a kernel reads or writes while it writes `written`. Views of one buffer in ranges of
+    their own pass; interleaved views (column halves, every other row) are refused, to be safe."""
     if written.numel() == 0 or written.device.type == "meta":  # nothing written, or no memory (data_ptr 0)
         return
     start, end = _byte_span(written)
@@ -90,14 +91,15 @@ def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Option
             continue
         other_start, other_end = _byte_span(tensor)
         if start < other_end and other_start < end:
-            raise ValueError(f"{name} shares memory with {other}: values would be read after being overwritten; "
-                             "pass a separate buffer")
+            raise ValueError(f"{name} shares memory with {other} (their byte ranges overlap): values could be read "
+                             "after being overwritten; pass a separate buffer")
 
 
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `a` and `b` are the same elements of memory in the same order (an in-place call)."""
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
-            and a.dtype == b.dtype and a.device == b.device)
+    """Whether `a` and `b` are the same elements of memory in the same order (an in-place call). A stride
+    of a dimension of size 1 is never used, so it may differ."""
+    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and all(x == y for x, y, size in zip(a.stride(), b.stride(), a.shape) if size > 1))
 
 
 def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,

@@ -12,7 +12,7 @@ import torch
 import triton
 
 from ._kernels.activation import silu_and_mul_kernel
-from ._validate import FLOAT_DTYPES, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import pdl_launch
 from .runtime import interpreter_active, interpreter_serialized
@@ -29,9 +29,11 @@ def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
     routing: optional AlignedRouting whose padded order x is in (R = routing.max_num_tokens_padded), as
     the layer's up projection writes it: rows past its num_tokens_post_padded are skipped (left as they
     were in `out`), so the bound-sized buffers cost only the rows in use, and padding rows are set to zero
-    without being read (the grouped matmul leaves padding rows of tail tiles unwritten).
+    without being read (the grouped matmul leaves padding rows of tail tiles unwritten). In slot order
+    (`moe_lab.align.slot_order_routing`) the rows of a block whose id lies outside [0, E) are computed from
+    whatever x holds there; the down projection skips them too.
     Raises TypeError/ValueError for a wrong dtype, rank, an odd last dimension, x's rows not matching the
-    routing, or tensors on different devices."""
+    routing, tensors on different devices, or an `out` that overlaps x."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
     if routing is not None:
         if not isinstance(routing, AlignedRouting):
@@ -46,6 +48,8 @@ def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
     inter = two_inter // 2
     out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
     check_same_device(x=x, out=out, sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
+    check_not_aliased(out, x=x, **({} if routing is None else dict(
+        sorted_token_ids=routing.sorted_token_ids, num_tokens_post_padded=routing.num_tokens_post_padded)))
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](

@@ -19,7 +19,7 @@ schedule without a launch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Dict, NamedTuple, Optional
 
 import torch
 import triton
@@ -52,6 +52,7 @@ ONE_PROGRAM_NUM_WARPS = 4
 @dataclass(frozen=True)
 class AlignedRouting:
     """The expert-sorted, block-padded schedule. All tensors int32, on the device of `topk_ids`.
+    (A slot-order schedule, `expert_sorted` False, differs as said there.)
 
     counts:                 [E] tokens (slots) routed to each expert; None in slot order (below).
     sorted_token_ids:       [max_num_tokens_padded] flat slot ids t*k + j grouped by expert; padding = T*k.
@@ -59,8 +60,9 @@ class AlignedRouting:
     num_tokens_post_padded: [1] rows in use: sum over experts of counts rounded up to BLOCK_SIZE_M.
     block_size_m, num_tokens (T), top_k, num_experts: the sizes it was built for.
     expert_sorted:          False for the slot-order schedule of one token (`slot_order_routing`): M-block j
-                            is slot j alone and expert_ids is topk_ids itself (int32 or int64, ids outside
-                            [0, E) included: the GEMMs skip such blocks).
+                            is slot j alone (sorted_token_ids in slot order, num_tokens_post_padded k *
+                            BLOCK_SIZE_M), expert_ids is topk_ids' own flat view, ids outside [0, E)
+                            included (the GEMMs skip such blocks), and counts is None.
     """
     counts: Optional[torch.Tensor]
     sorted_token_ids: torch.Tensor
@@ -196,38 +198,51 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     return result
 
 
-# The slot-order schedule's rows do not depend on the ids: built once per (device, k, BLOCK_SIZE_M).
-_SLOT_ORDER_ROWS: dict = {}
+class _SlotOrderRows(NamedTuple):
+    """The id-independent part of a slot-order schedule."""
+    sorted_token_ids: torch.Tensor        # [k * BLOCK_SIZE_M]: slot j at row j * BLOCK_SIZE_M, padding k elsewhere
+    num_tokens_post_padded: torch.Tensor  # [1]: k * BLOCK_SIZE_M
+
+
+# Built once per (device, k, BLOCK_SIZE_M) and kept: the rows do not depend on the ids.
+_SLOT_ORDER_ROWS: Dict[tuple, _SlotOrderRows] = {}
 
 
 def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
                        expert_map: Optional[torch.Tensor] = None) -> Optional[AlignedRouting]:
     """The schedule of a single token without an align launch, or None where it does not apply.
 
-    A token's top-k experts are distinct, so its expert-sorted schedule is one M-block per slot, one row
-    each: slot order holds the same blocks in another order. M-block j is slot j (row j * BLOCK_SIZE_M,
-    the rest padding) and its expert is topk_ids[0, j], read by the GEMMs straight from topk_ids; they
-    compute the same tiles and sums as on `moe_align`'s schedule, bit for bit, and the layer saves a launch
-    (the align took 1.6 us and its launch gap about 1 more of a 39 us layer at Qwen3-30B-A3B, T = 1, on an
-    H200). Repeated experts stay correct (each block reads its expert's weights again); ids outside
-    [0, E) are skipped, as the align drops them.
+    M-block j is slot j (row j * BLOCK_SIZE_M, the rest padding) and its expert is topk_ids[0, j], read by
+    the GEMMs straight from topk_ids (`expert_ids` is topk_ids' flat view): a correct schedule for any
+    ids. Ids outside [0, E) are skipped by the GEMMs, as the align drops them; a repeated expert's
+    weights are read once per slot. From top-k routing a token's k experts are distinct, so the align's
+    schedule holds the same blocks, one row each, in expert order: the GEMMs compute the same tiles and
+    sums (bit for bit), and the layer saves a launch (the align took 1.6 us and its launch gap about 1
+    more of a 37 us layer at Qwen3-30B-A3B, T = 1, on an H200; benchmarks/experiments/slot_order-*).
+    A skipped block's rows are not padding (they name their slot) but nothing writes them: the unfused
+    activation and the FP8 quantization read them as they are, and nothing reads what they make of them.
 
-    Applies to topk_ids [1, k], contiguous (its flat view is the block map), without expert_map (a map
-    needs the align's lookup). The rows are built on the host once per (device, k, BLOCK_SIZE_M) and kept;
-    while a CUDA graph is captured they cannot be copied in, so a first call then returns None.
+    Applies to int32 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup);
+    int64 ids would compile the GEMMs again for their pointer type. The rows are made on the device with
+    no host sync; while a CUDA graph is being captured they cannot be made, so a first call then returns
+    None (the layer takes the align).
     """
-    check_align_args(topk_ids, num_experts, block_size_m, expert_map)
-    num_tokens, top_k = topk_ids.shape
-    if num_tokens != 1 or expert_map is not None or not topk_ids.is_contiguous():
+    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == 1
+            and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() and expert_map is None):
         return None
-    key = (topk_ids.device, top_k, block_size_m)
+    check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    top_k, device = topk_ids.shape[1], topk_ids.device
+    key = (device, top_k, block_size_m)
     rows = _SLOT_ORDER_ROWS.get(key)
     if rows is None:
-        if topk_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        sorted_token_ids = torch.full((top_k, block_size_m), top_k, dtype=torch.int32)
-        sorted_token_ids[:, 0] = torch.arange(top_k, dtype=torch.int32)
-        padded = torch.tensor([top_k * block_size_m], dtype=torch.int32)
-        rows = _SLOT_ORDER_ROWS[key] = (sorted_token_ids.reshape(-1).to(topk_ids.device), padded.to(topk_ids.device))
-    return AlignedRouting(None, rows[0], topk_ids.reshape(-1), rows[1], block_size_m, num_tokens, top_k, num_experts,
-                          expert_sorted=False)
+        if device.type == "cuda":
+            with torch.cuda.device(device):
+                if torch.cuda.is_current_stream_capturing():
+                    return None
+        i32 = dict(dtype=torch.int32, device=device)
+        sorted_token_ids = torch.full((top_k, block_size_m), top_k, **i32)
+        sorted_token_ids[:, 0] = torch.arange(top_k, **i32)
+        rows = _SLOT_ORDER_ROWS[key] = _SlotOrderRows(sorted_token_ids.reshape(-1),
+                                                      torch.full((1,), top_k * block_size_m, **i32))
+    return AlignedRouting(None, rows.sorted_token_ids, topk_ids.reshape(-1), rows.num_tokens_post_padded,
+                          block_size_m, 1, top_k, num_experts, expert_sorted=False)

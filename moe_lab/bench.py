@@ -4,7 +4,8 @@ For each model preset and token count T it times, as the median of CUDA-graph re
 before each (`moe_lab.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
     moe-lab's up GEMM is the one the layer runs: with its SwiGLU epilogue where the config fuses it
-    (`GemmConfig.fuse_swiglu`), else the GEMM alone (the activation is then timed with the layer);
+    (`GemmConfig.fuse_swiglu`), else the GEMM alone (the activation is then timed with the layer); on
+    `moe_align`'s schedule, also at T = 1, where the layer runs the same blocks in slot order;
   - the whole layer: moe-lab `fused_moe` (align, activation and reduce included), torch._grouped_mm with
     the glue it needs (sort, gather, activation, scatter, reduce), and a per-expert PyTorch loop;
 checks each against the float32 reference, and reports TFLOP/s, weight TB/s and % of the roofline set by

@@ -39,7 +39,8 @@ class GemmConfig:
     setting for every token count, or a token's output changes with its batch.
     `persistent`: launch one program per SM that walks the tiles (`grouped_matmul_persistent_kernel`),
     software-pipelined across tiles so one tile's epilogue overlaps the next one's loads; tiles then run
-    whole (no tail tiles). Same results, bit for bit."""
+    whole (no tail tiles). Same results, bit for bit. A slot-order schedule (one token in the layer)
+    runs one program per tile instead: its blocks may name no expert."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64

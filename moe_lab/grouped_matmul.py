@@ -362,7 +362,9 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                  if quant_group else None)
     check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights,
                       a_scale=a_scale, w_scale=w_scale)
-    check_not_aliased(out, a=a, w=w)
+    check_not_aliased(out, a=a, w=w, topk_weights=topk_weights, a_scale=a_scale, w_scale=w_scale,
+                      sorted_token_ids=routing.sorted_token_ids, expert_ids=routing.expert_ids,
+                      num_tokens_post_padded=routing.num_tokens_post_padded)
 
     if gather_a and scatter:
         raise ValueError("gather_a=True with scatter=True is not a supported combination (the up projection "

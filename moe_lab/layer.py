@@ -39,7 +39,8 @@ class FusedMoEInfo:
     "user config", "user config (dict) over <default source>", "tuned: <table>, T bucket <n>" (e.g.
     "tuned: NVIDIA H200, Triton 3.6.0 (exact), T bucket 64"; `moe_lab.tuned.table_for_device()` says
     why that table), "heuristic (no tuned table for this device)" or "heuristic (no tuned entry for
-    this shape: ...)". `config` is the config chosen; `up_plan` / `down_plan` are what each GEMM launched
+    this shape: ...)". `routing` is the schedule (at T = 1 in slot order: `moe_lab.align.slot_order_routing`,
+    whose expert_ids is topk_ids' own view). `config` is the config chosen; `up_plan` / `down_plan` are what each GEMM launched
     (`moe_lab.grouped_matmul.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
     memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0."""
     config: MoEConfig
@@ -238,6 +239,7 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                   w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
     if not same_view(out, hidden_states):
         inputs["hidden_states"] = hidden_states
+    check_same_device(hidden_states=hidden_states, out=out)
     check_not_aliased(out, **inputs)
     if chunk_size is not None:
         check_positive_int("chunk_size", chunk_size)
@@ -266,7 +268,7 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
             select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
                              gather_a=False, use_tma=True)
         return FusedMoEInfo(cfg, None, None, None, choice.source)
-    # One token needs no sort (its experts are distinct): slot order, one launch fewer; else the align.
+    # One token: its slots in order, no align launch (the same blocks as the align's for distinct experts).
     routing = (slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
                or moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map))
     x, up_scales, down_scales = hidden_states, {}, {}

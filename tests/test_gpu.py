@@ -112,6 +112,32 @@ def test_new_token_counts_do_not_recompile():
     assert grown <= 4
 
 
+def test_one_token_in_slot_order_neither_syncs_nor_recompiles():
+    """T = 1 takes slot order: its first call makes the schedule's rows on the device (no host sync), and
+    a token's ids at any offset (k = 3: rows 12 bytes apart) reuse the kernels compiled for the first."""
+    from moe_lab import GemmConfig
+    from moe_lab._kernels.grouped_matmul import grouped_matmul_kernel
+    preset = get_preset("olmoe-1b-7b")
+    cfg = GemmConfig(16, 64, 128, 1, 4, 3)
+    hs, w1, w2, (tw, ti) = preset.build(8, dtype=torch.bfloat16, device="cuda")
+    tw, ti = tw[:, :3].contiguous(), ti[:, :3].contiguous()
+    fused_moe(hs, w1, w2, tw, ti, config=cfg)  # compiles the GEMMs at T = 8
+    fused_moe(hs[:1], w1, w2, tw[:1], ti[:1], config=cfg, expert_map=torch.arange(64, device="cuda"))
+    torch.cuda.synchronize()
+    dev = torch.cuda.current_device()
+    before = len(grouped_matmul_kernel.device_caches[dev][0])
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for row in range(8):
+            out, info = fused_moe(hs[row:row + 1], w1, w2, tw[row:row + 1], ti[row:row + 1], config=cfg,
+                                  return_info=True)
+            assert not info.routing.expert_sorted
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(grouped_matmul_kernel.device_caches[dev][0]) == before
+    assert relative_error(out, fused_moe_reference(hs[7:], w1, w2, tw[7:], ti[7:])) < 1e-2
+
+
 def test_oversized_config_is_clamped_not_crashing():
     from moe_lab import GemmConfig
     hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(256, dtype=torch.bfloat16, device="cuda")

@@ -85,14 +85,16 @@ def test_bad_expert_map_entries_and_flags():
         topk_routing(torch.randn(4, 8), 2, renormalize="no")
 
 
-@pytest.mark.parametrize("bad_id", [4, 2 ** 31, 2 ** 32 + 1, -1, -2 ** 40])
+@pytest.mark.parametrize("bad_id", [4, 2 ** 31 - 1, -1, -2 ** 31])
 def test_one_token_slot_order_skips_ids_outside_range(bad_id):
     # T = 1 runs without the align: the GEMMs read each block's expert from topk_ids itself
     hs, w1, w2, tw, ti = random_layer(1, 4, 3, 32, 16, torch.float32)
-    ids = ti.long().clone()
+    ids = ti.int().clone()
     ids[0, 1] = bad_id
     out, info = fused_moe(hs, w1, w2, tw, ids, check_ids=False, return_info=True)
     assert not info.routing.expert_sorted
     keep = tw.clone()
     keep[0, 1] = 0
     assert relative_error(out, fused_moe_reference(hs, w1, w2, keep, ti)) < TOL[torch.float32]
+    _, info = fused_moe(hs, w1, w2, tw, ids.long(), check_ids=False, return_info=True)
+    assert info.routing.expert_sorted  # int64 ids take the align (no GEMM variant for their pointer type)

@@ -114,3 +114,25 @@ def test_no_experts_is_named_as_such():
         fused_moe(torch.randn(2, 32, device=DEVICE), torch.randn(0, 64, 32, device=DEVICE),
                   torch.randn(0, 32, 32, device=DEVICE), torch.ones(2, 1, device=DEVICE),
                   torch.zeros(2, 1, dtype=torch.int32, device=DEVICE))
+
+
+def test_launchers_refuse_an_out_over_what_they_read():
+    from moe_lab import grouped_matmul, silu_and_mul
+    from moe_lab.align import slot_order_routing
+    x = torch.randn(8, 64, device=DEVICE)
+    with pytest.raises(ValueError, match="out shares memory with x"):
+        silu_and_mul(x, out=x.view(-1)[256:].view(8, 32))
+    hs, w1, w2, tw, ti = random_layer(1, 8, 4, 32, 32, torch.float32)
+    routing = slot_order_routing(ti.int(), 8, 16)
+    act = torch.randn(routing.max_num_tokens_padded, 32, device=DEVICE)
+    buf = torch.empty(4 + 4 * 32, device=DEVICE)  # topk_weights in row 0 of out
+    buf[:4] = tw.reshape(-1)
+    with pytest.raises(ValueError, match="out shares memory with topk_weights"):
+        grouped_matmul(act, w2, routing, GemmConfig(16, 32, 32, 1), gather_a=False, scatter=True, topk_weights=buf[:4].view(1, 4),
+                       out=buf[:128].view(4, 32))
+    buf = torch.zeros(4 * 32, device=DEVICE)  # the ids (slot order's block map) in row 0 of out
+    ids = buf[:4].view(torch.int32).view(1, 4)
+    ids.copy_(ti)
+    with pytest.raises(ValueError, match="out shares memory with expert_ids"):
+        grouped_matmul(act, w2, slot_order_routing(ids, 8, 16), GemmConfig(16, 32, 32, 1), gather_a=False, scatter=True,
+                       out=buf.view(4, 32))

@@ -166,13 +166,19 @@ def test_out_may_be_hidden_states_but_no_other_overlap():
     with pytest.raises(ValueError, match="out shares memory with w1"):
         fused_moe(hs, w1_rows, w2, tw, ti, out=w1_rows[0, :9])
     assert torch.equal(w1_rows, w1)  # refused before anything ran
+    with pytest.raises(ValueError, match="all tensors must be on one device, got hidden_states on .*, out on meta"):
+        fused_moe(hs, w1, w2, tw, ti, out=torch.empty(9, 32, device="meta"))
+    one = hs[:1].clone()  # in place at T = 1 through a view whose unused row stride differs
+    fused_moe(one, w1, w2, tw[:1], ti[:1], out=one.as_strided((1, 32), (7, 1)))
+    assert relative_error(one, want[:1]) < TOL[torch.float32]
     halves = torch.empty(18, 32, device=DEVICE)  # two views of one buffer that do not overlap
     halves[:9] = hs
     out = fused_moe(halves[:9], w1, w2, tw, ti, out=halves[9:])
     assert relative_error(out, want) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 16, 1, tail_tiles=False), GemmConfig(32, 32, 16, 1, persistent=True)])
+@pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 16, 1, tail_tiles=False),
+                                    GemmConfig(32, 32, 16, 1, persistent=True)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
     from moe_lab.align import slot_order_routing
@@ -189,7 +195,8 @@ def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
     twice = torch.tensor([[2, 2, 5, 0]], dtype=torch.int32, device=DEVICE)
     assert relative_error(fused_moe(hs, w1, w2, tw, twice, config=config),
                           fused_moe_reference(hs, w1, w2, tw, twice)) < TOL[dtype]
-    # more tokens, a map or strided ids: no slot order
+    # more tokens, a map, int64 or strided ids: no slot order
     assert slot_order_routing(ti.expand(2, 4), 6, 16) is None
+    assert slot_order_routing(ti.long(), 6, 16) is None
     assert slot_order_routing(ti, 6, 16, expert_map=identity) is None
     assert slot_order_routing(torch.stack([ti, ti], -1)[..., 0], 6, 16) is None

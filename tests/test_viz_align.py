@@ -56,3 +56,15 @@ def test_widget_redraws_on_block_size_change():
     assert box.figure is not first_fig
     assert "BLOCK_SIZE_M= 64" in box.summary.value and box.summary.value != first_text
     assert all(r.block_size_m == 64 for r in box.routings.values())
+
+
+def test_slot_order_routing_is_refused_with_a_pointer_to_moe_align():
+    import pytest
+    from moe_lab.align import slot_order_routing
+    from moe_lab.viz.align import padding_report
+    from moe_lab.viz.tiles import tile_report
+    routing = slot_order_routing(torch.tensor([[1, 3]], dtype=torch.int32), 4, 16)
+    with pytest.raises(ValueError, match="slot order .*moe_lab.moe_align"):
+        padding_report(routing)
+    with pytest.raises(ValueError, match="slot order"):
+        tile_report(routing, 64, 32, 32, 32)

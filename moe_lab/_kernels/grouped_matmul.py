@@ -38,8 +38,9 @@ import triton.language as tl
 from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid, wait_for_previous_kernel
 
 
-# Arguments that change with the token count are not specialized, so a new T never recompiles.
-@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+# Arguments that change with the token count are not specialized, so a new T never recompiles; nor is the
+# block map's pointer (read one word at a time), which in slot order is the caller's topk_ids at any offset.
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr"])
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
@@ -127,7 +128,8 @@ def grouped_matmul_persistent_kernel(
     python/tutorials/09-persistent-matmul.py). Every tile runs whole (no tail tiles): a loop nest with
     branches of different tile sizes cannot be flattened. Each row's K reduction runs in the same order as
     in `grouped_matmul_kernel`, so results are bitwise the same. Expert-sorted schedules only (the launcher's
-    plan sees to it): every block in use has an expert in [0, E), so no tile is skipped."""
+    plan sees to it): every block in use has an expert in [0, E), so no tile is skipped, and num_experts
+    (passed to both kernels alike) goes unused."""
     wait_for_previous_kernel(PDL)
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")
@@ -285,8 +287,9 @@ def _tile(
             a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
             w_s = tl.load(w_scale_ptrs + group * stride_wsk)
             acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
-        elif SCALES == "outer" or INTERPRETER:  # each step's float8 product is added in float32: Hopper's float8
-            acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits (DeepSeek-V3 §3.3.2)
+        elif SCALES == "outer" or INTERPRETER:  # float8: each step's product added in float32 (Hopper's float8
+            acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2);
+            # under the interpreter every dtype, so numpy's summation order never depends on the tile
         elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
             acc = tl.dot(a, w, acc, input_precision="ieee")
         else:

@@ -48,3 +48,12 @@ def show_figure(output, figure: Figure) -> None:
                     "text/plain": data.get("text/plain", repr(figure))}
             metadata = {}
         display(data, metadata=metadata, raw=True)
+
+
+def require_expert_sorted(routing, what: str) -> None:
+    """Raise ValueError for a slot-order schedule (`moe_lab.align.slot_order_routing`, what `fused_moe`
+    runs at T = 1): the pictures count experts' rows and padding, which only the align's schedule has."""
+    if not getattr(routing, "expert_sorted", True):
+        raise ValueError(f"{what} draws the align's expert-sorted schedule; this routing is a single token's "
+                         "slot order (fused_moe at T = 1): build one with moe_lab.moe_align(topk_ids, E, "
+                         "block_size_m)")

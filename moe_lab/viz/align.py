@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from ..align import AlignedRouting, moe_align
-from ._common import expert_colors, figure_and_ax, show_figure
+from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
 
 PADDING_COLOR = (0.85, 0.85, 0.85)
 
@@ -25,7 +25,8 @@ PADDING_COLOR = (0.85, 0.85, 0.85)
 def row_experts(routing: AlignedRouting) -> np.ndarray:
     """Expert of each used row of the schedule, -1 for padding rows.
 
-    Returns: [num_tokens_post_padded] int64 numpy array."""
+    Returns: [num_tokens_post_padded] int64 numpy array. Raises ValueError for a slot-order routing."""
+    require_expert_sorted(routing, "row_experts")
     used = int(routing.num_tokens_post_padded.item())
     ids = routing.sorted_token_ids[:used].cpu().numpy()
     block_expert = routing.expert_ids.cpu().numpy()[np.arange(used) // routing.block_size_m]
@@ -33,7 +34,9 @@ def row_experts(routing: AlignedRouting) -> np.ndarray:
 
 
 def padding_report(routing: AlignedRouting) -> str:
-    """One line: slots, rows in use after padding, padding rows and their share, M-blocks used/allocated."""
+    """One line: slots, rows in use after padding, padding rows and their share, M-blocks used/allocated.
+    Raises ValueError for a slot-order routing."""
+    require_expert_sorted(routing, "padding_report")
     used = int(routing.num_tokens_post_padded.item())
     slots = int(routing.counts.sum().item())
     pad = used - slots

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
 from ..align import AlignedRouting, moe_align
-from ._common import expert_colors, figure_and_ax, show_figure
+from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
 
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
@@ -44,7 +44,9 @@ def tile_order(num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> np.nd
 
 
 def tile_report(routing: AlignedRouting, n: int, k: int, block_size_n: int, block_size_k: int) -> str:
-    """One line: programs launched, programs with work, K steps per program, rows per program."""
+    """One line: programs launched, programs with work, K steps per program, rows per program. Raises
+    ValueError for a slot-order routing."""
+    require_expert_sorted(routing, "tile_report")
     num_n_blocks = triton.cdiv(n, block_size_n)
     launched = routing.max_num_m_blocks * num_n_blocks
     used_blocks = int((routing.expert_ids >= 0).sum().item())
@@ -69,7 +71,10 @@ def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size
         ax: draw here instead of on a new Figure. max_labels: the most tiles that get a number.
     Returns:
         The matplotlib Figure.
+    Raises:
+        ValueError for a slot-order routing (`moe_lab.align.slot_order_routing`).
     """
+    require_expert_sorted(routing, "plot_tile_map")
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
     order = tile_order(num_m, num_n, group_size_m).astype(float)

@@ -38,9 +38,10 @@ import triton.language as tl
 from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid, wait_for_previous_kernel
 
 
-# Arguments that change with the token count are not specialized, so a new T never recompiles; nor is the
-# block map's pointer (read one word at a time), which in slot order is the caller's topk_ids at any offset.
-@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr"])
+# Arguments that change with the token count are not specialized, so a new T never recompiles; nor are the
+# pointers read a word at a time or gathered, which may point into a caller's tensor at any offset (a chunk's
+# routed weights; slot order's block map, the caller's topk_ids): no variant per alignment.
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
@@ -105,8 +106,8 @@ def grouped_matmul_kernel(
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
-# Arguments that change with the token count are not specialized, so a new T never recompiles.
-@triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
+# As for grouped_matmul_kernel.
+@triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_persistent_kernel(
     a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,

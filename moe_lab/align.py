@@ -59,10 +59,10 @@ class AlignedRouting:
     expert_ids:             [max_num_m_blocks] expert of each M-block; -1 for blocks past the end.
     num_tokens_post_padded: [1] rows in use: sum over experts of counts rounded up to BLOCK_SIZE_M.
     block_size_m, num_tokens (T), top_k, num_experts: the sizes it was built for.
-    expert_sorted:          False for the slot-order schedule of one token (`slot_order_routing`): M-block j
-                            is slot j alone (sorted_token_ids in slot order, num_tokens_post_padded k *
-                            BLOCK_SIZE_M), expert_ids is topk_ids' own flat view, ids outside [0, E)
-                            included (the GEMMs skip such blocks), and counts is None.
+    expert_sorted:          (property) False for the slot-order schedule of one token (`slot_order_routing`),
+                            the one schedule without counts: M-block j is slot j alone (sorted_token_ids
+                            in slot order, num_tokens_post_padded k * BLOCK_SIZE_M), expert_ids is
+                            topk_ids' own flat view, ids outside [0, E) included (the GEMMs skip such blocks).
     """
     counts: Optional[torch.Tensor]
     sorted_token_ids: torch.Tensor
@@ -72,7 +72,10 @@ class AlignedRouting:
     num_tokens: int
     top_k: int
     num_experts: int
-    expert_sorted: bool = True
+
+    @property
+    def expert_sorted(self) -> bool:
+        return self.counts is not None
 
     @property
     def num_slots(self) -> int:
@@ -245,4 +248,4 @@ def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: i
         rows = _SLOT_ORDER_ROWS[key] = _SlotOrderRows(sorted_token_ids.reshape(-1),
                                                       torch.full((1,), top_k * block_size_m, **i32))
     return AlignedRouting(None, rows.sorted_token_ids, topk_ids.reshape(-1), rows.num_tokens_post_padded,
-                          block_size_m, 1, top_k, num_experts, expert_sorted=False)
+                          block_size_m, 1, top_k, num_experts)

@@ -85,8 +85,12 @@ class LaunchPlan:
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
-    block's K). w_scale_per_tile: with block scales, a program's weight rows (each half's, with swiglu)
-    lie in one scale block, so each K step reads one weight scale (per half) rather than one per column.
+    block's K, or is a multiple of it: see dots_per_step). w_scale_per_tile: with block scales, a program's
+    weight rows (each half's, with swiglu) lie in one scale block, so each K step reads one weight scale
+    (per half) rather than one per column. dots_per_step: with block scales and a BLOCK_SIZE_K of several
+    scale blocks, each K step loads and scales them one block at a time (that many dots, load boxes of
+    BLOCK_SIZE_K / dots_per_step channels): larger loads per step where one scale block's are small
+    (FP8 decode streams 128-byte rows per block).
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
     dtype as is)."""
     config: GemmConfig
@@ -100,6 +104,12 @@ class LaunchPlan:
     scales: str = "none"
     out_quant_group: int = 0
     w_scale_per_tile: bool = False
+    dots_per_step: int = 1
+
+    @property
+    def box_k(self) -> int:
+        """K channels of each load (a tensor descriptor's box) and dot."""
+        return self.config.BLOCK_SIZE_K // self.dots_per_step
 
     @property
     def tile_n(self) -> int:
@@ -284,7 +294,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             scale; `moe_lab.quantize_weights_fp8`, `moe_lab.quantize_activations_fp8`). With block_shape
             [block_n, block_k] (DeepSeek-V3's [128, 128]): w_scale [E, ceil(N/block_n), ceil(K/block_k)],
             one per weight block, and a_scale [rows, ceil(K/block_k)], one per row per block_k channels,
-            applied at every K step (config.BLOCK_SIZE_K is lowered to divide block_k where needed).
+            applied at every K step (config.BLOCK_SIZE_K is lowered to divide block_k where needed; a multiple
+            of block_k runs one dot per scale block in each step).
             Without it: w_scale [E] (per expert) or [E, N] (per channel) and a_scale [1] or [] (per tensor)
             or [rows, 1] (per token), applied once to the float32 sum. rows as for a. Needs FP8 tensor cores
             (compute capability >= 8.9) or the interpreter: elsewhere RuntimeError (`moe_lab.fp8_support`).
@@ -383,9 +394,9 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         from triton.tools.tensor_descriptor import TensorDescriptor
         if plan.path.a_tma:
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
-                                      [plan.config.BLOCK_SIZE_M, plan.config.BLOCK_SIZE_K])
+                                      [plan.config.BLOCK_SIZE_M, plan.box_k])
         if plan.path.w_tma:
-            w_view, box = _weight_box(w, plan.config, plan.swiglu)
+            w_view, box = _weight_box(w, plan.config, plan.swiglu, plan.box_k)
             w_desc = TensorDescriptor(w_view, list(w_view.shape), list(w_view.stride()), box)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
@@ -413,9 +424,13 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         config = replace(config, prepermute=False)
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
-    if scales is not None and scales.mode == "block" and scales.group_k % config.BLOCK_SIZE_K:
-        # each K step must lie in one scale block: the largest power of two dividing block_k (>= 16)
-        config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
+    dots_per_step = 1
+    if scales is not None and scales.mode == "block":
+        if config.BLOCK_SIZE_K > scales.group_k and config.BLOCK_SIZE_K % scales.group_k == 0:
+            dots_per_step = config.BLOCK_SIZE_K // scales.group_k  # a step of whole scale blocks, one dot each
+        elif scales.group_k % config.BLOCK_SIZE_K:
+            # each dot must lie in one scale block: the largest power of two dividing block_k (>= 16)
+            config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, a.element_size(), budget)
@@ -436,16 +451,18 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
-                      w_scale_per_tile)
+                      w_scale_per_tile, dots_per_step)
 
 
-def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool):
+def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: Optional[int] = None):
     """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
-    [1, BLOCK_SIZE_N, BLOCK_SIZE_K]; with the SwiGLU epilogue [E, 2, I, K] in boxes of
-    [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K], whose two halves are a gate tile and the matching up tile."""
+    [1, BLOCK_SIZE_N, box_k]; with the SwiGLU epilogue [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
+    whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K unless a K step runs
+    several dots (`LaunchPlan.box_k`); a step's validity does not depend on it (the inner box stays >= 16 bytes)."""
+    box_k = box_k or config.BLOCK_SIZE_K
     if swiglu:
-        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, config.BLOCK_SIZE_K]
-    return w, [1, config.BLOCK_SIZE_N, config.BLOCK_SIZE_K]
+        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, box_k]
+    return w, [1, config.BLOCK_SIZE_N, box_k]
 
 
 def _shared_memory_budget(device: torch.device) -> Optional[int]:
@@ -485,6 +502,6 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
-        GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
+        DOTS_PER_STEP=plan.dots_per_step, GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
         **pdl_launch(a.device),
     )

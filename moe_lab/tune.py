@@ -13,7 +13,8 @@ shared), so the search costs timing, not compiling. The heuristic default is tim
 shows how far it is from tuned. Results go to moe_lab/configs/<device>__triton-<version>.json, with the
 device's compute capability (see `moe_lab.tuned`). GPU only. With dtype float8_e4m3fn (`--dtype fp8`):
 FP8 weights with [128, 128] block scales, the up GEMM timed with the quantization of its output, candidates
-of BLOCK_SIZE_K = 128; their entries have keys of their own (`...,float8_e4m3fn`).
+of BLOCK_SIZE_K = 128 (one scale block per K step) and at decode also 256 (two blocks, one dot each); their
+entries have keys of their own (`...,float8_e4m3fn`).
 """
 from __future__ import annotations
 
@@ -65,10 +66,13 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*).
         # BLOCK_SIZE_N = 256 gives the up GEMM 128 output columns, one activation group, which its epilogue
         # quantizes itself (no quantization launch): the tuner weighs that against the narrower tiles.
+        # At decode also steps of two scale blocks (BLOCK_SIZE_K = 256, one dot each): a step of one block
+        # loads 128-byte rows, half what a bf16 step of 64 channels does.
         if rows_per_expert <= 8:
-            shapes = [(16, n, 128, 4) for n in (32, 64, 128, 256)]
+            shapes = [(16, n, k, 4) for n in (32, 64, 128, 256) for k in (128, 256)]
         elif rows_per_expert <= 48:
-            shapes = [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)] + [(16, 256, 128, 4), (32, 256, 128, 4)]
+            shapes = ([(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)] + [(16, 256, 128, 4), (32, 256, 128, 4)]
+                      + [(m, n, 256, 4) for m in (16, 32) for n in (64, 128)])
         else:
             shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
         space = dict(space, pre=[False])  # FP8 reads each token's scales by its row: no permuted copy

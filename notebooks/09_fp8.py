@@ -323,9 +323,10 @@ exercises.check_quantize_rows(quantize_rows_kernel_solution, strict=True)
 #     acc += tl.dot(a, w) * (a_s[:, None] * w_s[None, :])
 # ```
 #
-# - **BLOCK_SIZE_K must divide 128.** A step of 64 or 128 lies inside one group, so one pair of scale
-#   vectors serves the whole step. A step of 256 would sum two groups with different scales into one
-#   product, and no scale could be pulled out of it. moe-lab lowers a config's BLOCK_SIZE_K where it must.
+# - **One dot per group.** A step of 64 or 128 lies inside one group, so one pair of scale vectors serves
+#   the whole step. One dot over 256 channels would sum two groups with different scales into one product,
+#   and no scale could be pulled out of it; so a step of 256 (larger loads, which decode wants) runs two
+#   dots of 128, each scaled by its own group's scales. Other sizes are lowered to divide the group.
 # - **Each step's product is scaled, then added in float32.** `tl.dot(a, w)` is a fresh float32 tile per
 #   step, not accumulated inside the tensor cores (`tl.dot(a, w, acc)`, as the bf16 loop does). Besides the
 #   scales, there is a second reason: on Hopper the FP8 MMA instruction keeps only about 14 bits of its
@@ -542,9 +543,9 @@ figure
 #   block (`amax / 448`) brings each block's values into that range: `x ≈ q * scale`.
 # - One scale per tensor lets one outlier coarsen every value; one per 128 x 128 weight block, and one per
 #   token per 128 activation channels, confine it to its block or group (DeepSeek-V3's format).
-# - The scales are constant inside each 128-channel group of K, so the K loop scales each BLOCK_SIZE_K step's
-#   FP8 product (BLOCK_SIZE_K divides 128) and adds it to a float32 accumulator, which also sidesteps the FP8
-#   MMA's short accumulator.
+# - The scales are constant inside each 128-channel group of K, so the K loop scales each group's FP8
+#   product (a BLOCK_SIZE_K step is one group or part of one; at decode a step of 256 holds two, one dot
+#   each) and adds it to a float32 accumulator, which also sidesteps the FP8 MMA's short accumulator.
 # - Cost: the kernels add bf16-rounding-sized error to the quantized math; the quantization itself about 6 %
 #   on random weights. Gain: up to about 2x in decode, where the weight bytes set the time; 1.15x to 1.45x
 #   in prefill, short of the FP8 tensor cores' 2x.

@@ -85,20 +85,23 @@ def test_fp8_down_projection_scatters_weighted_rows(use_tma, scheme):
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
-def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma):
+@pytest.mark.parametrize("block_k,step_k,dots", [(48, 16, 1), (32, 64, 2)])
+def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma, block_k, step_k, dots):
+    """Scale blocks of 48 channels: the config's BLOCK_SIZE_K = 64 is lowered to 16 (the largest power of
+    two dividing 48); of 32: it stays, each step a dot per scale block."""
     num_tokens, num_experts, top_k, inter, k = 7, 3, 2, 40, 96
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE)
     w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5
-    block_shape = (16, 32)  # scale blocks narrower than the config's BLOCK_SIZE_K = 64: the plan lowers it
+    block_shape = (16, block_k)
     w_q, w_scale = quantize_weights_fp8(w1, block_shape)
-    a_q, a_scale = quantize_activations_fp8(a, group_size=32)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=block_k)
     out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 64, 64, 1, 4, 1, tail_tiles=False),
                                gather_a=True, swiglu=True, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
                                block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
-    assert plan.config.BLOCK_SIZE_K == 32 and plan.swiglu
-    a_deq = a_q.double() * a_scale.repeat_interleave(32, 1)[:, :k].double()
+    assert plan.config.BLOCK_SIZE_K == step_k and plan.dots_per_step == dots and plan.swiglu
+    a_deq = a_q.double() * a_scale.repeat_interleave(block_k, 1)[:, :k].double()
     ref = swiglu_reference(a_deq, dequantize_fp8(w_q, w_scale, block_shape).double(), routing)
     used = routing.num_tokens_post_padded.item()
     valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
@@ -436,3 +439,38 @@ def test_fp8_layer_with_no_channels_returns_an_empty_output_as_bf16_does():
     out = fused_moe(x, w1.to(FP8), w2.to(FP8), topk_weights, topk_ids, w1_scale=torch.ones(e, 2, 0, device=DEVICE),
                     w2_scale=torch.ones(e, 0, 1, device=DEVICE), block_shape=(128, 128))
     assert out.shape == (t, 0)
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("swiglu,block_n,block_k,k,persistent", [
+    (False, 32, 64, 96, False),    # two dots per step; the last step's second dot lies past K
+    (False, 64, 128, 100, False),  # four dots per step, one scale per column, a ragged last group
+    (True, 32, 64, 128, False),    # SwiGLU halves with one scale each, K a multiple of the step
+    (True, 64, 128, 200, True),    # the persistent kernel, a step past K's last group
+])
+def test_fp8_steps_of_several_scale_blocks_are_bitwise_one_block_steps(use_tma, swiglu, block_n, block_k, k,
+                                                                       persistent):
+    """BLOCK_SIZE_K a multiple of the scale block's K: each step runs one dot per scale block (larger loads
+    per step, FP8 decode), in the order steps of one block run them: the same bits."""
+    num_tokens, num_experts, top_k, n, block_shape = 9, 3, 2, 64, (32, 32)
+    ids = random_topk_ids(num_tokens, num_experts, top_k)
+    routing = moe_align(ids, num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
+    w_q, w_scale = quantize_weights_fp8(w, block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    args = dict(gather_a=True, swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
+                block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
+    wide, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, block_k, 1, 4, 2, persistent=persistent),
+                                **args)
+    assert plan.dots_per_step == block_k // 32 and plan.box_k == 32 and plan.config.BLOCK_SIZE_K == block_k
+    narrow, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 2, persistent=persistent),
+                                  **args)
+    assert plan.dots_per_step == 1
+    used = routing.num_tokens_post_padded.item()
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
+    assert torch.equal(wide.cpu()[:used][valid], narrow.cpu()[:used][valid])
+    a_deq = a_q.double() * a_scale.repeat_interleave(block_shape[1], 1)[:, :k].double()
+    w_deq = dequantize_fp8(w_q, w_scale, block_shape).double()
+    ref = (swiglu_reference if swiglu else lambda *x: per_expert_reference(*x, gather_a=True))(a_deq, w_deq, routing)
+    assert relative_error(wide.cpu()[:used][valid], ref[:used][valid]) < 1e-5

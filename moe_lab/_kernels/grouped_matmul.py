@@ -9,9 +9,11 @@ load path chosen at launch (constexpr):
      (W_TMA).
 FP8 (SCALES, float8_e4m3fn A and W with float32 scales, DeepSeek-V3's w8a8 format, arXiv:2412.19437 §3.3):
 "block" scales change along K, one per SCALE_GROUP_K channels of a row (activations, per token) and one per
-SCALE_GROUP_N x SCALE_GROUP_K block of W; each K step's product is scaled before it is added (BLOCK_SIZE_K
-divides SCALE_GROUP_K); where a tile's weight rows lie in one scale block (W_SCALE_PER_TILE), its weight
-scale is one number per step (one per half with SWIGLU), folded into the rows' scales. "outer" scales
+SCALE_GROUP_N x SCALE_GROUP_K block of W; each dot's product is scaled before it is added: a K step is one
+dot where BLOCK_SIZE_K divides SCALE_GROUP_K, or DOTS_PER_STEP dots, one per scale block, where it spans
+several (larger loads per step at decode, the sums in the same order); where a tile's weight rows lie in
+one scale block (W_SCALE_PER_TILE), its weight scale is one number per dot (one per half with SWIGLU),
+folded into the rows' scales, and each step's scales are loaded a step ahead. "outer" scales
 are one per row (per token, or a per-tensor one with stride 0) and one per weight row (per channel, or per
 expert with stride 0): the float32 sum is scaled once.
 With QUANT_GROUP (float8 operands and the SwiGLU epilogue), the tile's float32 output is quantized as the
@@ -52,7 +54,7 @@ def grouped_matmul_kernel(
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
@@ -87,7 +89,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -95,7 +97,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -103,7 +105,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
 
 
 # As for grouped_matmul_kernel.
@@ -118,7 +120,7 @@ def grouped_matmul_persistent_kernel(
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PDL: tl.constexpr,
 ):
     """The same tiles as `grouped_matmul_kernel`, walked by a grid of P programs (one per SM): program p
@@ -147,7 +149,7 @@ def grouped_matmul_persistent_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
 
 
 @triton.jit
@@ -160,6 +162,35 @@ def _step_product(a, w, INTERPRETER: tl.constexpr):
     else:
         product = tl.dot(a, w)
     return product
+
+
+@triton.jit
+def _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, step, num_dots, stride_ask, stride_wsk,
+                 SWIGLU: tl.constexpr, DOTS_PER_STEP: tl.constexpr, DOT_K: tl.constexpr, SCALE_GROUP_K: tl.constexpr):
+    """The scales of K step `step`'s dots, for tiles with one weight scale (per half with SWIGLU): the rows'
+    ([TILE_M]) and the weight's (a scalar), or with several dots per step one column / element per dot
+    ([TILE_M, DOTS_PER_STEP], [DOTS_PER_STEP]); dots past K read the last group's. No up scale without SWIGLU."""
+    if DOTS_PER_STEP == 1:
+        group = (step * DOT_K) // SCALE_GROUP_K
+        a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
+    else:
+        group = (tl.minimum(step * DOTS_PER_STEP + tl.arange(0, DOTS_PER_STEP), num_dots - 1) * DOT_K) // SCALE_GROUP_K
+        a_s = tl.load(a_scale_ptrs[:, None] + group[None, :] * stride_ask, mask=row_ok[:, None], other=0.0)
+    w_s = tl.load(w_tile_scale_ptr + group * stride_wsk)
+    w_up_s = tl.load(w_up_scale_ptr + group * stride_wsk) if SWIGLU else w_s
+    return a_s, w_s, w_up_s
+
+
+@triton.jit
+def _dot_scale(step_scales, d: tl.constexpr, DOTS_PER_STEP: tl.constexpr):
+    """Dot d's scales out of `_step_scales`' (the last axis picked where a step has several dots)."""
+    if DOTS_PER_STEP == 1:
+        picked = step_scales
+    elif len(step_scales.shape) == 2:
+        picked = tl.sum(tl.where((tl.arange(0, DOTS_PER_STEP) == d)[None, :], step_scales, 0.0), axis=1)
+    else:
+        picked = tl.sum(tl.where(tl.arange(0, DOTS_PER_STEP) == d, step_scales, 0.0), axis=0)
+    return picked
 
 
 @triton.jit
@@ -195,6 +226,7 @@ def _tile(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    DOTS_PER_STEP: tl.constexpr,
 ):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
     With SWIGLU the BLOCK_SIZE_N weight rows are BLOCK_SIZE_N/2 gate rows and the matching up rows, one
@@ -207,7 +239,11 @@ def _tile(
         a_rows = (token_ids // TOP_K).to(tl.int64)
     else:
         a_rows = offs_m.to(tl.int64)
-    offs_k = tl.arange(0, BLOCK_SIZE_K)
+    # DOTS_PER_STEP > 1 (block scales only): a K step of BLOCK_SIZE_K spans that many scale blocks, loaded
+    # and multiplied one block (DOT_K channels) at a time, so a step's loads are larger than one scale block.
+    tl.static_assert(DOTS_PER_STEP == 1 or SCALES == "block", "several dots per K step need block scales")
+    DOT_K: tl.constexpr = BLOCK_SIZE_K // DOTS_PER_STEP
+    offs_k = tl.arange(0, DOT_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
     # Weight rows of the tile. Wrap N instead of masking loads: columns past N are computed and then
     # dropped by the store mask.
@@ -234,67 +270,73 @@ def _tile(
     if SCALES == "outer" or (SCALES == "block" and not W_SCALE_PER_TILE):  # one per column of the tile
         w_scale_ptrs = w_scale_expert + (w_rows // SCALE_GROUP_N) * stride_wsn
     num_k_steps = tl.cdiv(K, BLOCK_SIZE_K)
+    num_dots = tl.cdiv(K, DOT_K)  # dots past K (a ragged last step) multiply zeros: their scales are not read
     if SCALES == "block" and W_SCALE_PER_TILE:
         # The tile's weight rows lie in one scale block (with SWIGLU: its gate rows in one, its up rows in
-        # one): one weight scale per K step (two with SWIGLU) instead of a vector over the tile's columns,
-        # and each step's scales are loaded a step ahead, so their latency hides behind an MMA.
+        # one): one weight scale per dot (two with SWIGLU) instead of a vector over the tile's columns,
+        # and each step's scales are loaded a step ahead, so their latency hides behind the MMAs.
         w_tile_scale_ptr = w_scale_expert + (n0 // SCALE_GROUP_N) * stride_wsn  # the gate rows' with SWIGLU
-        next_a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
-        next_w_s = tl.load(w_tile_scale_ptr)
-        if SWIGLU:
-            w_up_scale_ptr = w_scale_expert + ((N + n0) // SCALE_GROUP_N) * stride_wsn
-            next_w_up_s = tl.load(w_up_scale_ptr)
+        w_up_scale_ptr = w_scale_expert + ((N + n0) // SCALE_GROUP_N) * stride_wsn  # unused without SWIGLU
+        next_a_s, next_w_s, next_w_up_s = _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, 0,
+                                                       num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP,
+                                                       DOT_K, SCALE_GROUP_K)
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for kb in range(0, num_k_steps):
-        if EVEN_K:
-            k_ok = tl.full([BLOCK_SIZE_K], 1, tl.int1)
-        else:
-            k_ok = offs_k < K - kb * BLOCK_SIZE_K
-        if A_TMA:
-            a = a_desc.load([row0, kb * BLOCK_SIZE_K])
-        else:
-            a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-            a_ptrs += BLOCK_SIZE_K * stride_ak
-        if W_TMA:
-            if SWIGLU:  # a 4-D descriptor over w viewed as [E, 2, N, K]: gate and up boxes land in one tile
-                w = w_desc.load([expert, 0, n0, kb * BLOCK_SIZE_K])
+        for d in tl.static_range(DOTS_PER_STEP):
+            k0 = kb * BLOCK_SIZE_K + d * DOT_K
+            if EVEN_K:
+                k_ok = tl.full([DOT_K], 1, tl.int1)
             else:
-                w = w_desc.load([expert, n0, kb * BLOCK_SIZE_K])
-            w = w.reshape(BLOCK_SIZE_N, BLOCK_SIZE_K).T
-        else:
-            w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
-            w_ptrs += BLOCK_SIZE_K * stride_wk
-        if INTERPRETER and SCALES != "none":  # under the interpreter: float32 operands (exact), NaN kept NaN
-            a = e4m3_to_float32(a)
-            w = e4m3_to_float32(w)
-        if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
-            a = a.to(tl.float32)
-            w = w.to(tl.float32)
-        if SCALES == "block" and W_SCALE_PER_TILE:  # as below, with the scales loaded a step ahead
-            a_s, w_s = next_a_s, next_w_s
-            # the last step loads its own group again, so no load reaches past the K groups
-            next_group = (tl.minimum(kb + 1, num_k_steps - 1) * BLOCK_SIZE_K) // SCALE_GROUP_K
-            next_a_s = tl.load(a_scale_ptrs + next_group * stride_ask, mask=row_ok, other=0.0)
-            next_w_s = tl.load(w_tile_scale_ptr + next_group * stride_wsk)
-            if SWIGLU:  # gate columns first, then up columns, as w_rows holds them
-                w_up_s = next_w_up_s
-                next_w_up_s = tl.load(w_up_scale_ptr + next_group * stride_wsk)
-                step_scale = tl.where(lane_n[None, :] < half_n, (a_s * w_s)[:, None], (a_s * w_up_s)[:, None])
+                k_ok = offs_k < K - k0
+            if A_TMA:
+                a = a_desc.load([row0, k0])
             else:
-                step_scale = (a_s * w_s)[:, None]
-            acc += _step_product(a, w, INTERPRETER) * step_scale
-        elif SCALES == "block":  # scales change along K: scale each step's product (BLOCK_SIZE_K divides the group)
-            group = (kb * BLOCK_SIZE_K) // SCALE_GROUP_K
-            a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
-            w_s = tl.load(w_scale_ptrs + group * stride_wsk)
-            acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
-        elif SCALES == "outer" or INTERPRETER:  # float8: each step's product added in float32 (Hopper's float8
-            acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2);
-            # under the interpreter every dtype, so numpy's summation order never depends on the tile
-        elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
-            acc = tl.dot(a, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
+                a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+                a_ptrs += DOT_K * stride_ak
+            if W_TMA:
+                if SWIGLU:  # a 4-D descriptor over w viewed as [E, 2, N, K]: gate and up boxes land in one tile
+                    w = w_desc.load([expert, 0, n0, k0])
+                else:
+                    w = w_desc.load([expert, n0, k0])
+                w = w.reshape(BLOCK_SIZE_N, DOT_K).T
+            else:
+                w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
+                w_ptrs += DOT_K * stride_wk
+            if INTERPRETER and SCALES != "none":  # under the interpreter: float32 operands (exact), NaN kept NaN
+                a = e4m3_to_float32(a)
+                w = e4m3_to_float32(w)
+            if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
+                a = a.to(tl.float32)
+                w = w.to(tl.float32)
+            if SCALES == "block" and W_SCALE_PER_TILE:  # as below, with the scales loaded a step ahead
+                if d == 0:  # this step's scales; the last step loads its own again (no load past the K groups)
+                    step_a_s, step_w_s, step_w_up_s = next_a_s, next_w_s, next_w_up_s
+                    next_a_s, next_w_s, next_w_up_s = _step_scales(
+                        a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, tl.minimum(kb + 1, num_k_steps - 1),
+                        num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP, DOT_K, SCALE_GROUP_K)
+                a_s = _dot_scale(step_a_s, d, DOTS_PER_STEP)
+                w_s = _dot_scale(step_w_s, d, DOTS_PER_STEP)
+                if SWIGLU:  # gate columns first, then up columns, as w_rows holds them
+                    w_up_s = _dot_scale(step_w_up_s, d, DOTS_PER_STEP)
+                    step_scale = tl.where(lane_n[None, :] < half_n, (a_s * w_s)[:, None], (a_s * w_up_s)[:, None])
+                else:
+                    step_scale = (a_s * w_s)[:, None]
+                acc += _step_product(a, w, INTERPRETER) * step_scale
+            elif SCALES == "block":  # scales change along K: scale each dot's product (DOT_K divides the group)
+                if DOTS_PER_STEP > 1:  # a ragged last step's dots past K read the last group's scales
+                    group = (tl.minimum(k0 // DOT_K, num_dots - 1) * DOT_K) // SCALE_GROUP_K
+                else:
+                    group = k0 // SCALE_GROUP_K
+                a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
+                w_s = tl.load(w_scale_ptrs + group * stride_wsk)
+                acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
+            elif SCALES == "outer" or INTERPRETER:  # float8: each step's product added in float32 (Hopper's float8
+                acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2);
+                # under the interpreter every dtype, so numpy's summation order never depends on the tile
+            elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
+                acc = tl.dot(a, w, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, w, acc)
     if SCALES == "outer":  # one scale per row and per weight row for all of K: scale the sum once
         a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
         acc = acc * (a_s[:, None] * tl.load(w_scale_ptrs)[None, :])

@@ -55,6 +55,9 @@ PERSISTENT_WARP_SPECIALIZE = False
 # use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
 # these are the words, mapped in this one place.
 USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
+# The least K of a float8 dot on NVIDIA GPUs (8-bit mma.sync and wgmma take K = 32): FP8 configs' BLOCK_SIZE_K
+# is raised to it, and block scales' block_k must be a multiple of it.
+MIN_FP8_DOT_K = 32
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ class LaunchPlan:
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
     block's K, or is a multiple of it: see dots_per_step). w_scale_per_tile: with block scales, a program's
-    weight rows (each half's, with swiglu) lie in one scale block, so each K step reads one weight scale
+    weight rows (each half's, with swiglu) lie in one scale block, so each dot reads one weight scale
     (per half) rather than one per column. dots_per_step: with block scales and a BLOCK_SIZE_K of several
     scale blocks, each K step loads and scales them one block at a time (that many dots, load boxes of
     BLOCK_SIZE_K / dots_per_step channels): larger loads per step where one scale block's are small
@@ -132,11 +135,13 @@ class Fp8Scales:
 
 
 def check_gemm_block_shape(block_shape) -> Optional[tuple]:
-    """`moe_lab.quantize.check_block_shape`, and what the GEMM needs beyond it: block_k a multiple of 16 (a
-    K step of at least 16 channels must fit in one scale block), both entries below 2**31."""
+    """`moe_lab.quantize.check_block_shape`, and what the GEMM needs beyond it: block_k a multiple of 32 (each
+    dot lies in one scale block, and float8 tensor-core dots take at least 32 channels: NVIDIA's 8-bit
+    mma and wgmma have K = 32), both entries below 2**31."""
     block_shape = check_block_shape(block_shape)
-    if block_shape is not None and block_shape[1] % 16:
-        raise ValueError(f"block_shape[1] (block_k) must be a multiple of 16, got {block_shape[1]}")
+    if block_shape is not None and block_shape[1] % MIN_FP8_DOT_K:
+        raise ValueError(f"block_shape[1] (block_k) must be a multiple of {MIN_FP8_DOT_K} (float8 dots take K in "
+                         f"steps of {MIN_FP8_DOT_K}), got {block_shape[1]}")
     if block_shape is not None and max(block_shape) >= 2 ** 31:  # the kernel divides int32 indices by them
         raise ValueError(f"block_shape entries must be below 2**31, got {list(block_shape)}")
     return block_shape
@@ -214,7 +219,9 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
     descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
     `use_tma=True` (for w, and for a sorted-layout or prepermuted a). With `swiglu` the weights are read
-    as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile."""
+    as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile. (With
+    block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
+    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.)"""
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -295,7 +302,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             [block_n, block_k] (DeepSeek-V3's [128, 128]): w_scale [E, ceil(N/block_n), ceil(K/block_k)],
             one per weight block, and a_scale [rows, ceil(K/block_k)], one per row per block_k channels,
             applied at every K step (config.BLOCK_SIZE_K is lowered to divide block_k where needed; a multiple
-            of block_k runs one dot per scale block in each step).
+            of block_k runs one dot per scale block in each step). block_k must be a multiple of 32, and
+            float8 configs' BLOCK_SIZE_K is raised to 32 at least (the least K of a float8 tensor-core dot).
             Without it: w_scale [E] (per expert) or [E, N] (per channel) and a_scale [1] or [] (per tensor)
             or [rows, 1] (per token), applied once to the float32 sum. rows as for a. Needs FP8 tensor cores
             (compute capability >= 8.9) or the interpreter: elsewhere RuntimeError (`moe_lab.fp8_support`).
@@ -424,12 +432,14 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         config = replace(config, prepermute=False)
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
+    if scales is not None and config.BLOCK_SIZE_K < MIN_FP8_DOT_K:
+        config = replace(config, BLOCK_SIZE_K=MIN_FP8_DOT_K)
     dots_per_step = 1
     if scales is not None and scales.mode == "block":
         if config.BLOCK_SIZE_K > scales.group_k and config.BLOCK_SIZE_K % scales.group_k == 0:
             dots_per_step = config.BLOCK_SIZE_K // scales.group_k  # a step of whole scale blocks, one dot each
         elif scales.group_k % config.BLOCK_SIZE_K:
-            # each dot must lie in one scale block: the largest power of two dividing block_k (>= 16)
+            # each dot must lie in one scale block: the largest power of two dividing block_k (>= 32)
             config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one

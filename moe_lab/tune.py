@@ -62,7 +62,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
     else:                         # prefill: matrix-bound, large tiles
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
         space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
-    if itemsize == 1:  # float8, block-scaled: K steps of one 128-channel scale block; two float32 tiles in
+    if itemsize == 1:  # float8, block-scaled: a dot per 128-channel scale block; two float32 tiles in
         # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*).
         # BLOCK_SIZE_N = 256 gives the up GEMM 128 output columns, one activation group, which its epilogue
         # quantizes itself (no quantization launch): the tuner weighs that against the narrower tiles.

@@ -85,10 +85,10 @@ def test_fp8_down_projection_scatters_weighted_rows(use_tma, scheme):
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
-@pytest.mark.parametrize("block_k,step_k,dots", [(48, 16, 1), (32, 64, 2)])
+@pytest.mark.parametrize("block_k,step_k,dots", [(96, 32, 1), (32, 64, 2)])
 def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma, block_k, step_k, dots):
-    """Scale blocks of 48 channels: the config's BLOCK_SIZE_K = 64 is lowered to 16 (the largest power of
-    two dividing 48); of 32: it stays, each step a dot per scale block."""
+    """Scale blocks of 96 channels: the config's BLOCK_SIZE_K = 64 is lowered to 32 (the largest power of
+    two dividing 96); of 32: it stays, each step a dot per scale block."""
     num_tokens, num_experts, top_k, inter, k = 7, 3, 2, 40, 96
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
@@ -204,7 +204,7 @@ def test_fp8_bad_arguments_name_what_is_wrong():
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales, a1_scale=torch.ones(1, device=DEVICE))
     with pytest.raises(ValueError, match="block_shape must hold two ints"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(128,)))
-    with pytest.raises(ValueError, match="block_k. must be a multiple of 16"):
+    with pytest.raises(ValueError, match="block_k. must be a multiple of 32"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(128, 40)))
     with pytest.raises(TypeError, match="hidden_states must be"):
         fused_moe(x.to(FP8), w1_q, w2_q, topk_weights, topk_ids, **scales)
@@ -284,7 +284,7 @@ def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, blo
 
 @pytest.mark.parametrize("swiglu", [False, True])
 def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu):
-    """A ragged K (100) in steps of 16 under scale blocks of 64 (four steps per group, the last one short),
+    """A ragged K (100) in steps of 32 under scale blocks of 64 (two steps per group, the last one short),
     with tail tiles: the per-tile loop gives the per-column loop's bits."""
     gm_module = sys.modules["moe_lab.grouped_matmul"]  # moe_lab.grouped_matmul is also the function's name
     num_tokens, num_experts, top_k, n, k, block_shape = 9, 3, 2, 64, 100, (64, 64)
@@ -293,7 +293,7 @@ def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu
     a = torch.randn(num_tokens, k, device=DEVICE)
     w_q, w_scale = quantize_weights_fp8(torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE), block_shape)
     a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
-    cfg = GemmConfig(64, 64, 16, 1, 4, 1, tail_tiles=True)
+    cfg = GemmConfig(64, 64, 32, 1, 4, 1, tail_tiles=True)
     args = dict(gather_a=True, swiglu=swiglu, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
                 out_dtype=torch.float32, return_plan=True)
     per_tile, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
@@ -474,3 +474,23 @@ def test_fp8_steps_of_several_scale_blocks_are_bitwise_one_block_steps(use_tma, 
     w_deq = dequantize_fp8(w_q, w_scale, block_shape).double()
     ref = (swiglu_reference if swiglu else lambda *x: per_expert_reference(*x, gather_a=True))(a_deq, w_deq, routing)
     assert relative_error(wide.cpu()[:used][valid], ref[:used][valid]) < 1e-5
+
+
+def test_fp8_dots_take_at_least_32_channels():
+    """NVIDIA's 8-bit mma and wgmma take K = 32: a config's BLOCK_SIZE_K of 16 is raised to 32 for float8
+    (every scale scheme), and a block_k that only 16 divides is refused before anything compiles."""
+    num_tokens, num_experts, top_k, n, k = 5, 3, 2, 32, 64
+    routing = moe_align(random_topk_ids(num_tokens, num_experts, top_k), num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w = torch.randn(num_experts, n, k, device=DEVICE)
+    for scheme in SCHEMES:
+        a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w)
+        out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 16, 1, 4, 1), gather_a=True,
+                                   a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
+                                   out_dtype=torch.float32, return_plan=True)
+        assert plan.config.BLOCK_SIZE_K == 32
+    w_q, w_scale = quantize_weights_fp8(w, (16, 48))
+    a_q, a_scale = quantize_activations_fp8(a, group_size=48)
+    with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
+        grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=True, a_scale=a_scale,
+                       w_scale=w_scale, block_shape=(16, 48))

@@ -270,7 +270,7 @@ def _tile(
     if SCALES == "outer" or (SCALES == "block" and not W_SCALE_PER_TILE):  # one per column of the tile
         w_scale_ptrs = w_scale_expert + (w_rows // SCALE_GROUP_N) * stride_wsn
     num_k_steps = tl.cdiv(K, BLOCK_SIZE_K)
-    num_dots = tl.cdiv(K, DOT_K)  # dots past K (a ragged last step) multiply zeros: their scales are not read
+    num_dots = tl.cdiv(K, DOT_K)  # dots past K (a ragged last step) multiply zeros by the last group's scales
     if SCALES == "block" and W_SCALE_PER_TILE:
         # The tile's weight rows lie in one scale block (with SWIGLU: its gate rows in one, its up rows in
         # one): one weight scale per dot (two with SWIGLU) instead of a vector over the tile's columns,

@@ -250,6 +250,17 @@ def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), out_dtype=FP8, **args)
 
 
+def block_scaled_up(num_tokens, num_experts, top_k, n, k, block_shape, swiglu):
+    """An up projection's block-scaled FP8 inputs: routing (BLOCK_SIZE_M 16), a_q, a_scale, w_q, w_scale
+    (w [E, 2n or n, k])."""
+    routing = moe_align(random_topk_ids(num_tokens, num_experts, top_k), num_experts, 16)
+    a = torch.randn(num_tokens, k, device=DEVICE)
+    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
+    w_q, w_scale = quantize_weights_fp8(w, block_shape)
+    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    return routing, a_q, a_scale, w_q, w_scale
+
+
 @pytest.mark.parametrize("use_tma", PATHS)
 @pytest.mark.parametrize("swiglu,n,block_shape,block_n,per_tile", [
     (False, 80, (32, 32), 32, True),    # the last tile's columns past N wrap to group 0, and are dropped
@@ -260,13 +271,8 @@ def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels
     (True, 96, (32, 32), 128, False),   # halves of 64 rows span two blocks of 32
 ])
 def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, block_shape, block_n, per_tile):
-    num_tokens, num_experts, top_k, k = 9, 3, 2, 96
-    ids = random_topk_ids(num_tokens, num_experts, top_k)
-    routing = moe_align(ids, num_experts, 16)
-    a = torch.randn(num_tokens, k, device=DEVICE)
-    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
-    w_q, w_scale = quantize_weights_fp8(w, block_shape)
-    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    k = 96
+    routing, a_q, a_scale, w_q, w_scale = block_scaled_up(9, 3, 2, n, k, block_shape, swiglu)
     out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 1), gather_a=True,
                                swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
                                block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
@@ -452,13 +458,8 @@ def test_fp8_steps_of_several_scale_blocks_are_bitwise_one_block_steps(use_tma, 
                                                                        persistent):
     """BLOCK_SIZE_K a multiple of the scale block's K: each step runs one dot per scale block (larger loads
     per step, FP8 decode), in the order steps of one block run them: the same bits."""
-    num_tokens, num_experts, top_k, n, block_shape = 9, 3, 2, 64, (32, 32)
-    ids = random_topk_ids(num_tokens, num_experts, top_k)
-    routing = moe_align(ids, num_experts, 16)
-    a = torch.randn(num_tokens, k, device=DEVICE)
-    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
-    w_q, w_scale = quantize_weights_fp8(w, block_shape)
-    a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
+    block_shape = (32, 32)
+    routing, a_q, a_scale, w_q, w_scale = block_scaled_up(9, 3, 2, 64, k, block_shape, swiglu)
     args = dict(gather_a=True, swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
                 block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
     wide, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, block_k, 1, 4, 2, persistent=persistent),

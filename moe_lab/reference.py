@@ -49,7 +49,7 @@ def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
         s = scale.float().reshape(1, 1)
         return (x / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() * s
     rows, k = x.shape
-    group = group_size or max(k, 1)
+    group = min(group_size or k, k) or 1  # a group wider than the row is the row (no padding to its width)
     pad = -k % group
     groups = F.pad(x, (0, pad)).reshape(rows, (k + pad) // group, group)
     amax = groups.abs().amax(dim=2, keepdim=True).clamp(min=1e-10)

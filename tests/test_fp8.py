@@ -187,6 +187,8 @@ def test_fake_quantized_activations_are_the_kernels():
     q, s = quantize_activations_fp8(x, group_size=128)
     deq = q.float() * s.repeat_interleave(128, 1)[:, :200]
     assert torch.equal(deq.cpu(), fake_quantize_activations(x, 128).cpu())
+    # a group wider than the row is the row, without padding the row to the group's width (2**30 floats)
+    assert torch.equal(fake_quantize_activations(x, 2 ** 30), fake_quantize_activations(x, None))
 
 
 def test_fp8_bad_arguments_name_what_is_wrong():

@@ -61,6 +61,11 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
         raise ValueError(f"w1 must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
     if two_inter % 2 or two_inter == 0:
         raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
+    if isinstance(w2, torch.Tensor) and tuple(w2.shape) == (num_experts, hidden, two_inter):
+        # I is read from w1's rows: a w1 of I rows (its up half missing) would read as a wrong w2
+        raise ValueError(f"w1 must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
+                         f"{2 * two_inter}, {hidden}] for w2 [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
+                         f"only one of the gate and up projections?")
     check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(num_experts, hidden, two_inter // 2),
                  layout="[E, H, I]", dtype_of="w1")
 

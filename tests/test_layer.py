@@ -94,6 +94,9 @@ def test_scaled_preset_deepseek():
     (lambda a: a.update(hidden_states=a["hidden_states"].double()), TypeError, "hidden_states must be"),
     (lambda a: a.update(w1=a["w1"][:, :, :-1]), ValueError, r"w1 must have shape \[E, 2I, H\]"),
     (lambda a: a.update(w2=a["w2"][:-1]), ValueError, r"w2 must have shape \[E, H, I\]"),
+    # w1 of I rows (the up half missing): named as w1's error, not as a wrong w2 (I is read from w1)
+    (lambda a: a.update(w1=a["w1"][:, :a["w1"].shape[1] // 2]), ValueError,
+     r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\).*only one of the gate and up"),
     (lambda a: a.update(w1=a["w1"].half()), TypeError, "w1 must be float32"),
     (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights must have shape"),
     (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),

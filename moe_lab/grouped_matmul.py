@@ -233,7 +233,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
             raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
         return LoadPath(False, False, f"no TMA: {support.reason}")
     reasons = []
-    w_view, w_box = _weight_box(w, config, swiglu)
+    w_view, w_box = _weight_box(w, config, swiglu, config.BLOCK_SIZE_K)
     w_problem = descriptor_problem(w_view, w_box)
     if w_problem and use_tma is True:
         viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
@@ -464,12 +464,11 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
                       w_scale_per_tile, dots_per_step)
 
 
-def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: Optional[int] = None):
+def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
     """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
     [1, BLOCK_SIZE_N, box_k]; with the SwiGLU epilogue [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
-    whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K unless a K step runs
-    several dots (`LaunchPlan.box_k`); a step's validity does not depend on it (the inner box stays >= 16 bytes)."""
-    box_k = box_k or config.BLOCK_SIZE_K
+    whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K, or one dot's K where a
+    K step runs several (`LaunchPlan.box_k`); validity does not depend on it (the inner box stays >= 16 bytes)."""
     if swiglu:
         return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, box_k]
     return w, [1, config.BLOCK_SIZE_N, box_k]

@@ -22,9 +22,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import moe_align
+from moe_lab import grouped_matmul, moe_align
 from moe_lab.bench import _both, _layer_gemms
 from moe_lab.presets import get_preset
+from moe_lab.quantize import quantize_activations_fp8
 from moe_lab.routing import uniform_routing
 from moe_lab.timing import graph_ms
 from moe_lab.tuned import choose_config
@@ -77,15 +78,14 @@ def point(model, num_tokens):
     hs, w1, w2, _ = p.build(num_tokens, device="cuda")
     tw, ti = uniform_routing(num_tokens, p.num_experts, p.top_k, seed=1)
     w1_q, w2_q, scales = p.quantize_fp8(w1, w2)
-    experts = torch.unique(ti).to(torch.int32).cuda()
+    experts = torch.unique(ti).to(torch.int32)
     cfg16 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size).config
     cfg8 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size,
                          torch.float8_e4m3fn).config
     routing8 = moe_align(ti, p.num_experts, cfg8.block_size_m)
-    outer = dict(w1_scale=torch.ones(p.num_experts, device="cuda"), w2_scale=torch.ones(p.num_experts, device="cuda"))
     gemms = {"bf16": _layer_gemms(hs, w1, w2, tw, moe_align(ti, p.num_experts, cfg16.block_size_m), cfg16),
              "fp8": _layer_gemms(hs, w1_q, w2_q, tw, routing8, cfg8, scales=scales),
-             "fp8 outer": _outer_gemms(hs, w1_q, w2_q, tw, routing8, cfg8, outer)}
+             "fp8 outer": _outer_gemms(hs, w1_q, w2_q, tw, routing8, cfg8)}
     row = dict(model=model, T=num_tokens, experts_used=int(experts.numel()))
     readers = {}
     for name, (a, b) in (("read bf16", (w1, w2)), ("read fp8", (w1_q, w2_q))):
@@ -110,24 +110,23 @@ def point(model, num_tokens):
     return row
 
 
-def _outer_gemms(hs, w1, w2, tw, routing, cfg, outer):
-    """The fp8 GEMMs with a per-tensor activation scale and per-expert weight scales (no block scales)."""
-    from moe_lab import grouped_matmul
-    from moe_lab.quantize import quantize_activations_fp8
-    x, a1 = quantize_activations_fp8(hs, scale=torch.ones(1, device=hs.device))
+def _outer_gemms(hs, w1, w2, tw, routing, cfg):
+    """The fp8 GEMMs as `_layer_gemms` builds them, but with one activation scale per tensor and one weight
+    scale per expert (all ones): no scale loads or multiplies in the K loop."""
+    one, per_expert = torch.ones(1, device=hs.device), torch.ones(w1.shape[0], device=hs.device)
+    x, a1 = quantize_activations_fp8(hs, scale=one)
     fused = cfg.up.swiglu_epilogue
-    act = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=fused, a_scale=a1,
-                         w_scale=outer["w1_scale"], out_dtype=torch.float32)
-    act_q, a2 = quantize_activations_fp8(act, scale=torch.ones(1, device=hs.device))
+    act = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=fused, a_scale=a1, w_scale=per_expert,
+                         out_dtype=torch.float32)
+    act_q, a2 = quantize_activations_fp8(act, scale=one)
     out_k = torch.empty(routing.num_slots, w2.shape[1], dtype=hs.dtype, device=hs.device)
 
     def up():
-        grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=fused, a_scale=a1, w_scale=outer["w1_scale"],
-                       out=act)
+        grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=fused, a_scale=a1, w_scale=per_expert, out=act)
 
     def down():
         grouped_matmul(act_q, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=tw, out=out_k,
-                       a_scale=a2, w_scale=outer["w2_scale"])
+                       a_scale=a2, w_scale=per_expert)
     return up, down
 
 

@@ -1,6 +1,7 @@
 """Input checks shared by the launchers: each error names the argument, what it got and what it expects."""
 from __future__ import annotations
 
+import operator
 from typing import Iterable, Optional, Sequence
 
 import torch
@@ -56,15 +57,20 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        value = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
 
 
 def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optional[int] = None) -> int:
-    check_positive_int(name, value, minimum)
+    value = check_positive_int(name, value, minimum)
     if value & (value - 1) or (maximum is not None and value > maximum):
         bound = f" and <= {maximum}" if maximum is not None else ""
         raise ValueError(f"{name} must be a power of two >= {minimum}{bound}, got {value}")

@@ -109,10 +109,10 @@ def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) ->
 def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> None:
     """The checks of `moe_align`'s arguments (also run by `moe_align_reference` and `slot_order_routing`)."""
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
-    check_positive_int("num_experts", num_experts)
+    num_experts = check_positive_int("num_experts", num_experts)
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"num_experts must be <= {MAX_EXPERTS}, got {num_experts}")
-    check_power_of_two("block_size_m", block_size_m, minimum=1)
+    block_size_m = check_power_of_two("block_size_m", block_size_m, minimum=1)
     if block_size_m > 256:
         raise ValueError(f"block_size_m must be <= 256, got {block_size_m}")
     if expert_map is not None:

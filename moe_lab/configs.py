@@ -55,11 +55,14 @@ class GemmConfig:
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
-        for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):
-            check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
-        check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
-        check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
-        check_positive_int("config.num_stages", self.num_stages)
+        # Stored as Python ints (numpy integers are taken too): the kernels specialize on them.
+        checked = {name: check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
+                   for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")}
+        checked["GROUP_SIZE_M"] = check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
+        checked["num_warps"] = check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
+        checked["num_stages"] = check_positive_int("config.num_stages", self.num_stages)
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)  # frozen dataclass
         for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")

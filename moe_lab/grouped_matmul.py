@@ -39,7 +39,7 @@ from .capability import (descriptor_problem, fp8_support, multiprocessor_count, 
                          tma_support)
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
 from .permute import permute_tokens
-from .quantize import FP8_DTYPE, check_block_shape, check_static_scale
+from .quantize import FP8_DTYPE, MIN_FP8_DOT_K, check_gemm_block_shape, check_static_scale
 from .runtime import interpreter_active, interpreter_serialized
 
 log = logging.getLogger(__name__)
@@ -55,9 +55,6 @@ PERSISTENT_WARP_SPECIALIZE = False
 # use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
 # these are the words, mapped in this one place.
 USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
-# The least K of a float8 dot on NVIDIA GPUs (8-bit mma.sync and wgmma take K = 32): FP8 configs' BLOCK_SIZE_K
-# is raised to it, and block scales' block_k must be a multiple of it.
-MIN_FP8_DOT_K = 32
 
 
 @dataclass(frozen=True)
@@ -132,19 +129,6 @@ class Fp8Scales:
     w_scale: torch.Tensor
     group_n: int = 1
     group_k: int = 1
-
-
-def check_gemm_block_shape(block_shape) -> Optional[tuple]:
-    """`moe_lab.quantize.check_block_shape`, and what the GEMM needs beyond it: block_k a multiple of 32 (each
-    dot lies in one scale block, and float8 tensor-core dots take at least 32 channels: NVIDIA's 8-bit
-    mma and wgmma have K = 32), both entries below 2**31."""
-    block_shape = check_block_shape(block_shape)
-    if block_shape is not None and block_shape[1] % MIN_FP8_DOT_K:
-        raise ValueError(f"block_shape[1] (block_k) must be a multiple of {MIN_FP8_DOT_K} (float8 dots take K in "
-                         f"steps of {MIN_FP8_DOT_K}), got {block_shape[1]}")
-    if block_shape is not None and max(block_shape) >= 2 ** 31:  # the kernel divides int32 indices by them
-        raise ValueError(f"block_shape entries must be below 2**31, got {list(block_shape)}")
-    return block_shape
 
 
 def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optional[tuple]) -> torch.Tensor:

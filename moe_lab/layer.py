@@ -247,7 +247,7 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     check_same_device(hidden_states=hidden_states, out=out)
     check_not_aliased(out, **inputs)
     if chunk_size is not None:
-        check_positive_int("chunk_size", chunk_size)
+        chunk_size = check_positive_int("chunk_size", chunk_size)
     step = chunk_size or max(num_tokens, 1)
     info = None
     for t0 in range(0, max(num_tokens, 1), step):

@@ -22,7 +22,6 @@ activations, 128x128 blocks for weights, online max-abs scaling); vLLM,
 """
 from __future__ import annotations
 
-import numbers
 
 import operator
 from typing import Optional, Sequence, Tuple
@@ -70,6 +69,25 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     if min(values) < 1:
         raise ValueError(f"block_shape entries must be >= 1, got {values}")
     return values[0], values[1]
+
+
+# The least K of a float8 dot on NVIDIA GPUs (8-bit mma.sync and wgmma take K = 32): FP8 configs' BLOCK_SIZE_K
+# is raised to it, and block scales' block_k must be a multiple of it.
+MIN_FP8_DOT_K = 32
+
+
+def check_gemm_block_shape(block_shape) -> Optional[Tuple[int, int]]:
+    """`check_block_shape`, and what the grouped GEMM needs beyond it (so weights are never quantized in
+    blocks it cannot run): block_k a multiple of 32 (each dot lies in one scale block, and float8
+    tensor-core dots take at least 32 channels: NVIDIA's 8-bit mma and wgmma have K = 32), both entries
+    below 2**31."""
+    block_shape = check_block_shape(block_shape)
+    if block_shape is not None and block_shape[1] % MIN_FP8_DOT_K:
+        raise ValueError(f"block_shape[1] (block_k) must be a multiple of {MIN_FP8_DOT_K} (float8 dots take K in "
+                         f"steps of {MIN_FP8_DOT_K}), got {block_shape[1]}")
+    if block_shape is not None and max(block_shape) >= 2 ** 31:  # the kernel divides int32 indices by them
+        raise ValueError(f"block_shape entries must be below 2**31, got {list(block_shape)}")
+    return block_shape
 
 
 def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)") -> torch.Tensor:
@@ -135,11 +153,11 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
     ops, no kernel; memory beyond the outputs is a few float32 copies of one expert).
 
     Raises TypeError/ValueError for w not a 3-D float tensor, N or K of 0, block_shape not None or two
-    positive ints, per_channel not a bool or combined with a block_shape.
+    positive ints with bk a multiple of 32 (what the grouped GEMM runs), per_channel not a bool or combined with a block_shape.
     Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3 (128x128 weight blocks), and its
     config.json `quantization_config` (`"weight_block_size": [128, 128]`, `"fmt": "e4m3"`)."""
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, N, K]")
-    block = check_block_shape(block_shape)
+    block = check_gemm_block_shape(block_shape)
     if _check_flag("per_channel", per_channel) and block is not None:
         raise ValueError(f"per_channel=True gives one scale per output row and takes block_shape=None, got "
                          f"block_shape={list(block)}; pass block_shape=None")
@@ -289,9 +307,7 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     if k == 0:
         raise ValueError(f"x must have K >= 1 channels [rows, K], got shape {tuple(x.shape)}")
     if group_size is not None:
-        if isinstance(group_size, numbers.Integral) and not isinstance(group_size, bool):
-            group_size = int(group_size)  # a numpy int, as block_shape takes them
-        check_positive_int("group_size", group_size)
+        group_size = check_positive_int("group_size", group_size)  # numpy ints too, as block_shape takes them
     per_tensor = _check_flag("per_tensor", per_tensor)
     if scale is not None:
         scale = check_static_scale("scale", scale)

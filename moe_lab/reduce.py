@@ -28,7 +28,7 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
     Slots whose id lies outside [0, E_global) (E_global = len(expert_map), or num_experts without a map),
     or whose local expert is -1, contribute zero. Raises TypeError/ValueError for bad arguments."""
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
-    check_positive_int("num_experts", num_experts)
+    num_experts = check_positive_int("num_experts", num_experts)
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
         expert_map = expert_map.contiguous()

@@ -49,7 +49,7 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     """
     check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, E]")
     num_tokens, num_experts = router_logits.shape
-    check_positive_int("top_k", top_k)
+    top_k = check_positive_int("top_k", top_k)
     if top_k > num_experts:
         raise ValueError(f"top_k must be <= the number of experts E={num_experts}, got {top_k}")
     if not isinstance(renormalize, bool):
@@ -71,8 +71,8 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     choice = scores if correction_bias is None else scores + correction_bias.float()
 
     if num_expert_group is not None:
-        check_positive_int("num_expert_group", num_expert_group)
-        check_positive_int("topk_group", topk_group)
+        num_expert_group = check_positive_int("num_expert_group", num_expert_group)
+        topk_group = check_positive_int("topk_group", topk_group)
         if num_experts % num_expert_group:
             raise ValueError(f"num_expert_group={num_expert_group} must divide E={num_experts}")
         if topk_group > num_expert_group:

@@ -429,7 +429,10 @@ def test_fp8_block_scales_with_no_k_or_no_tokens(block_n):
 
 def test_fp8_block_shape_past_int32_is_named():
     routing = moe_align(random_topk_ids(5, 2, 1), 2, 16)
-    w_q, w_scale = quantize_weights_fp8(torch.randn(2, 64, 64, device=DEVICE), (2 ** 31, 32))  # one block in N
+    w = torch.randn(2, 64, 64, device=DEVICE)
+    with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
+        quantize_weights_fp8(w, (2 ** 31, 32))
+    w_q, w_scale = w.to(torch.float8_e4m3fn), torch.ones(2, 1, 2, device=DEVICE)  # one block in N
     a_q, a_scale = quantize_activations_fp8(torch.randn(5, 64, device=DEVICE), group_size=32)
     with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
@@ -492,7 +495,10 @@ def test_fp8_dots_take_at_least_32_channels():
                                    a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
                                    out_dtype=torch.float32, return_plan=True)
         assert plan.config.BLOCK_SIZE_K == 32
-    w_q, w_scale = quantize_weights_fp8(w, (16, 48))
+    with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
+        quantize_weights_fp8(w, (16, 48))  # no weights in blocks the GEMM cannot run
+    w_q = w.to(torch.float8_e4m3fn)
+    w_scale = torch.ones(num_experts, n // 16, -(-k // 48), device=DEVICE)
     a_q, a_scale = quantize_activations_fp8(a, group_size=48)
     with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=True, a_scale=a_scale,

@@ -83,6 +83,22 @@ def test_config_errors_name_the_key():
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
 
 
+def test_config_takes_numpy_ints():
+    """Sizes read from a numpy array or a JSON loader work as ints do, stored as Python ints (the kernels
+    specialize on them); numpy floats and bools are still refused."""
+    import numpy as np
+    hs, w1, w2, tw, ti = small_layer()
+    cfg = GemmConfig(np.int64(16), np.int32(32), np.int64(16), np.int64(1), np.int64(4), np.int64(2))
+    assert all(type(v) is int for v in (cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.num_stages))
+    assert cfg == GemmConfig(16, 32, 16, 1, 4, 2)
+    out = fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_SIZE_M": np.int64(16)})
+    assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
+    with pytest.raises(TypeError, match="config.BLOCK_SIZE_N must be an int, got float64"):
+        GemmConfig(16, np.float64(32))
+    with pytest.raises(TypeError, match="config.num_warps must be an int, got bool"):
+        GemmConfig(16, 32, num_warps=True)
+
+
 def test_config_that_does_not_fit_is_clamped_or_refused():
     big = GemmConfig(128, 256, 128, 8, 8, 6)
     fitted = fit_to_shared_memory(big, 2, 232448)

@@ -57,13 +57,17 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum."""
+    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum.
+    Bools are refused, numpy's and 0-d bool tensors too (operator.index takes those as 0 and 1)."""
+    kind = f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
+    if isinstance(value, torch.Tensor):
+        kind = f"a {value.dim()}-d {str(value.dtype).replace('torch.', '')} tensor"
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
             raise TypeError
         value = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+        raise TypeError(f"{name} must be an int, got {kind}") from None
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value

@@ -19,7 +19,7 @@ schedule without a launch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -106,8 +106,9 @@ def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) ->
             and max_num_tokens_padded(num_slots, num_experts, block_size_m) // block_size_m <= ONE_PROGRAM_MAX_M_BLOCKS)
 
 
-def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> None:
-    """The checks of `moe_align`'s arguments (also run by `moe_align_reference` and `slot_order_routing`)."""
+def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> Tuple[int, int]:
+    """The checks of `moe_align`'s arguments (also run by `moe_align_reference` and `slot_order_routing`);
+    returns (num_experts, block_size_m) as Python ints (numpy integers are taken too)."""
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
     num_experts = check_positive_int("num_experts", num_experts)
     if num_experts > MAX_EXPERTS:
@@ -118,6 +119,7 @@ def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> None:
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
     check_same_device(topk_ids=topk_ids, expert_map=expert_map)
+    return num_experts, block_size_m
 
 
 @interpreter_serialized
@@ -151,7 +153,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     >>> r.expert_ids.tolist(), r.num_tokens_post_padded.item(), r.counts.tolist()
     ([0, 1, 2], 12, [1, 2, 1])
     """
-    check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
@@ -233,7 +235,7 @@ def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: i
     if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == 1
             and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() and expert_map is None):
         return None
-    check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
     top_k, device = topk_ids.shape[1], topk_ids.device
     key = (device, top_k, block_size_m)
     rows = _SLOT_ORDER_ROWS.get(key)

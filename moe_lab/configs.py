@@ -21,6 +21,9 @@ from ._validate import check_positive_int, check_power_of_two
 from .runtime import interpreter_active
 
 
+MAX_STAGES = 16
+
+
 @dataclass(frozen=True)
 class GemmConfig:
     """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16.
@@ -58,9 +61,12 @@ class GemmConfig:
         # Stored as Python ints (numpy integers are taken too): the kernels specialize on them.
         checked = {name: check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
                    for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")}
-        checked["GROUP_SIZE_M"] = check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1)
+        # GROUP_SIZE_M x N-tiles is an int32 in the kernel; no pipeline deeper than 16 stages fits shared memory.
+        checked["GROUP_SIZE_M"] = check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1, maximum=1024)
         checked["num_warps"] = check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
         checked["num_stages"] = check_positive_int("config.num_stages", self.num_stages)
+        if checked["num_stages"] > MAX_STAGES:
+            raise ValueError(f"config.num_stages must be <= {MAX_STAGES}, got {checked['num_stages']}")
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen dataclass
         for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):

@@ -50,6 +50,17 @@ UseTma = Union[bool, str]
 INTERPRETER_PROGRAMS = 3
 # Flatten the persistent kernel's tile and K loops into one software-pipelined loop (Triton's tl.range flatten).
 PERSISTENT_FLATTEN = True
+# FP8 with per-tensor/per-channel scales: True keeps the sum over all of K in the MMA (LaunchPlan.fast_accum), with
+# bf16's tiles (`moe_lab.tuned.choose_config`): 1.5 to 1.9x over bf16 at prefill on an H200 where per-step
+# float32 sums give 1.2 to 1.5x, but the layer's error against the dequantized reference grows from 2e-3 to
+# 0.8e-2 to 1.6e-2 at T >= 512 (wgmma keeps fewer accumulator bits; the SwiGLU output's float8 rounding
+# amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
+FP8_OUTER_FAST_ACCUM = False
+
+
+def fp8_sums_in_mma(outer_scales: bool) -> bool:
+    """Whether an FP8 GEMM with these scales keeps its sum in the MMA (FP8_OUTER_FAST_ACCUM, read at the call)."""
+    return outer_scales and FP8_OUTER_FAST_ACCUM
 # Triton's automatic warp specialization of that loop: Triton 3.6 documents it for Blackwell only.
 PERSISTENT_WARP_SPECIALIZE = False
 # use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
@@ -92,7 +103,8 @@ class LaunchPlan:
     BLOCK_SIZE_K / dots_per_step channels): larger loads per step where one scale block's are small
     (FP8 decode streams 128-byte rows per block).
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
-    dtype as is)."""
+    dtype as is). fast_accum: with "outer" scales, the MMA accumulates over all of K (fewer accumulator
+    bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -105,6 +117,7 @@ class LaunchPlan:
     out_quant_group: int = 0
     w_scale_per_tile: bool = False
     dots_per_step: int = 1
+    fast_accum: bool = False
 
     @property
     def box_k(self) -> int:
@@ -445,7 +458,8 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
-                      w_scale_per_tile, dots_per_step)
+                      w_scale_per_tile, dots_per_step,
+                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"))
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -496,5 +510,5 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
         BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
         DOTS_PER_STEP=plan.dots_per_step, GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
-        **pdl_launch(a.device),
+        FAST_ACCUM=plan.fast_accum, **pdl_launch(a.device),
     )

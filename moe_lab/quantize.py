@@ -50,8 +50,8 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     naming block_shape otherwise."""
     if block_shape is None:
         return None
-    if isinstance(block_shape, torch.Tensor):
-        block_shape = block_shape.tolist()
+    if isinstance(block_shape, torch.Tensor) or type(block_shape).__module__ == "numpy":  # a tensor or an array
+        block_shape = block_shape.tolist() if getattr(block_shape, "ndim", 1) else block_shape
     if not isinstance(block_shape, (tuple, list)):
         raise TypeError(f"block_shape must be a tuple or list of two ints [bn, bk] (e.g. (128, 128)) or None, got "
                         f"{type(block_shape).__name__}")
@@ -60,7 +60,7 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     values = []
     for value in block_shape:
         try:
-            if isinstance(value, bool):
+            if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # numpy's and torch's too
                 raise TypeError
             values.append(operator.index(value))
         except TypeError:
@@ -104,7 +104,8 @@ def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)")
 
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+        kind = f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
+        raise TypeError(f"{name} must be a bool, got {kind}")
     return value
 
 

@@ -14,7 +14,7 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
                         expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
     """The same schedule as `moe_align`, built with a stable sort on the host. Slots whose expert is
     outside [0, E) (after `expert_map`) are dropped. Checks its arguments as `moe_align` does."""
-    check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
     ids = topk_ids.reshape(-1).long().cpu()

@@ -6,7 +6,7 @@ import moe_lab
 from moe_lab import FusedMoE, GemmConfig, fused_moe, fused_moe_reference, relative_error
 from moe_lab.configs import fit_to_shared_memory
 
-from .conftest import DEVICE, ON_GPU, TOL, random_layer, small_layer
+from .conftest import DEVICE, ON_GPU, TOL, random_layer, random_topk_ids, small_layer
 
 
 def test_mixed_devices_are_named():
@@ -93,10 +93,33 @@ def test_config_takes_numpy_ints():
     assert cfg == GemmConfig(16, 32, 16, 1, 4, 2)
     out = fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_SIZE_M": np.int64(16)})
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
-    with pytest.raises(TypeError, match="config.BLOCK_SIZE_N must be an int, got float64"):
+    with pytest.raises(TypeError, match="config.BLOCK_SIZE_N must be an int, got numpy.float64"):
         GemmConfig(16, np.float64(32))
     with pytest.raises(TypeError, match="config.num_warps must be an int, got bool"):
         GemmConfig(16, 32, num_warps=True)
+    for flag in (np.True_, torch.tensor(True)):  # operator.index would take these as 1
+        with pytest.raises(TypeError, match="config.num_stages must be an int, got .*bool"):
+            GemmConfig(16, 32, num_stages=flag)
+    # (from a breaker's trial) a huge GROUP_SIZE_M overflowed the kernel's int32 tile arithmetic into wrong
+    # output; a huge num_stages made fitting to shared memory take one step per stage
+    with pytest.raises(ValueError, match="config.GROUP_SIZE_M must be a power of two >= 1 and <= 1024, got 2048"):
+        GemmConfig(GROUP_SIZE_M=2048)
+    with pytest.raises(ValueError, match="config.num_stages must be <= 16, got 10000000"):
+        GemmConfig(num_stages=10 ** 7)
+
+
+def test_align_takes_numpy_ints():
+    """moe_align and its reference use the checked Python ints (a numpy int used to reach the kernel)."""
+    import numpy as np
+    from moe_lab import moe_align, moe_align_reference
+    ids = random_topk_ids(5, 4, 2)
+    for align in (moe_align, moe_align_reference):
+        got, want = align(ids, np.int64(4), np.int32(16)), align(ids, 4, 16)
+        assert type(got.block_size_m) is int and type(got.num_experts) is int
+        assert torch.equal(got.sorted_token_ids, want.sorted_token_ids)
+        assert torch.equal(got.expert_ids, want.expert_ids)
+    with pytest.raises(TypeError, match="num_experts must be an int, got a 0-d bool tensor"):
+        moe_align(ids, torch.tensor(True), 16)
 
 
 def test_config_that_does_not_fit_is_clamped_or_refused():

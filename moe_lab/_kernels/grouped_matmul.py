@@ -15,7 +15,10 @@ several (larger loads per step at decode, the sums in the same order); where a t
 one scale block (W_SCALE_PER_TILE), its weight scale is one number per dot (one per half with SWIGLU),
 folded into the rows' scales, and each step's scales are loaded a step ahead. "outer" scales
 are one per row (per token, or a per-tensor one with stride 0) and one per weight row (per channel, or per
-expert with stride 0): the float32 sum is scaled once.
+expert with stride 0): the sum is scaled once. With FAST_ACCUM (outer scales on a GPU) the MMA itself
+accumulates over all of K, as vLLM's per-tensor FP8 MoE kernel and cuBLAS's use_fast_accum do: Hopper's
+FP8 MMA keeps fewer accumulator bits than float32 (DeepSeek-V3 §3.3.2), but no K step waits for its
+product, so the tiles of bf16 fit; without it each K step's product is added to a float32 sum.
 With QUANT_GROUP (float8 operands and the SwiGLU epilogue), the tile's float32 output is quantized as the
 down GEMM reads it: one scale per row per QUANT_GROUP columns (a tile holds whole groups), float8 values.
 The epilogue optionally multiplies by the routed weight and writes rows in sorted order or scatters them
@@ -55,7 +58,7 @@ def grouped_matmul_kernel(
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr, FAST_ACCUM: tl.constexpr,
 ):
     wait_for_previous_kernel(PDL)
     # The combinations the layer uses: gather without scatter (up), sorted rows with or without scatter,
@@ -89,7 +92,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
+              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -97,7 +100,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
+              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -105,7 +108,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
 
 
 # As for grouped_matmul_kernel.
@@ -122,6 +125,7 @@ def grouped_matmul_persistent_kernel(
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PDL: tl.constexpr,
+    FAST_ACCUM: tl.constexpr,
 ):
     """The same tiles as `grouped_matmul_kernel`, walked by a grid of P programs (one per SM): program p
     takes tiles p, p + P, ... of the M-blocks in use, whose count it reads from
@@ -149,7 +153,7 @@ def grouped_matmul_persistent_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
 
 
 @triton.jit
@@ -226,7 +230,7 @@ def _tile(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    DOTS_PER_STEP: tl.constexpr,
+    DOTS_PER_STEP: tl.constexpr, FAST_ACCUM: tl.constexpr,
 ):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
     With SWIGLU the BLOCK_SIZE_N weight rows are BLOCK_SIZE_N/2 gate rows and the matching up rows, one
@@ -330,6 +334,8 @@ def _tile(
                 a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
                 w_s = tl.load(w_scale_ptrs + group * stride_wsk)
                 acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
+            elif SCALES == "outer" and FAST_ACCUM and not INTERPRETER:  # the sum kept in the MMA (see above)
+                acc = tl.dot(a, w, acc)
             elif SCALES == "outer" or INTERPRETER:  # float8: each step's product added in float32 (Hopper's float8
                 acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2);
                 # under the interpreter every dtype, so numpy's summation order never depends on the tile

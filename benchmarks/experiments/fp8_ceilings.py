@@ -15,7 +15,6 @@ time ratio of each is what that library gets from FP8 on these shapes. Next to t
 scaling in the K loop). Each cuBLAS FP8 result is checked against the dequantized product (error printed).
 Usage: python benchmarks/experiments/fp8_ceilings.py OUT.json [decode|prefill]
 """
-import json
 import os
 import sys
 
@@ -25,13 +24,12 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from fp8_decode_anatomy import READ_VARIANTS, _outer_gemms, reader  # noqa: E402
+from fp8_decode_anatomy import READ_VARIANTS, _outer_gemms, point_inputs, reader, write_results  # noqa: E402
 
 from moe_lab import moe_align  # noqa: E402
 from moe_lab.bench import _both, _layer_gemms  # noqa: E402
 from moe_lab.presets import get_preset  # noqa: E402
 from moe_lab.quantize import FP8_DTYPE, dequantize_fp8, quantize_activations_fp8, quantize_weights_fp8  # noqa: E402
-from moe_lab.routing import uniform_routing  # noqa: E402
 from moe_lab.timing import graph_ms  # noqa: E402
 from moe_lab.tuned import choose_config  # noqa: E402
 
@@ -77,10 +75,7 @@ def one_launch_reader(w1, w2, experts):
 
 
 def decode_point(model, num_tokens):
-    p = get_preset(model)
-    hs, w1, w2, _ = p.build(num_tokens, device="cuda")
-    tw, ti = uniform_routing(num_tokens, p.num_experts, p.top_k, seed=1)
-    w1_q, w2_q, scales = p.quantize_fp8(w1, w2)
+    p, hs, w1, w2, tw, ti, w1_q, w2_q, scales = point_inputs(model, num_tokens)
     experts = torch.unique(ti).to(torch.int32)
     row = dict(model=model, T=num_tokens, experts_used=int(experts.numel()))
     for name, (a, b) in (("bf16", (w1, w2)), ("fp8", (w1_q, w2_q))):
@@ -198,9 +193,7 @@ def prefill_point(model, num_tokens):
     for name in [k[len("cublas "):-len(" up")] for k in row if k.startswith("cublas ") and k.endswith(" up")]:
         if f"cublas {name} down" in row:
             row[f"cublas {name} pair"] = row[f"cublas {name} up"] + row[f"cublas {name} down"]
-    hs, w1, w2, _ = p.build(num_tokens, device="cuda")
-    tw, ti = uniform_routing(num_tokens, p.num_experts, p.top_k, seed=1)
-    w1_q, w2_q, scales = p.quantize_fp8(w1, w2)
+    _, hs, w1, w2, tw, ti, w1_q, w2_q, scales = point_inputs(model, num_tokens)
     cfg16 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size).config
     cfg8 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, FP8_DTYPE).config
     routing8 = moe_align(ti, p.num_experts, cfg8.block_size_m)
@@ -241,9 +234,7 @@ def main():
                         if key.replace(" pair", " up err") in r else ""
                     print(f"    {key:<28} {r[key]:8.3f} ({r[key.replace(' pair', ' pair TFLOP/s')]:5.0f}, "
                           f"{ref / r[key]:.2f}x){errs}", flush=True)
-    with open(out_path, "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+    write_results(out_path, rows)
 
 
 if __name__ == "__main__":

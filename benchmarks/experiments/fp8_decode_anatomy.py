@@ -73,11 +73,24 @@ def reader(w, experts):
     return best
 
 
-def point(model, num_tokens):
+def write_results(path, rows, **extra):
+    """The rows as JSON with the device and versions (the fp8_* experiments' output files)."""
+    with open(path, "w") as f:
+        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                       **extra, rows=rows), f, indent=1)
+
+
+def point_inputs(model, num_tokens):
+    """(preset, hs, w1, w2, topk_weights, topk_ids, w1_q, w2_q, scales): a point's bf16 and FP8 inputs, with
+    the routing of `moe-lab bench` (also used by the other fp8_* experiments)."""
     p = get_preset(model)
     hs, w1, w2, _ = p.build(num_tokens, device="cuda")
     tw, ti = uniform_routing(num_tokens, p.num_experts, p.top_k, seed=1)
-    w1_q, w2_q, scales = p.quantize_fp8(w1, w2)
+    return (p, hs, w1, w2, tw, ti, *p.quantize_fp8(w1, w2))
+
+
+def point(model, num_tokens):
+    p, hs, w1, w2, tw, ti, w1_q, w2_q, scales = point_inputs(model, num_tokens)
     experts = torch.unique(ti).to(torch.int32)
     cfg16 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size).config
     cfg8 = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size,
@@ -163,9 +176,7 @@ def main():
                   f"bf16 {r['bf16 pair TB/s']:.2f} fp8 {r['fp8 pair TB/s']:.2f} read {r['read bf16 pair TB/s']:.2f}"
                   f"/{r['read fp8 pair TB/s']:.2f}", flush=True)
     if len(sys.argv) > 1:
-        with open(sys.argv[1], "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                           empty_graph_ms=empty, rows=rows), f, indent=1)
+        write_results(sys.argv[1], rows, empty_graph_ms=empty)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,11 @@ activations), sums in the MMA, against the float32 reference on the dequantized 
 activations.
 Usage: python benchmarks/experiments/fp8_fast_accum.py OUT.json [layer]
 """
-import json
+import os
 import sys
 from dataclasses import replace
 
 import torch
-import triton
 
 import moe_lab.grouped_matmul  # noqa: F401 (the module: the package attribute is the function)
 from moe_lab import grouped_matmul, moe_align
@@ -34,6 +33,9 @@ from moe_lab.quantize import FP8_DTYPE, quantize_activations_fp8
 from moe_lab.routing import uniform_routing
 from moe_lab.timing import graph_ms
 from moe_lab.tuned import choose_config
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_decode_anatomy import write_results  # noqa: E402
 
 gm = sys.modules["moe_lab.grouped_matmul"]
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")
@@ -150,9 +152,7 @@ def main_layer():
             errs = "  ".join(f"err {k} {r[f'err {k}']:.1e}" for k in ("tensor", "channel") if f"err {k}" in r)
             print(f"{model:<15} T={t:<5} bf16 {r['bf16 pair']:.4f}  per-tensor before {r['before pair']:.4f} "
                   f"({r['before speedup']:.2f}x)  now {r['now pair']:.4f} ({r['now speedup']:.2f}x)  {errs}", flush=True)
-    with open(sys.argv[1], "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+    write_results(sys.argv[1], rows)
 
 
 def main():
@@ -170,9 +170,7 @@ def main():
                     continue
                 print(f"    {name:<22} {r[f'{name} pair']:.3f} ms  {r[f'{name} speedup']:.2f}x over bf16   up diff "
                       f"{r[f'{name} up diff']:.1e}  out diff {r[f'{name} out diff']:.1e}", flush=True)
-    with open(sys.argv[1], "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+    write_results(sys.argv[1], rows)
 
 
 if __name__ == "__main__":

@@ -15,22 +15,22 @@ CUDA-graph medians with L2 flushed, the least of 3 rounds; registers and spills 
 2026-12-02 run compared whole buffers, unwritten rows included: its False entries mean nothing.)
 Usage: python benchmarks/experiments/fp8_prefill_occupancy.py OUT.json
 """
-import json
+import os
 import sys
 from dataclasses import replace
 
 import torch
-import triton
 
 import moe_lab.grouped_matmul  # noqa: F401 (the module; `moe_lab.grouped_matmul` the attribute is the function)
 from moe_lab import moe_align
 from moe_lab.bench import _layer_gemms
 from moe_lab.configs import MoEConfig
-from moe_lab.presets import get_preset
 from moe_lab.quantize import FP8_DTYPE
-from moe_lab.routing import uniform_routing
 from moe_lab.timing import graph_ms
 from moe_lab.tuned import choose_config
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from fp8_decode_anatomy import point_inputs, write_results  # noqa: E402
 
 gm = sys.modules["moe_lab.grouped_matmul"]
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")
@@ -71,10 +71,7 @@ def _compiled_registers():
 
 
 def point(model, num_tokens):
-    p = get_preset(model)
-    hs, w1, w2, _ = p.build(num_tokens, device="cuda")
-    tw, ti = uniform_routing(num_tokens, p.num_experts, p.top_k, seed=1)
-    w1_q, w2_q, scales = p.quantize_fp8(w1, w2)
+    p, hs, w1, w2, tw, ti, w1_q, w2_q, scales = point_inputs(model, num_tokens)
     del w1, w2
     shipped = choose_config(num_tokens, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, FP8_DTYPE).config
     routing = moe_align(ti, p.num_experts, shipped.block_size_m)
@@ -121,9 +118,7 @@ def main():
                 print(f"    {name:<15} up {r[f'{name} up']:.3f} ({r['shipped up'] / r[f'{name} up']:.2f}x)  down "
                       f"{r[f'{name} down']:.3f} ({r['shipped down'] / r[f'{name} down']:.2f}x)  bitwise "
                       f"{r[f'{name} bitwise']}  regs/spills {r[f'{name} regs']}", flush=True)
-    with open(sys.argv[1], "w") as f:
-        json.dump(dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                       rows=rows), f, indent=1)
+    write_results(sys.argv[1], rows)
 
 
 if __name__ == "__main__":

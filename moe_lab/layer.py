@@ -80,6 +80,9 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
                  layout="[T, k] (same as topk_ids)")
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+        if expert_map.numel() == 0:
+            raise ValueError("expert_map must have one entry per global expert [E_global], E_global >= 1, "
+                             "got shape (0,)")
     num_global = expert_map.numel() if expert_map is not None else num_experts
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
-from .quantize import FP8_MAX, dequantize_fp8
+from .grouped_matmul import check_weight_scale
+from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
 
 
 def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
@@ -76,7 +77,12 @@ def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch
     the quantization's.
     """
     fp8 = w1.dtype == torch.float8_e4m3fn
-    if fp8:
+    if fp8:  # the layer's checks of the scales, so a mistake is named as fused_moe names it
+        block_shape = check_gemm_block_shape(block_shape)
+        check_weight_scale("w1_scale", w1_scale, w1, block_shape)
+        check_weight_scale("w2_scale", w2_scale, w2, block_shape)
+        a1_scale, a2_scale = (None if s is None else check_static_scale(name, s)
+                              for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale)))
         w1, w2 = dequantize_fp8(w1, w1_scale, block_shape), dequantize_fp8(w2, w2_scale, block_shape)
         group = block_shape[1] if block_shape is not None else None
         hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)

@@ -503,3 +503,22 @@ def test_fp8_dots_take_at_least_32_channels():
     with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
         grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=True, a_scale=a_scale,
                        w_scale=w_scale, block_shape=(16, 48))
+
+
+def test_reference_checks_its_fp8_arguments_as_the_layer_does():
+    """(From a breaker's trial) fused_moe_reference took a block_k the layer refuses and named
+    dequantize_fp8's arguments (q, scale) for a w1_scale that does not fit."""
+    e, t, h, i = 3, 4, 64, 32
+    x = torch.randn(t, h, device=DEVICE)
+    (w1_q, w1_s), (w2_q, w2_s) = (quantize_weights_fp8(torch.randn(e, n, k, device=DEVICE), (32, 32))
+                                  for n, k in ((2 * i, h), (h, i)))
+    topk_weights, topk_ids = torch.rand(t, 2, device=DEVICE), random_topk_ids(t, e, 2)
+    with pytest.raises(ValueError, match=r"w1_scale must have shape \[E, ceil\(N/block_n\), ceil\(K/block_k\)\]"):
+        fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(64, 64))
+    with pytest.raises(ValueError, match=r"block_k\) must be a multiple of 32.*got 48"):
+        fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(32, 48))
+    with pytest.raises(ValueError, match=r"a1_scale must have shape \[1\] or \[\]"):
+        fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s[:, 0, 0].contiguous(),
+                            w2_scale=w2_s[:, 0, 0].contiguous(), a1_scale=torch.ones(2, device=DEVICE))
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(32, 32))
+    assert ref.shape == (t, h) and torch.isfinite(ref).all()

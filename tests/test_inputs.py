@@ -83,6 +83,12 @@ def test_config_errors_name_the_key():
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
 
 
+def test_empty_expert_map_is_named():
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(ValueError, match=r"expert_map must have one entry per global expert \[E_global\]"):
+        fused_moe(hs, w1, w2, tw, ti, expert_map=torch.zeros(0, dtype=torch.int32, device=DEVICE))
+
+
 def test_config_takes_numpy_ints():
     """Sizes read from a numpy array or a JSON loader work as ints do, stored as Python ints (the kernels
     specialize on them); numpy floats and bools are still refused."""

@@ -56,14 +56,25 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
     return first
 
 
-def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum.
-    Bools are refused, numpy's and 0-d bool tensors too (operator.index takes those as 0 and 1)."""
-    kind = f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
+def type_name(value) -> str:
+    """What a message says `value` is: "int", "numpy.float64", "a 0-d bool tensor" (numpy's bool is named
+    "bool" too, so its module is given)."""
     if isinstance(value, torch.Tensor):
-        kind = f"a {value.dim()}-d {str(value.dtype).replace('torch.', '')} tensor"
+        return f"a {value.dim()}-d {str(value.dtype).replace('torch.', '')} tensor"
+    return f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
+
+
+def is_bool(value) -> bool:
+    """A Python, numpy or torch bool: operator.index takes numpy's and 0-d tensors' as 0 and 1."""
+    return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum;
+    bools of every kind are refused (`is_bool`)."""
+    kind = type_name(value)
     try:
-        if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):
+        if is_bool(value):
             raise TypeError
         value = operator.index(value)
     except TypeError:

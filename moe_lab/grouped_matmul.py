@@ -50,6 +50,11 @@ UseTma = Union[bool, str]
 INTERPRETER_PROGRAMS = 3
 # Flatten the persistent kernel's tile and K loops into one software-pipelined loop (Triton's tl.range flatten).
 PERSISTENT_FLATTEN = True
+# Triton's automatic warp specialization of that loop: Triton 3.6 documents it for Blackwell only.
+PERSISTENT_WARP_SPECIALIZE = False
+# use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
+# these are the words, mapped in this one place.
+USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 # FP8 with per-tensor/per-channel scales: True keeps the sum over all of K in the MMA (LaunchPlan.fast_accum), with
 # bf16's tiles (`moe_lab.tuned.choose_config`): 1.5 to 1.9x over bf16 at prefill on an H200 where per-step
 # float32 sums give 1.2 to 1.5x, but the layer's error against the dequantized reference grows from 2e-3 to
@@ -61,11 +66,6 @@ FP8_OUTER_FAST_ACCUM = False
 def fp8_sums_in_mma(outer_scales: bool) -> bool:
     """Whether an FP8 GEMM with these scales keeps its sum in the MMA (FP8_OUTER_FAST_ACCUM, read at the call)."""
     return outer_scales and FP8_OUTER_FAST_ACCUM
-# Triton's automatic warp specialization of that loop: Triton 3.6 documents it for Blackwell only.
-PERSISTENT_WARP_SPECIALIZE = False
-# use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
-# these are the words, mapped in this one place.
-USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 
 
 @dataclass(frozen=True)

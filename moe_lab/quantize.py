@@ -22,7 +22,6 @@ activations, 128x128 blocks for weights, online max-abs scaling); vLLM,
 """
 from __future__ import annotations
 
-
 import operator
 from typing import Optional, Sequence, Tuple
 
@@ -32,7 +31,7 @@ import triton
 
 from ._kernels.quantize import per_token_group_quant_fp8_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_positive_int, check_same_device, check_tensor, \
-    output_buffer
+    is_bool, output_buffer, type_name
 from .capability import fp8_support, pdl_launch
 from .runtime import interpreter_active, interpreter_serialized
 
@@ -60,7 +59,7 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     values = []
     for value in block_shape:
         try:
-            if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")):  # numpy's and torch's too
+            if is_bool(value):
                 raise TypeError
             values.append(operator.index(value))
         except TypeError:
@@ -104,8 +103,7 @@ def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)")
 
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
-        kind = f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
-        raise TypeError(f"{name} must be a bool, got {kind}")
+        raise TypeError(f"{name} must be a bool, got {type_name(value)}")
     return value
 
 
@@ -154,7 +152,8 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
     ops, no kernel; memory beyond the outputs is a few float32 copies of one expert).
 
     Raises TypeError/ValueError for w not a 3-D float tensor, N or K of 0, block_shape not None or two
-    positive ints with bk a multiple of 32 (what the grouped GEMM runs), per_channel not a bool or combined with a block_shape.
+    positive ints with bk a multiple of 32 (what the grouped GEMM runs), per_channel not a bool or
+    combined with a block_shape.
     Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3 (128x128 weight blocks), and its
     config.json `quantization_config` (`"weight_block_size": [128, 128]`, `"fmt": "e4m3"`)."""
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, N, K]")

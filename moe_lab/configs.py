@@ -43,7 +43,12 @@ class GemmConfig:
     `persistent`: launch one program per SM that walks the tiles (`grouped_matmul_persistent_kernel`),
     software-pipelined across tiles so one tile's epilogue overlaps the next one's loads; tiles then run
     whole (no tail tiles). Same results, bit for bit. A slot-order schedule (one token in the layer)
-    runs one program per tile instead: its blocks may name no expert."""
+    runs one program per tile instead: its blocks may name no expert.
+    `fold_tail_rows`: where an expert's last M-block holds at most this many valid rows, the expert's
+    block before it computes them too, in a second dot on the same weight tile, and the last block's
+    program does nothing: a small tail costs that many rows' MMAs and no second pass over the weights.
+    0 (off) or a power of two from 16 to BLOCK_SIZE_M/2; float operands and one program per tile only
+    (the launch plan turns it off elsewhere). Same results, bit for bit."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -55,6 +60,7 @@ class GemmConfig:
     prepermute: bool = False
     fuse_swiglu: bool = True
     persistent: bool = False
+    fold_tail_rows: int = 0
 
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
@@ -67,6 +73,13 @@ class GemmConfig:
         checked["num_stages"] = check_positive_int("config.num_stages", self.num_stages)
         if checked["num_stages"] > MAX_STAGES:
             raise ValueError(f"config.num_stages must be <= {MAX_STAGES}, got {checked['num_stages']}")
+        if isinstance(self.fold_tail_rows, bool) or self.fold_tail_rows != 0:  # 0 is off; bools are refused
+            checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
+            if checked["fold_tail_rows"] > checked["BLOCK_SIZE_M"] // 2:
+                raise ValueError(f"config.fold_tail_rows must be 0 or at most BLOCK_SIZE_M/2 = "
+                                 f"{checked['BLOCK_SIZE_M'] // 2}, got {checked['fold_tail_rows']}")
+        else:
+            checked["fold_tail_rows"] = 0
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen dataclass
         for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):
@@ -86,8 +99,9 @@ class GemmConfig:
         return min(2, (self.BLOCK_SIZE_M // 16).bit_length() - 1)
 
     def shared_memory_bytes(self, itemsize: int) -> int:
-        """Shared memory the software pipeline needs for A and W tiles (Triton's estimate, roughly)."""
-        tile = (self.BLOCK_SIZE_M + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
+        """Shared memory the software pipeline needs for A and W tiles (Triton's estimate, roughly), a
+        folded tail's rows counted as A rows."""
+        tile = (self.BLOCK_SIZE_M + self.fold_tail_rows + self.BLOCK_SIZE_N) * self.BLOCK_SIZE_K * itemsize
         return tile * max(1, self.num_stages - 1) + tile
 
     def to_dict(self) -> dict:

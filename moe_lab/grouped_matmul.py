@@ -94,6 +94,8 @@ class LaunchPlan:
     program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
     grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
+    fold_m: config.fold_tail_rows where it applies (one program per tile, an expert-sorted schedule, float
+    operands), else 0: an expert's last block of at most that many valid rows is computed by the block before.
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
     block's K, or is a multiple of it: see dots_per_step). w_scale_per_tile: with block scales, a program's
@@ -118,6 +120,7 @@ class LaunchPlan:
     w_scale_per_tile: bool = False
     dots_per_step: int = 1
     fast_accum: bool = False
+    fold_m: int = 0
 
     @property
     def box_k(self) -> int:
@@ -456,10 +459,12 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
+    # Folded tails need blocks of one expert in a row (expert-sorted) and a program per tile to skip.
+    fold_m = config.fold_tail_rows if routing.expert_sorted and not config.persistent and scales is None else 0
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile, dots_per_step,
-                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"))
+                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), fold_m)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -495,7 +500,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         kernel = grouped_matmul_persistent_kernel
         schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE)
     else:
-        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits)
+        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m)
     kernel[(plan.grid,)](
         a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,

@@ -3,7 +3,8 @@
 For each preset and T it times (CUDA-graph replays, L2 flushed before each, median) the up and the down
 GEMM over a candidate set that depends on the expected rows per expert (T*k/E): BLOCK_SIZE_M shared by
 both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load path (TMA or pointer),
-tail tiles on or off, from 64 rows per expert on the persistent kernel or one program per tile, and for
+tail tiles on or off, from 64 rows per expert on the persistent kernel or one program per tile (with
+128-row tiles also folded tails of 64 rows, `GemmConfig.fold_tail_rows`), and for
 the up GEMM whether to permute token rows first. The up GEMM is timed as the
 layer runs it: with its SwiGLU epilogue (`GemmConfig.fuse_swiglu`). That switch is not tuned per point: a
 token's output would then round differently alone and in a batch (see the README's batch invariance). Candidates whose pipeline
@@ -81,12 +82,18 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
             shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"], space.get("persistent", [False])):
         if (m == 16 or persistent) and not tail:  # no tail tiles below 16 rows or in the persistent kernel:
             continue                                # the same kernel either way
-        cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre, persistent=persistent)
-        if cfg.shared_memory_bytes(itemsize) <= smem_limit:
-            ups, downs = out.setdefault(m, ([], []))
-            ups.append(cfg)
-            if not pre:  # the down GEMM reads sorted rows already
-                downs.append(cfg)
+        # Folded tails of half a 128-row block, one program per tile, float operands (a second float32 tile
+        # of 64 rows; benchmarks/experiments/fold_tails-H200-2026-12-02.txt): where experts' last blocks
+        # are often small, as at 128 rows per expert.
+        folds = [0, 64] if m == 128 and rows_per_expert > 48 and tail and not persistent and not pre and itemsize > 1 else [0]
+        for fold in folds:
+            cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre, persistent=persistent,
+                             fold_tail_rows=fold)
+            if cfg.shared_memory_bytes(itemsize) <= smem_limit:
+                ups, downs = out.setdefault(m, ([], []))
+                ups.append(cfg)
+                if not pre:  # the down GEMM reads sorted rows already
+                    downs.append(cfg)
     return out
 
 

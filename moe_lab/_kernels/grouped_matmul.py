@@ -36,6 +36,12 @@ Tail tiles (TAIL_SPLITS): an expert's last M-block is mostly padding when its ro
 of BLOCK_SIZE_M, and padding rows cost as much tensor-core work as real ones. Valid rows come first in a
 block, so one look at the row halfway (a quarter of the way) in tells whether a half (quarter) tile
 holds them all; such blocks run a smaller tile. Rows the smaller tile skips are padding: never written.
+
+Folded tails (FOLD_M): where an expert's last M-block holds at most FOLD_M valid rows, the block before it
+(the same expert's, full) computes them too, in a second FOLD_M-row dot on the same weight tile, and the
+last block's own program ends at once. A small tail then costs a fraction of a tile's MMAs and no second
+pass over the expert's weights (a tail tile reads its weight tile again). Each row's K reduction runs in
+the same order either way.
 """
 import triton
 import triton.language as tl
@@ -57,6 +63,7 @@ def grouped_matmul_kernel(
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
+    FOLD_M: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, PDL: tl.constexpr, FAST_ACCUM: tl.constexpr,
 ):
@@ -82,17 +89,39 @@ def grouped_matmul_kernel(
         half_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 2) >= num_slots
     if TAIL_SPLITS >= 2:
         quarter_pad = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M // 4) >= num_slots
+    # Folded tails (see above): a block and the next of the same expert, whose row FOLD_M is padding. Blocks
+    # past the end have expert -1, so no block in use folds one that is not.
+    fold_next = False
+    if FOLD_M > 0:
+        tl.static_assert(SCALES == "none", "folded tails are for float operands")
+        has_next = pid_m + 1 < num_m_blocks
+        next_expert = tl.load(expert_ids_ptr + pid_m + 1, mask=has_next, other=-1)
+        next_small = tl.load(sorted_token_ids_ptr + row0 + BLOCK_SIZE_M + FOLD_M, mask=has_next, other=0) >= num_slots
+        prev_expert = tl.load(expert_ids_ptr + pid_m - 1, mask=pid_m > 0, other=-1)
+        own_small = tl.load(sorted_token_ids_ptr + row0 + FOLD_M) >= num_slots
+        fold_next = (next_expert == block_expert) & next_small
     if (row0 >= rows_in_use) | (block_expert < 0) | (block_expert >= num_experts):
         return
+    if FOLD_M > 0:
+        if (prev_expert == block_expert) & own_small:  # folded into the block before
+            return
     expert = block_expert.to(tl.int32)
-    if quarter_pad:
+    if fold_next:
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+              row0, expert, pid_n, N, K, num_slots,
+              stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
+              stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
+              SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, FOLD_M)
+    elif quarter_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
+              BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
     elif half_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -100,7 +129,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
+              BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
     else:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
@@ -108,7 +137,7 @@ def grouped_matmul_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
 
 
 # As for grouped_matmul_kernel.
@@ -153,7 +182,7 @@ def grouped_matmul_persistent_kernel(
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
               TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
-              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM)
+              BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
 
 
 @triton.jit
@@ -230,11 +259,13 @@ def _tile(
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
     SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
     FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    DOTS_PER_STEP: tl.constexpr, FAST_ACCUM: tl.constexpr,
+    DOTS_PER_STEP: tl.constexpr, FAST_ACCUM: tl.constexpr, FOLD_M: tl.constexpr,
 ):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
     With SWIGLU the BLOCK_SIZE_N weight rows are BLOCK_SIZE_N/2 gate rows and the matching up rows, one
-    dot as wide as without it, and the tile writes BLOCK_SIZE_N/2 columns of the N = I outputs."""
+    dot as wide as without it, and the tile writes BLOCK_SIZE_N/2 columns of the N = I outputs. With
+    FOLD_M > 0 (float operands) also the next FOLD_M rows, the next block's valid ones (a folded tail),
+    in a second dot on the same weight tile."""
     offs_m = row0 + tl.arange(0, TILE_M)
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
     token_valid = token_ids < num_slots
@@ -249,6 +280,18 @@ def _tile(
     DOT_K: tl.constexpr = BLOCK_SIZE_K // DOTS_PER_STEP
     offs_k = tl.arange(0, DOT_K)
     a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    if FOLD_M > 0:  # the folded tail's rows, by pointer (a descriptor's box is BLOCK_SIZE_M rows)
+        offs_f = row0 + TILE_M + tl.arange(0, FOLD_M)
+        f_token_ids = tl.load(sorted_token_ids_ptr + offs_f)
+        f_valid = f_token_ids < num_slots
+        if GATHER_A:
+            f_rows = (f_token_ids // TOP_K).to(tl.int64)
+            f_row_ok = f_valid
+        else:
+            f_rows = offs_f.to(tl.int64)
+            f_row_ok = tl.full([FOLD_M], 1, tl.int1)
+        f_ptrs = a_ptr + f_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        acc_f = tl.zeros((FOLD_M, BLOCK_SIZE_N), dtype=tl.float32)
     # Weight rows of the tile. Wrap N instead of masking loads: columns past N are computed and then
     # dropped by the store mask.
     lane_n = tl.arange(0, BLOCK_SIZE_N)
@@ -297,6 +340,9 @@ def _tile(
             else:
                 a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
                 a_ptrs += DOT_K * stride_ak
+            if FOLD_M > 0:
+                a_f = tl.load(f_ptrs, mask=f_row_ok[:, None] & k_ok[None, :], other=0.0)
+                f_ptrs += DOT_K * stride_ak
             if W_TMA:
                 if SWIGLU:  # a 4-D descriptor over w viewed as [E, 2, N, K]: gate and up boxes land in one tile
                     w = w_desc.load([expert, 0, n0, k0])
@@ -312,6 +358,8 @@ def _tile(
             if EMULATE_BF16:  # the interpreter's bf16 dot multiplies raw bit patterns
                 a = a.to(tl.float32)
                 w = w.to(tl.float32)
+                if FOLD_M > 0:
+                    a_f = a_f.to(tl.float32)
             if SCALES == "block" and W_SCALE_PER_TILE:  # as below, with the scales loaded a step ahead
                 if d == 0:  # this step's scales; the last step loads its own again (no load past the K groups)
                     step_a_s, step_w_s, step_w_up_s = next_a_s, next_w_s, next_w_up_s
@@ -336,23 +384,51 @@ def _tile(
                 acc += _step_product(a, w, INTERPRETER) * (a_s[:, None] * w_s[None, :])
             elif SCALES == "outer" and FAST_ACCUM and not INTERPRETER:  # the sum kept in the MMA (see above)
                 acc = tl.dot(a, w, acc)
-            elif SCALES == "outer" or INTERPRETER:  # float8: each step's product added in float32 (Hopper's float8
-                acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2);
-                # under the interpreter every dtype, so numpy's summation order never depends on the tile
-            elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
-                acc = tl.dot(a, w, acc, input_precision="ieee")
+            elif SCALES == "outer":  # float8: each step's product added in float32 (Hopper's float8
+                acc += _step_product(a, w, INTERPRETER)  # MMA keeps fewer accumulator bits, DeepSeek-V3 §3.3.2)
             else:
-                acc = tl.dot(a, w, acc)
+                acc = _mma(acc, a, w, INTERPRETER, FP32_IEEE)
+            if FOLD_M > 0:  # the folded tail's rows, on the same weight tile
+                acc_f = _mma(acc_f, a_f, w, INTERPRETER, FP32_IEEE)
     if SCALES == "outer":  # one scale per row and per weight row for all of K: scale the sum once
         a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
         acc = acc * (a_s[:, None] * tl.load(w_scale_ptrs)[None, :])
 
+    _write_rows(acc, offs_m, token_ids, token_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
+                stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP, INTERPRETER, SCATTER_C,
+                MUL_ROUTED_WEIGHT, SWIGLU, EMULATE_BF16, TILE_M, BLOCK_SIZE_N)
+    if FOLD_M > 0:
+        _write_rows(acc_f, offs_f, f_token_ids, f_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
+                    stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP, INTERPRETER, SCATTER_C,
+                    MUL_ROUTED_WEIGHT, SWIGLU, EMULATE_BF16, FOLD_M, BLOCK_SIZE_N)
+
+
+@triton.jit
+def _mma(acc, a, w, INTERPRETER: tl.constexpr, FP32_IEEE: tl.constexpr):
+    """acc + a @ w for float operands; under the interpreter each step's product added (`_step_product`)."""
+    if INTERPRETER:  # every dtype: numpy's summation order must never depend on the tile
+        acc += _step_product(a, w, INTERPRETER)
+    elif FP32_IEEE:  # float32 operands, full precision (PyTorch's "highest" float32 matmul precision)
+        acc = tl.dot(a, w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, w, acc)
+    return acc
+
+
+@triton.jit
+def _write_rows(acc, offs_m, token_ids, token_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
+                stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr,
+                SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr,
+                EMULATE_BF16: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
+    """The epilogue of TILE_M rows (schedule rows offs_m, their slots token_ids): the float32 sums
+    acc [TILE_M, BLOCK_SIZE_N] to SiLU-and-mul (SWIGLU), times the routed weight, rounded (or quantized,
+    QUANT_GROUP) and stored, in sorted order or scattered to their slots."""
     if SWIGLU:  # silu(gate) * up in float32, before anything is rounded to the output dtype
         gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
         acc = gate * tl.sigmoid(gate) * up
         offs_n = n0 + tl.arange(0, BLOCK_SIZE_N // 2)
     else:
-        offs_n = n0 + lane_n
+        offs_n = n0 + tl.arange(0, BLOCK_SIZE_N)
 
     if MUL_ROUTED_WEIGHT:
         routed = tl.load(topk_weights_ptr + token_ids, mask=token_valid, other=0.0)

@@ -1,0 +1,83 @@
+"""Folded tails (GemmConfig.fold_tail_rows): an expert's last M-block of at most that many valid rows is
+computed by the block before it. Every valid row written, the same bits as without folding, the rows the
+fold skips (padding) never written, and the plan turning it off where it does not apply."""
+import pytest
+import torch
+
+from moe_lab import GemmConfig, grouped_matmul, moe_align, relative_error
+from moe_lab.align import slot_order_routing
+
+from .conftest import DEVICE, TOL
+from .test_grouped_matmul import PATHS, per_expert_reference
+
+
+def _routing(block_m, fold):
+    # Last blocks of fold - 1, fold and fold + 1 valid rows after full blocks (the first two fold, the third
+    # does not), an expert of one partial block, an empty one, one of whole blocks, and several in a row.
+    sizes = [block_m + fold - 1, 2 * block_m + fold, block_m + fold + 1, 3, 0, 2 * block_m, block_m + 1, block_m + 2]
+    ids = torch.cat([torch.full((s,), e, dtype=torch.int32) for e, s in enumerate(sizes)])
+    ids = ids[torch.randperm(ids.numel())].reshape(-1, 1).to(DEVICE)
+    return ids, moe_align(ids, len(sizes), block_m)
+
+
+@pytest.mark.parametrize("use_tma", PATHS)
+@pytest.mark.parametrize("block_m,fold", [(32, 16), (64, 16), (64, 32)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_folded_tails_match_unfolded_bit_for_bit(use_tma, block_m, fold, dtype):
+    ids, routing = _routing(block_m, fold)
+    num_experts, n, k = routing.num_experts, 32, 40  # K not a multiple of BLOCK_SIZE_K
+    a = torch.randn(ids.shape[0], k, device=DEVICE).to(dtype)
+    w = torch.randn(num_experts, n, k, device=DEVICE).to(dtype)
+    a_sorted = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE).to(dtype)
+    weights = torch.rand(ids.shape[0], 1, device=DEVICE)
+    valid = (routing.sorted_token_ids < routing.num_slots).cpu()
+    outs = {}
+    for rows in (0, fold):
+        cfg = GemmConfig(block_m, 32, 16, 2, 4, 1, fold_tail_rows=rows)
+        up = torch.full((routing.max_num_tokens_padded, n), float("nan"), dtype=dtype, device=DEVICE)
+        _, plan = grouped_matmul(a, w, routing, cfg, gather_a=True, out=up, use_tma=use_tma, return_plan=True)
+        assert plan.fold_m == rows
+        down = torch.full((routing.num_slots, n), float("nan"), dtype=dtype, device=DEVICE)
+        grouped_matmul(a_sorted, w, routing, cfg, gather_a=False, scatter=True, topk_weights=weights, out=down,
+                       use_tma=use_tma)
+        swiglu = grouped_matmul(a, w, routing, cfg, gather_a=True, swiglu=True, use_tma=use_tma)
+        assert not up.cpu()[valid].isnan().any() and not down.isnan().any(), f"fold_tail_rows={rows}: rows unwritten"
+        outs[rows] = (up.cpu()[valid], down.cpu(), swiglu.cpu()[valid])
+    assert relative_error(outs[fold][0], per_expert_reference(a, w, routing, gather_a=True)[valid]) < TOL[dtype]
+    for unfolded, folded in zip(outs[0], outs[fold]):
+        assert torch.equal(unfolded, folded)
+
+
+def test_folded_blocks_leave_padding_rows_unwritten():
+    ids, routing = _routing(32, 16)
+    a = torch.randn(ids.shape[0], 32, device=DEVICE)
+    w = torch.randn(routing.num_experts, 32, 32, device=DEVICE)
+    out = torch.full((routing.max_num_tokens_padded, 32), float("nan"), device=DEVICE)
+    grouped_matmul(a, w, routing, GemmConfig(32, 32, 32, 1, 4, 1, tail_tiles=False, fold_tail_rows=16),
+                   gather_a=True, out=out)
+    used = routing.num_tokens_post_padded.item()
+    valid = (routing.sorted_token_ids < routing.num_slots).cpu()[:used]
+    written = ~out.cpu()[:used].isnan().any(dim=1)
+    assert torch.equal(written[valid], torch.ones_like(written[valid]))
+    assert not written[~valid].all(), "no padding row was skipped: nothing was folded"
+
+
+def test_the_plan_folds_only_where_it_applies():
+    ids, routing = _routing(32, 16)
+    a = torch.randn(ids.shape[0], 32, device=DEVICE)
+    w = torch.randn(routing.num_experts, 32, 32, device=DEVICE)
+    _, plan = grouped_matmul(a, w, routing, GemmConfig(32, 32, 32, 1, 4, 1, persistent=True, fold_tail_rows=16),
+                             gather_a=True, return_plan=True)
+    assert plan.persistent and plan.fold_m == 0  # the persistent kernel runs every tile whole
+    one = torch.tensor([[1, 3]], dtype=torch.int32, device=DEVICE)
+    _, plan = grouped_matmul(a[:1], w, slot_order_routing(one, routing.num_experts, 32),
+                             GemmConfig(32, 32, 32, 1, 4, 1, fold_tail_rows=16), gather_a=True, return_plan=True)
+    assert plan.fold_m == 0  # slot order: blocks are slots, not an expert's rows
+
+
+@pytest.mark.parametrize("rows,error,match", [(8, ValueError, ">= 16, got 8"), (48, ValueError, "power of two"),
+                                              (64, ValueError, "at most BLOCK_SIZE_M/2 = 32"),
+                                              (True, TypeError, "fold_tail_rows"), ("16", TypeError, "fold_tail_rows")])
+def test_bad_fold_tail_rows_are_refused(rows, error, match):
+    with pytest.raises(error, match=match):
+        GemmConfig(64, 32, 32, fold_tail_rows=rows)

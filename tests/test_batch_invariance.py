@@ -11,10 +11,11 @@ from .conftest import DEVICE
 
 
 def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device, block_shape=None,
-                      config=None):
+                      config=None, last=False):
     """The output row of one fixed token placed at a fixed position of batches of the given sizes (its
-    routing comes from its own logits; the other tokens are random). With block_shape, FP8 weights with
-    block scales (hidden states in `dtype`, quantized by the layer)."""
+    routing comes from its own logits; the other tokens are random): the middle, or with `last` the end,
+    whose slots come last in each of its experts' rows (in a tail block). With block_shape, FP8 weights
+    with block scales (hidden states in `dtype`, quantized by the layer)."""
     gen = torch.Generator(device="cpu").manual_seed(7)
     w1 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) / hidden ** 0.5).to(device, dtype)
     w2 = (torch.randn(num_experts, hidden, inter, generator=gen) / inter ** 0.5).to(device, dtype)
@@ -28,7 +29,7 @@ def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, dev
     for size in batch_sizes:
         hs = torch.randn(size, hidden, generator=gen).to(device, dtype)
         logits = torch.randn(size, num_experts, generator=gen).to(device)
-        where = size // 2
+        where = size - 1 if last else size // 2
         hs[where], logits[where] = token[0], token_logits[0]
         topk_weights, topk_ids = topk_routing(logits, top_k=top_k)
         rows.append(fused_moe(hs, w1, w2, topk_weights, topk_ids, config=config, **scales)[where])
@@ -79,5 +80,18 @@ def test_batch_invariance_at_real_shapes(model):
     p = get_preset(model)
     alone, *in_batches = _token_in_batches(p.hidden_size, p.intermediate_size, p.num_experts, p.top_k,
                                            (1, 40, 4096), torch.bfloat16, "cuda")
+    for row in in_batches:
+        assert torch.equal(row, alone)
+
+
+@pytest.mark.gpu
+def test_batch_invariance_with_folded_tails():
+    """DeepSeek-V3's expert shape at 128 rows per expert, the shipped T = 4096 tiles (128 x 256, 64 folded
+    rows): the token is last in its batch, so its rows are its experts' last ones, in a tail block that is
+    folded in some batches, a tail tile or a whole block in others."""
+    p = get_preset("deepseek-v3")
+    fold = GemmConfig(128, 256, 64, 8, 8, 4, fold_tail_rows=64)
+    alone, *in_batches = _token_in_batches(p.hidden_size, p.intermediate_size, 32, p.top_k, (1, 40, 512, 700),
+                                           torch.bfloat16, "cuda", config=MoEConfig(fold, fold), last=True)
     for row in in_batches:
         assert torch.equal(row, alone)

@@ -20,6 +20,7 @@ import moe_lab.tune as tune
 from moe_lab.presets import get_preset
 from moe_lab.timing import graph_ms
 from moe_lab.tuned import choose_config
+from moe_lab.viz.align import folded_tails
 
 POINTS = (("deepseek-v3", 4096), ("qwen3-30b-a3b", 4096), ("deepseek-v3", 16384), ("qwen3-30b-a3b", 16384),
           ("mixtral-8x7b", 4096), ("mixtral-8x7b", 16384), ("mixtral-8x7b", 512))
@@ -32,14 +33,6 @@ def variants(shipped):
         for stages in (3, 4):
             out[f"fold {rows} s{stages}"] = replace(per_tile, fold_tail_rows=rows, num_stages=stages)
     return out
-
-
-def folded_share(routing, block_m, rows):
-    """Blocks in use, and how many of them a fold of `rows` makes do nothing."""
-    counts = routing.counts.long().cpu()
-    blocks = int(((counts + block_m - 1) // block_m).sum())
-    tail = counts % block_m
-    return blocks, int(((counts > block_m) & (tail > 0) & (tail <= rows)).sum())
 
 
 def main():
@@ -62,7 +55,7 @@ def main():
         valid = routing.sorted_token_ids < routing.num_slots
         row = dict(model=model, T=t)
         for fold in (32, 64):
-            row[f"blocks, folded by {fold}"] = folded_share(routing, 128, fold)
+            row[f"blocks, folded by {fold}"] = folded_tails(routing.counts.cpu(), 128, fold)
         print(f"{model:<15} {t:>6} blocks in use, folded by 32 / 64: {row['blocks, folded by 32']} "
               f"{row['blocks, folded by 64']}", flush=True)
         for gemm, launch in (("up", problem.up), ("down", problem.down)):

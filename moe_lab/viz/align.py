@@ -47,6 +47,18 @@ def padding_report(routing: AlignedRouting) -> str:
             f"M-blocks in use")
 
 
+def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
+    """(M-blocks in use, how many of them folded tails leave with nothing to do) for experts with these row
+    counts: an expert's last block is folded into the block before when the expert has more than one block
+    and its last one holds at most `fold_tail_rows` rows (`GemmConfig.fold_tail_rows`).
+
+    counts: [E] ints (a tensor, an array or a list), the rows routed to each expert."""
+    counts = torch.as_tensor(counts).long()
+    blocks = int(((counts + block_size_m - 1) // block_size_m).sum())
+    tail = counts % block_size_m
+    return blocks, int(((counts > block_size_m) & (tail > 0) & (tail <= fold_tail_rows)).sum())
+
+
 def plot_alignment_strip(routing: AlignedRouting, ax: Optional[Axes] = None, title: Optional[str] = None,
                          max_labels: int = 64) -> Figure:
     """The used part of `sorted_token_ids` as one strip of cells.

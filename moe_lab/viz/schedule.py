@@ -20,6 +20,7 @@ from .tiles import program_tile
 
 PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
 PREFILL_ANATOMY = "prefill_anatomy-H200-2026-12-01.json"
+FOLD_TAILS = "fold_tails-H200-2026-12-02.json"
 
 
 @dataclass(frozen=True)
@@ -206,3 +207,44 @@ def plot_prefill_anatomy(data: dict, *, ax=None) -> Figure:
     ax.set_title(f"where prefill GEMM time goes ({env.get('device', '?')}, Triton {env.get('triton', '?')}; "
                  "committed)", fontsize=9)
     return fig
+
+
+def load_fold_tails(path: Optional[str] = None) -> dict:
+    """The committed H200 measurement of folded tails (`benchmarks/experiments/fold_tails-H200-2026-12-02.json`,
+    written by `benchmarks/experiments/fold_tails.py`): {"device", "torch", "triton", "rows": [{"model", "T",
+    "up": {"ms": {variant: ms}, "bitwise_per_tile": {...}}, "down": {...}}]}; variants "shipped", "per tile",
+    "fold 32 s3", "fold 32 s4", "fold 64 s3", "fold 64 s4" (folded rows, pipeline stages)."""
+    if path is None:
+        from .performance import results_dir
+        path = os.path.join(os.path.dirname(results_dir()), "experiments", FOLD_TAILS)
+    with open(path) as f:
+        return json.load(f)
+
+
+def plot_fold_tails(data: dict, *, ax=None) -> Figure:
+    """Each GEMM's time in `data` (from `load_fold_tails`) over the shipped config's: one program per tile,
+    and per tile with 64 folded rows (the faster of 3 and 4 stages). Below 1 is faster."""
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError("data must be the experiment's dict with a list of rows (load_fold_tails())")
+    rows = data["rows"]
+    fig, ax = figure_and_ax(ax, (12, 3.4))
+    kinds = (("per tile", "one program per tile", "#8C8C8C"), ("fold 64", "per tile, 64 folded rows", "#55A868"))
+    labels, values, x = [], [], 0
+    for r in rows:
+        for gemm in ("up", "down"):
+            ms = r[gemm]["ms"]
+            for j, (kind, label, color) in enumerate(kinds):
+                value = min(v for name, v in ms.items() if name.startswith(kind)) / ms["shipped"]
+                ax.bar(x + (j - 0.5) * 0.4, value, width=0.4, color=color, label=label if x == 0 else None)
+                values.append(value)
+            labels.append(f"{str(r['model']).split('-')[0]}\n{gemm}, T={r['T']}")
+            x += 1
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylim(min(0.8, min(values, default=1) - 0.05), max(1.3, max(values, default=1) + 0.05))
+    ax.set_ylabel("ms / shipped config's ms")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(f"folded tails against the shipped configs ({data.get('device', '?')}, Triton "
+                 f"{data.get('triton', '?')}; committed)", fontsize=9)
+    return fig
+

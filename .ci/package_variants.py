@@ -12,7 +12,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
   [128, 128] layers, refused below sm_89);
 - at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
   loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), bf16 through the
-  persistent kernel (`persistent=True`), fp16, fp32 at full precision (matmul precision "highest", the default:
+  persistent kernel (`persistent=True`), bf16 with folded tails of half a block (`fold_tail_rows`, where
+  BLOCK_SIZE_M >= 32; the tuned tables' folds are covered below too), fp16, fp32 at full precision (matmul precision "highest", the default:
   FMA dots, with tiles of their own) and fp32 with TF32 tensor cores ("high");
 - an odd shape (H = 511: rows not 16-byte aligned so w1 goes by pointer, ragged K, N = 511), bf16 and
   fp32 at T = 1 and 4096;
@@ -128,9 +129,14 @@ def heuristic_workloads() -> List[Workload]:
                                layer_call(t, *shape, dtype, cfg, use_tma=use_tma, precision=precision)))
             if t in (TOKENS[0], TOKENS[-1]):  # the up GEMM without its SwiGLU epilogue; the persistent kernel
                 base = heuristic(t, *shape, torch.bfloat16)
-                for switch, cfg in (("fuse_swiglu=False", MoEConfig(replace(base.up, fuse_swiglu=False), base.down)),
-                                    ("persistent", MoEConfig(replace(base.up, persistent=True),
-                                                             replace(base.down, persistent=True)))):
+                switches = [("fuse_swiglu=False", MoEConfig(replace(base.up, fuse_swiglu=False), base.down)),
+                            ("persistent", MoEConfig(replace(base.up, persistent=True),
+                                                     replace(base.down, persistent=True)))]
+                if base.block_size_m >= 32:  # folded tails of half a block (not below 16 rows)
+                    half = base.block_size_m // 2
+                    switches.append((f"fold_tail_rows={half}", MoEConfig(replace(base.up, fold_tail_rows=half),
+                                                                         replace(base.down, fold_tail_rows=half))))
+                for switch, cfg in switches:
                     wl.append(((p.name, "bfloat16", cfg), f"heuristic {p.name} bfloat16 T={t} {switch}",
                                layer_call(t, *shape, torch.bfloat16, cfg)))
     return _dedupe(wl)

@@ -323,7 +323,7 @@ perf_viz.plot_time_grid(results, metric="down_ms", impls=("moe-lab pointer", "mo
 # How to read it: at T = 1 there is one token per expert in use, every tile is mostly padding and the
 # GEMMs only stream weights: both paths take the same time. From a few hundred tokens on, tiles are full
 # and the TMA path is faster, most of all in the down projection, where both operands come through
-# descriptors (3 to 15 % at T = 4096–16384 in the committed H200 run).
+# descriptors (2 to 12 % at T = 4096–16384 in the committed H200 run).
 
 # %% [markdown]
 # ### Exercise: how many padding rows?

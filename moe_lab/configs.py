@@ -75,6 +75,9 @@ class GemmConfig:
             raise ValueError(f"config.num_stages must be <= {MAX_STAGES}, got {checked['num_stages']}")
         if isinstance(self.fold_tail_rows, bool) or self.fold_tail_rows != 0:  # 0 is off; bools are refused
             checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
+            if checked["BLOCK_SIZE_M"] < 32:
+                raise ValueError(f"config.fold_tail_rows needs BLOCK_SIZE_M >= 32 (folded rows are 16 at least and "
+                                 f"half a block at most), got BLOCK_SIZE_M={checked['BLOCK_SIZE_M']}")
             if checked["fold_tail_rows"] > checked["BLOCK_SIZE_M"] // 2:
                 raise ValueError(f"config.fold_tail_rows must be 0 or at most BLOCK_SIZE_M/2 = "
                                  f"{checked['BLOCK_SIZE_M'] // 2}, got {checked['fold_tail_rows']}")

@@ -390,5 +390,5 @@ schedule_viz.plot_fold_tails(schedule_viz.load_fold_tails())
 # - At prefill the kernels run at 0.95 to 1.06x cuBLAS's speed on padding-free shapes (Qwen3's short-K down
 #   GEMM 0.88 to 0.94x); what is left is mostly padding, the rows that fill each expert's last M-block.
 # - Folded tails (`GemmConfig.fold_tail_rows`) compute an expert's small last block in the program of the
-#   block before, on the weight tile it already holds: bitwise the same, and 7 to 11 % faster where a third
-#   of the blocks are such tails.
+#   block before, on the weight tile it already holds: bitwise the same, and 7 to 11 % faster at
+#   DeepSeek-V3 T = 4096, where a third of the blocks are such tails (with 8-warp tiles; 4-warp ones spill).

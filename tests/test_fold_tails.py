@@ -106,3 +106,8 @@ def test_folded_tails_at_deepseek_shapes_on_the_gpu(use_tma):
         outs.append(fused_moe(hs, w1, w2, tw, ti, config=MoEConfig(cfg, cfg), use_tma=use_tma))
     assert torch.equal(outs[0], outs[1])
     assert relative_error(outs[1], fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_fold_tail_rows_on_a_block_too_small_to_fold_names_the_block():
+    with pytest.raises(ValueError, match="needs BLOCK_SIZE_M >= 32"):
+        GemmConfig(16, 32, 32, fold_tail_rows=16)

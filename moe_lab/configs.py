@@ -48,7 +48,8 @@ class GemmConfig:
     block before it computes them too, in a second dot on the same weight tile, and the last block's
     program does nothing: a small tail costs that many rows' MMAs and no second pass over the weights.
     0 (off) or a power of two from 16 to BLOCK_SIZE_M/2; float operands and one program per tile only
-    (the launch plan turns it off elsewhere). Same results, bit for bit."""
+    (the launch plan turns it off elsewhere, `LaunchPlan.config` then shows 0). A dict config that changes
+    BLOCK_SIZE_M alone drops a default's fold (it was for that default's block). Same results, bit for bit."""
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -153,6 +154,8 @@ def _merged(base: GemmConfig, changes, where: str) -> GemmConfig:
     unknown = sorted(set(changes) - set(GemmConfig.__dataclass_fields__))
     if unknown:
         raise TypeError(f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}")
+    if "BLOCK_SIZE_M" in changes and "fold_tail_rows" not in changes:  # the default's fold was for its own block
+        changes = dict(changes, fold_tail_rows=0)
     return replace(base, **changes)
 
 

@@ -295,7 +295,8 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         out: optional output buffer of the shape above (N = I with swiglu), dtype of a. Rows of blocks past
             `num_tokens_post_padded` (sorted layout), or of slots not routed here (scatter with an
             expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
-            mostly padded block as a smaller tile (`silu_and_mul(..., routing=)` zeroes them).
+            mostly padded block as a smaller tile or `config.fold_tail_rows` folds it into the block
+            before (`silu_and_mul(..., routing=)` zeroes them).
         use_tma: "auto", True or False, see `select_load_path`.
         a_scale, w_scale, block_shape: the float32 scales of float8_e4m3fn a and w (value = fp8 value x
             scale; `moe_lab.quantize_weights_fp8`, `moe_lab.quantize_activations_fp8`). With block_shape
@@ -441,6 +442,10 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         elif scales.group_k % config.BLOCK_SIZE_K:
             # each dot must lie in one scale block: the largest power of two dividing block_k (>= 32)
             config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
+    # Folded tails need blocks of one expert in a row (expert-sorted) and a program per tile to skip; off
+    # before the shared-memory fit, which would count their rows.
+    if config.fold_tail_rows and (not routing.expert_sorted or config.persistent or scales is not None):
+        config = replace(config, fold_tail_rows=0)
     budget = _shared_memory_budget(a.device)
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, a.element_size(), budget)
@@ -459,12 +464,10 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
-    # Folded tails need blocks of one expert in a row (expert-sorted) and a program per tile to skip.
-    fold_m = config.fold_tail_rows if routing.expert_sorted and not config.persistent and scales is None else 0
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile, dots_per_step,
-                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), fold_m)
+                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), config.fold_tail_rows)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):

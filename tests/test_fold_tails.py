@@ -111,3 +111,21 @@ def test_folded_tails_at_deepseek_shapes_on_the_gpu(use_tma):
 def test_fold_tail_rows_on_a_block_too_small_to_fold_names_the_block():
     with pytest.raises(ValueError, match="needs BLOCK_SIZE_M >= 32"):
         GemmConfig(16, 32, 32, fold_tail_rows=16)
+
+
+def test_an_unused_fold_costs_no_pipeline_stage_and_a_new_block_size_drops_the_defaults_fold():
+    import sys
+    from moe_lab.configs import as_moe_config, fit_to_shared_memory
+    plan_launch = sys.modules["moe_lab.grouped_matmul"]._plan_launch
+    ids, routing = _routing(128, 64)
+    a = torch.randn(ids.shape[0], 128, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(routing.num_experts, 128, 128, device=DEVICE).to(torch.bfloat16)
+    for rows in (0, 64):  # the persistent kernel never folds: its config, fitted to an H200, keeps 3 stages
+        plan = plan_launch(a, w, routing, GemmConfig(128, 128, 128, 8, 8, 3, persistent=True, fold_tail_rows=rows),
+                           gather_a=True)
+        assert (plan.fold_m, plan.config.fold_tail_rows) == (0, 0)
+        assert fit_to_shared_memory(plan.config, 2, 232448).num_stages == 3
+    folded = GemmConfig(128, 256, 64, 8, 8, 4, fold_tail_rows=64)
+    merged = as_moe_config({"BLOCK_SIZE_M": 64}, MoEConfig(folded, folded))
+    assert merged.up.BLOCK_SIZE_M == 64 and merged.up.fold_tail_rows == 0
+    assert as_moe_config({"BLOCK_SIZE_M": 64, "fold_tail_rows": 32}, MoEConfig(folded, folded)).down.fold_tail_rows == 32

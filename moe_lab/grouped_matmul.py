@@ -94,8 +94,9 @@ class LaunchPlan:
     program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
     grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
-    fold_m: config.fold_tail_rows where it applies (one program per tile, an expert-sorted schedule, float
-    operands), else 0: an expert's last block of at most that many valid rows is computed by the block before.
+    fold_m (property): config.fold_tail_rows, which the plan sets to 0 where folds do not apply (the
+    persistent kernel, slot order, float8): an expert's last block of at most that many valid rows is
+    computed by the block before.
     scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
     once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
     block's K, or is a multiple of it: see dots_per_step). w_scale_per_tile: with block scales, a program's
@@ -120,7 +121,12 @@ class LaunchPlan:
     w_scale_per_tile: bool = False
     dots_per_step: int = 1
     fast_accum: bool = False
-    fold_m: int = 0
+
+    @property
+    def fold_m(self) -> int:
+        """Rows of an expert's last block folded into the block before (config.fold_tail_rows, 0 where the
+        plan turned it off)."""
+        return self.config.fold_tail_rows
 
     @property
     def box_k(self) -> int:
@@ -467,7 +473,7 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile, dots_per_step,
-                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), config.fold_tail_rows)
+                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"))
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):

@@ -61,6 +61,9 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 # 0.8e-2 to 1.6e-2 at T >= 512 (wgmma keeps fewer accumulator bits; the SwiGLU output's float8 rounding
 # amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
 FP8_OUTER_FAST_ACCUM = False
+# Whole blocks of sorted output rows leave through a tensor descriptor over `out` (LaunchPlan.c_tma) wherever
+# the call reads through TMA and `out` meets the descriptor rules.
+TMA_STORE = True
 
 
 def fp8_sums_in_mma(outer_scales: bool) -> bool:
@@ -107,7 +110,11 @@ class LaunchPlan:
     (FP8 decode streams 128-byte rows per block).
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
     dtype as is). fast_accum: with "outer" scales, the MMA accumulates over all of K (fewer accumulator
-    bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`)."""
+    bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`).
+    c_tma: each whole block's output tile is stored through a tensor descriptor over `out` (block
+    [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads through TMA, writes sorted rows
+    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules (`TMA_STORE`); tail
+    tiles and folded rows are stored by pointer."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -121,6 +128,7 @@ class LaunchPlan:
     w_scale_per_tile: bool = False
     dots_per_step: int = 1
     fast_accum: bool = False
+    c_tma: bool = False
 
     @property
     def fold_m(self) -> int:
@@ -398,15 +406,17 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
-                        scales=scales, out_quant_group=quant_group)
+                        scales=scales, out_quant_group=quant_group, out=out)
     result = (out, out_scale) if quant_group else out
     if plan.grid == 0:
         return (result, plan) if return_plan else result
     if plan.prepermute:
         a = permute_tokens(a, routing)
-    a_desc = w_desc = None
+    a_desc = w_desc = c_desc = None
     if plan.path.a_tma or plan.path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
+        if plan.c_tma:
+            c_desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [plan.config.BLOCK_SIZE_M, plan.tile_n])
         if plan.path.a_tma:
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
                                       [plan.config.BLOCK_SIZE_M, plan.box_k])
@@ -419,7 +429,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
+            _launch(plan, a, a_desc, w, w_desc, out, c_desc, weights, routing, scales, out_scale)
             return (result, plan) if return_plan else result
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
@@ -430,7 +440,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                  gather_a: bool, scatter: bool = False, swiglu: bool = False,
                  use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None,
-                 out_quant_group: int = 0) -> LaunchPlan:
+                 out_quant_group: int = 0, out: Optional[torch.Tensor] = None) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
     the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
     block), the load paths, the grid. Launches nothing. Callers get the plan with
@@ -470,10 +480,12 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
+    c_tma = (TMA_STORE and (path.a_tma or path.w_tma) and out is not None and not scatter and not out_quant_group
+             and descriptor_problem(out, [config.BLOCK_SIZE_M, tile_rows]) is None)
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile, dots_per_step,
-                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"))
+                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), c_tma)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -494,7 +506,7 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
     return shared_memory_limit(device)
 
 
-def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
+def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, c_desc, weights, routing, scales: Optional[Fp8Scales],
             out_scale: Optional[torch.Tensor]):
     config, (_, n, k) = plan.config, w.shape
     if scales is None:
@@ -511,13 +523,13 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
     else:
         kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m)
     kernel[(plan.grid,)](
-        a, a_desc, w, w_desc, out, a_scale, w_scale, out_scale,
+        a, a_desc, w, w_desc, out, c_desc, a_scale, w_scale, out_scale,
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
         n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts,
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
+        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, C_TMA=plan.c_tma,
         SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,
         QUANT_GROUP=plan.out_quant_group, INTERPRETER=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),

@@ -54,14 +54,14 @@ from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_b
 # routed weights; slot order's block map, the caller's topk_ids): no variant per alignment.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks, num_experts,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
+    C_TMA: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     FOLD_M: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
@@ -107,50 +107,50 @@ def grouped_matmul_kernel(
             return
     expert = block_expert.to(tl.int32)
     if fold_next:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, C_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, FOLD_M)
     elif quarter_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, False, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 4, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
     elif half_pad:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, W_TMA, False, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M // 2, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
     else:
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               row0, expert, pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, C_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
 
 
 # As for grouped_matmul_kernel.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_persistent_kernel(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr,
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks, num_experts,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
+    C_TMA: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, FLATTEN: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, PDL: tl.constexpr,
@@ -176,12 +176,12 @@ def grouped_matmul_persistent_kernel(
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=FLATTEN,
                          warp_specialize=WARP_SPECIALIZE):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
+        _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
               pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, N, K, num_slots,
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, C_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
 
 
@@ -250,15 +250,15 @@ def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
 
 @triton.jit
 def _tile(
-    a_ptr, a_desc, w_ptr, w_desc, c_ptr, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr,
+    a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr,
     sorted_token_ids_ptr, row0, expert, pid_n, N, K, num_slots,
     stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-    SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr,
-    FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr, C_TMA: tl.constexpr, EVEN_K: tl.constexpr,
+    EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     DOTS_PER_STEP: tl.constexpr, FAST_ACCUM: tl.constexpr, FOLD_M: tl.constexpr,
 ):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, rows row0 .. row0 + TILE_M of the schedule.
@@ -394,13 +394,13 @@ def _tile(
         a_s = tl.load(a_scale_ptrs, mask=row_ok, other=0.0)
         acc = acc * (a_s[:, None] * tl.load(w_scale_ptrs)[None, :])
 
-    _write_rows(acc, offs_m, token_ids, token_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
+    _write_rows(acc, row0, offs_m, token_ids, token_valid, n0, N, c_ptr, c_desc, c_scale_ptr, topk_weights_ptr,
                 stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP, INTERPRETER, SCATTER_C,
-                MUL_ROUTED_WEIGHT, SWIGLU, EMULATE_BF16, TILE_M, BLOCK_SIZE_N)
-    if FOLD_M > 0:
-        _write_rows(acc_f, offs_f, f_token_ids, f_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
-                    stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP, INTERPRETER, SCATTER_C,
-                    MUL_ROUTED_WEIGHT, SWIGLU, EMULATE_BF16, FOLD_M, BLOCK_SIZE_N)
+                MUL_ROUTED_WEIGHT, SWIGLU, C_TMA, EMULATE_BF16, TILE_M, BLOCK_SIZE_N)
+    if FOLD_M > 0:  # by pointer: the output descriptor's box is BLOCK_SIZE_M rows
+        _write_rows(acc_f, row0 + TILE_M, offs_f, f_token_ids, f_valid, n0, N, c_ptr, c_desc, c_scale_ptr,
+                    topk_weights_ptr, stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP, INTERPRETER,
+                    SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, False, EMULATE_BF16, FOLD_M, BLOCK_SIZE_N)
 
 
 @triton.jit
@@ -416,13 +416,15 @@ def _mma(acc, a, w, INTERPRETER: tl.constexpr, FP32_IEEE: tl.constexpr):
 
 
 @triton.jit
-def _write_rows(acc, offs_m, token_ids, token_valid, n0, N, c_ptr, c_scale_ptr, topk_weights_ptr,
+def _write_rows(acc, row0, offs_m, token_ids, token_valid, n0, N, c_ptr, c_desc, c_scale_ptr, topk_weights_ptr,
                 stride_cm, stride_cn, stride_csm, stride_csk, QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr,
-                SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr,
+                SCATTER_C: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, C_TMA: tl.constexpr,
                 EMULATE_BF16: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
-    """The epilogue of TILE_M rows (schedule rows offs_m, their slots token_ids): the float32 sums
-    acc [TILE_M, BLOCK_SIZE_N] to SiLU-and-mul (SWIGLU), times the routed weight, rounded (or quantized,
-    QUANT_GROUP) and stored, in sorted order or scattered to their slots."""
+    """The epilogue of TILE_M rows (schedule rows offs_m = row0 + 0 .. TILE_M, their slots token_ids): the
+    float32 sums acc [TILE_M, BLOCK_SIZE_N] to SiLU-and-mul (SWIGLU), times the routed weight, rounded (or
+    quantized, QUANT_GROUP) and stored, in sorted order or scattered to their slots. With C_TMA (sorted rows,
+    a whole block) the tile goes out as one box of the output's tensor descriptor: an asynchronous bulk copy
+    from shared memory, which clips columns past N itself."""
     if SWIGLU:  # silu(gate) * up in float32, before anything is rounded to the output dtype
         gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
         acc = gate * tl.sigmoid(gate) * up
@@ -450,9 +452,13 @@ def _write_rows(acc, offs_m, token_ids, token_valid, n0, N, c_ptr, c_scale_ptr, 
                  mask=row_mask[:, None] & (groups[None, :] * QUANT_GROUP < N))
     if EMULATE_BF16:
         acc = round_to_bf16_grid(acc)
-    c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
     if QUANT_GROUP > 0:
         c = cast_e4m3(acc, INTERPRETER)
     else:
         c = acc.to(c_ptr.dtype.element_ty)
-    tl.store(c_ptrs, c, mask=row_mask[:, None] & (offs_n[None, :] < N))
+    if C_TMA:
+        tl.static_assert(not SCATTER_C and QUANT_GROUP == 0, "a TMA store writes sorted rows of the output dtype")
+        c_desc.store([row0, n0], c)
+    else:
+        c_ptrs = c_ptr + c_rows[:, None] * stride_cm + offs_n[None, :] * stride_cn
+        tl.store(c_ptrs, c, mask=row_mask[:, None] & (offs_n[None, :] < N))

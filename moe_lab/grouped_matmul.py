@@ -61,8 +61,10 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 # 0.8e-2 to 1.6e-2 at T >= 512 (wgmma keeps fewer accumulator bits; the SwiGLU output's float8 rounding
 # amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
 FP8_OUTER_FAST_ACCUM = False
-# Whole blocks of sorted output rows leave through a tensor descriptor over `out` (LaunchPlan.c_tma) wherever
-# the call reads through TMA and `out` meets the descriptor rules.
+# The persistent kernel stores its tiles of sorted output rows through a tensor descriptor over `out`
+# (LaunchPlan.c_tma) where the call reads through TMA and `out` meets the descriptor rules: the bulk copy
+# runs on while the next tile's K loop starts. Not in the per-tile kernel, whose program must wait for its
+# copy before it ends: 1.03 to 1.26x slower there on an H200 (benchmarks/experiments/tma_store-H200-2026-12-03.txt).
 TMA_STORE = True
 
 
@@ -111,10 +113,9 @@ class LaunchPlan:
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
     dtype as is). fast_accum: with "outer" scales, the MMA accumulates over all of K (fewer accumulator
     bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`).
-    c_tma: each whole block's output tile is stored through a tensor descriptor over `out` (block
+    c_tma: the persistent kernel stores each output tile through a tensor descriptor over `out` (block
     [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads through TMA, writes sorted rows
-    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules (`TMA_STORE`); tail
-    tiles and folded rows are stored by pointer."""
+    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules (`TMA_STORE`)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -480,8 +481,8 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
-    c_tma = (TMA_STORE and (path.a_tma or path.w_tma) and out is not None and not scatter and not out_quant_group
-             and descriptor_problem(out, [config.BLOCK_SIZE_M, tile_rows]) is None)
+    c_tma = (TMA_STORE and config.persistent and (path.a_tma or path.w_tma) and out is not None and not scatter
+             and not out_quant_group and descriptor_problem(out, [config.BLOCK_SIZE_M, tile_rows]) is None)
     return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
                       config.persistent, scales.mode if scales is not None else "none", out_quant_group,
                       w_scale_per_tile, dots_per_step,
@@ -519,7 +520,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, c_desc, weights, routin
         n //= 2  # the output width I; the up rows start at row I of w
     if plan.persistent:
         kernel = grouped_matmul_persistent_kernel
-        schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE)
+        schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE, C_TMA=plan.c_tma)
     else:
         kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m)
     kernel[(plan.grid,)](
@@ -529,7 +530,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, c_desc, weights, routin
         a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
         *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
         TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma, C_TMA=plan.c_tma,
+        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
         SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,
         QUANT_GROUP=plan.out_quant_group, INTERPRETER=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
         EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),

@@ -8,8 +8,13 @@ sweep of decode configs the tuner does not offer (H200, bf16).
    for bit on the valid rows. The down GEMM scatters its rows to their slots: no TMA store on Hopper.
 2. Decode configs: at the three decode points that trail the best peer (Mixtral-8x7B and Qwen3-30B-A3B at
    T = 8, Qwen3 at T = 64), each GEMM's shipped config against 8 warps, one stage more or less, and
-   BLOCK_SIZE_K = 512 (the tuner's decode candidates are 4-warp tiles of K <= 256).
-Usage: python benchmarks/experiments/tma_store.py [OUT.json]
+   8-warp tiles (the tuner's decode candidates have 4 warps).
+3. Persistent: the TMA store was 1.03 to 1.26x slower in the per-tile kernel in part 1 (a program waits for its
+   bulk copy before it ends), so the plan now takes it in the persistent kernel alone. At the prefill points,
+   the up GEMM's shipped config, the persistent kernel with the TMA store and without it (same tiles and
+   stages; 3 stages where the shipped per-tile config folds tails), timed in turn three times (least of 3
+   rounds each), after a minute of warm-up on the matmul.
+Usage: python benchmarks/experiments/tma_store.py [OUT.json] [store] [decode] [persistent]  (default: all three)
 """
 import concurrent.futures
 import json
@@ -39,11 +44,9 @@ def shipped(model, t):
 
 def decode_variants(c: GemmConfig):
     out = {"shipped": c, "8 warps": replace(c, num_warps=8),
-           "stages -1": replace(c, num_stages=c.num_stages - 1), "stages +1": replace(c, num_stages=c.num_stages + 1)}
-    for n in (32, 64):
-        for w in (4, 8):
-            out[f"16x{n}x512 w{w}"] = replace(c, BLOCK_SIZE_N=n, BLOCK_SIZE_K=512, num_warps=w, num_stages=3)
-    out["16x128x256 w8"] = replace(c, BLOCK_SIZE_N=128, BLOCK_SIZE_K=256, num_warps=8, num_stages=3)
+           "stages -1": replace(c, num_stages=max(1, c.num_stages - 1)), "stages +1": replace(c, num_stages=c.num_stages + 1)}
+    for n, k in ((32, 256), (64, 256), (128, 128), (128, 256)):
+        out[f"16x{n}x{k} w8"] = replace(c, BLOCK_SIZE_N=n, BLOCK_SIZE_K=k, num_warps=8, num_stages=3)
     return out
 
 
@@ -56,14 +59,16 @@ def _compile_both(model, ups, downs):
     return done
 
 
-def precompile():
-    jobs = {}
-    for model, t in STORE_POINTS:
-        jobs.setdefault(model, (set(), set()))[0].add(shipped(model, t).up)
-    for model, t in DECODE_POINTS:
+def precompile(parts):
+    jobs = {m: (set(), set()) for m in MODELS}
+    for model, t in STORE_POINTS if "store" in parts else ():
+        jobs[model][0].add(shipped(model, t).up)
+    for model, t in DECODE_POINTS if "decode" in parts else ():
         ups, downs = jobs[model]
         ups.update(decode_variants(shipped(model, t).up).values())
         downs.update(decode_variants(shipped(model, t).down).values())
+    for model, t in PERSISTENT_POINTS if "persistent" in parts else ():
+        jobs[model][0].update(persistent_variants(shipped(model, t).up).values())
     tasks = []
     for model, (ups, downs) in jobs.items():
         ups, downs = sorted(ups, key=str), sorted(downs, key=str)
@@ -128,13 +133,70 @@ def decode_point(model, t):
     return row
 
 
+PERSISTENT_POINTS = [(m, t) for m in MODELS for t in (4096, 16384)] + [("mixtral-8x7b", 512)]
+
+
+def persistent_variants(c: GemmConfig):
+    p = replace(c, persistent=True, fold_tail_rows=0, num_stages=3 if c.fold_tail_rows else c.num_stages)
+    return {"shipped": c, "persistent, TMA store": p, "persistent, pointer store": p}
+
+
+def persistent_point(model, t):
+    p = get_preset(model)
+    problem = tune._Problem(p, t, torch.bfloat16)
+    vs = persistent_variants(shipped(model, t).up)
+    routing, _, act, _ = problem.buffers(vs["shipped"].BLOCK_SIZE_M)
+    valid = routing.sorted_token_ids < routing.num_slots
+    ms, bits = {n: [] for n in vs}, {}
+    for _ in range(3):
+        for name, c in vs.items():
+            gm.TMA_STORE = name != "persistent, pointer store"
+            fn = problem.up(c)
+            act.fill_(float("nan"))
+            fn()
+            bits[name] = act[valid].clone()
+            ms[name].append(graph_ms(fn, rep_ms=60, rounds=3))
+    gm.TMA_STORE = True
+    best = {n: min(v) for n, v in ms.items()}
+    same = {n: bool(torch.equal(b, bits["shipped"])) for n, b in bits.items()}
+    print(f"{model:<15} {t:>6} up  " + "  ".join(f"{n} {best[n]:.4f} ({best[n] / best['shipped']:.3f}x; runs "
+                                                 f"{' '.join('%.4f' % x for x in ms[n])})" for n in vs)
+          + f"  bitwise = shipped: {same}", flush=True)
+    row = dict(model=model, T=t, ms=ms, bitwise_shipped=same, configs={n: str(c) for n, c in vs.items()})
+    del problem
+    torch.cuda.empty_cache()
+    return row
+
+
+def warm_up(seconds=60):
+    x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    end = torch.cuda.Event(enable_timing=True)
+    start = torch.cuda.Event(enable_timing=True)
+    start.record()
+    while True:
+        for _ in range(20):
+            x @ x
+        end.record()
+        end.synchronize()
+        if start.elapsed_time(end) > seconds * 1e3:
+            return
+
+
 def main():
     path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].endswith(".json") else None
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     print(env, flush=True)
-    print("compiled", precompile(), "kernels ahead", flush=True)
-    rows = dict(store=[store_point(m, t) for m, t in STORE_POINTS],
-                decode=[decode_point(m, t) for m, t in DECODE_POINTS])
+    parts = [a for a in sys.argv[1:] if not a.endswith(".json")] or ["store", "decode", "persistent"]
+    print("compiled", precompile(parts), "kernels ahead", flush=True)
+    rows = {}
+    if "store" in parts:
+        rows["store"] = [store_point(m, t) for m, t in STORE_POINTS]
+    if "decode" in parts:
+        rows["decode"] = [decode_point(m, t) for m, t in DECODE_POINTS]
+    if "persistent" in parts:
+        warm_up()
+        rows["persistent"] = [persistent_point(m, t) for m, t in PERSISTENT_POINTS]
     if path:
         with open(path, "w") as f:
             json.dump(dict(env, **rows), f, indent=1)

@@ -61,7 +61,7 @@ def grouped_matmul_kernel(
     stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
     TOP_K: tl.constexpr, GATHER_A: tl.constexpr, SCATTER_C: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr, SWIGLU: tl.constexpr, A_TMA: tl.constexpr, W_TMA: tl.constexpr,
-    C_TMA: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
+    SCALES: tl.constexpr, SCALE_GROUP_N: tl.constexpr, SCALE_GROUP_K: tl.constexpr, W_SCALE_PER_TILE: tl.constexpr,
     QUANT_GROUP: tl.constexpr, INTERPRETER: tl.constexpr, EVEN_K: tl.constexpr, EMULATE_BF16: tl.constexpr, FP32_IEEE: tl.constexpr, TAIL_SPLITS: tl.constexpr,
     FOLD_M: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, DOTS_PER_STEP: tl.constexpr,
@@ -112,7 +112,7 @@ def grouped_matmul_kernel(
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, C_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, False, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, FOLD_M)
     elif quarter_pad:
         _tile(a_ptr, a_desc, w_ptr, w_desc, c_ptr, c_desc, a_scale_ptr, w_scale_ptr, c_scale_ptr, topk_weights_ptr, sorted_token_ids_ptr,
@@ -136,7 +136,7 @@ def grouped_matmul_kernel(
               stride_am, stride_ak, stride_we, stride_wn, stride_wk, stride_cm, stride_cn,
               stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, stride_csm, stride_csk,
               SCALES, SCALE_GROUP_N, SCALE_GROUP_K, W_SCALE_PER_TILE, QUANT_GROUP, INTERPRETER,
-              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, C_TMA, EVEN_K, EMULATE_BF16, FP32_IEEE,
+              TOP_K, GATHER_A, SCATTER_C, MUL_ROUTED_WEIGHT, SWIGLU, A_TMA, W_TMA, False, EVEN_K, EMULATE_BF16, FP32_IEEE,
               BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, DOTS_PER_STEP, FAST_ACCUM, 0)
 
 

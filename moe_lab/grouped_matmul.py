@@ -61,11 +61,11 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 # 0.8e-2 to 1.6e-2 at T >= 512 (wgmma keeps fewer accumulator bits; the SwiGLU output's float8 rounding
 # amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
 FP8_OUTER_FAST_ACCUM = False
-# The persistent kernel stores its tiles of sorted output rows through a tensor descriptor over `out`
-# (LaunchPlan.c_tma) where the call reads through TMA and `out` meets the descriptor rules: the bulk copy
-# runs on while the next tile's K loop starts. Not in the per-tile kernel, whose program must wait for its
-# copy before it ends: 1.03 to 1.26x slower there on an H200 (benchmarks/experiments/tma_store-H200-2026-12-03.txt).
-TMA_STORE = True
+# The persistent kernel can store its tiles of sorted output rows through a tensor descriptor over `out`
+# (LaunchPlan.c_tma), where the call reads through TMA and `out` meets the descriptor rules. Off: on an H200
+# (Triton 3.6) the up GEMM ran 1.00 to 1.04x slower with it than with pointer stores, and the per-tile kernel,
+# whose program must wait for its copy before it ends, 1.03 to 1.26x (benchmarks/experiments/tma_store-H200-2026-12-03*).
+TMA_STORE = False
 
 
 def fp8_sums_in_mma(outer_scales: bool) -> bool:
@@ -115,7 +115,8 @@ class LaunchPlan:
     bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`).
     c_tma: the persistent kernel stores each output tile through a tensor descriptor over `out` (block
     [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads through TMA, writes sorted rows
-    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules (`TMA_STORE`)."""
+    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules; only with the
+    module switch `TMA_STORE` on (off: slower on an H200)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool

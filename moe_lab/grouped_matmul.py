@@ -63,7 +63,7 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 FP8_OUTER_FAST_ACCUM = False
 # The persistent kernel can store its tiles of sorted output rows through a tensor descriptor over `out`
 # (LaunchPlan.c_tma), where the call reads through TMA and `out` meets the descriptor rules. Off: on an H200
-# (Triton 3.6) the up GEMM ran 1.00 to 1.04x slower with it than with pointer stores, and the per-tile kernel,
+# (Triton 3.6) the up GEMM took 0.99 to 1.04x the time of pointer stores with it, and the per-tile kernel,
 # whose program must wait for its copy before it ends, 1.03 to 1.26x (benchmarks/experiments/tma_store-H200-2026-12-03*).
 TMA_STORE = False
 

@@ -165,7 +165,10 @@ def grouped_matmul_persistent_kernel(
     branches of different tile sizes cannot be flattened. Each row's K reduction runs in the same order as
     in `grouped_matmul_kernel`, so results are bitwise the same. Expert-sorted schedules only (the launcher's
     plan sees to it): every block in use has an expert in [0, E), so no tile is skipped, and num_experts
-    (passed to both kernels alike) goes unused."""
+    (passed to both kernels alike) goes unused. With C_TMA (sorted rows of a float dtype) each tile leaves
+    through c_desc, a tensor descriptor over the output with block [BLOCK_SIZE_M, columns of a tile]: a bulk
+    copy that runs on while the next tile starts (`moe_lab.grouped_matmul.TMA_STORE`, off: no faster on an
+    H200). The per-tile kernel takes c_desc too and stores by pointer."""
     wait_for_previous_kernel(PDL)
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")
     tl.static_assert(SCATTER_C or not MUL_ROUTED_WEIGHT, "MUL_ROUTED_WEIGHT needs SCATTER_C")

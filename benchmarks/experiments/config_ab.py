@@ -11,7 +11,6 @@ least of the three is reported, with every run), after a minute of warm-up; outp
 with the shipped config's (valid rows of the up GEMM, all slots of the down GEMM).
 Usage: python benchmarks/experiments/config_ab.py [OUT.json]
 """
-import json
 import sys
 from dataclasses import replace
 
@@ -22,9 +21,9 @@ import moe_lab.tune as tune
 from moe_lab.configs import GemmConfig
 from moe_lab.presets import get_preset
 from moe_lab.timing import graph_ms
-from moe_lab.tuned import choose_config
 
-from tma_store import warm_up  # noqa: E402 - beside this script
+from fp8_decode_anatomy import write_results  # noqa: E402 - beside this script
+from tma_store import shipped as shipped_config, warm_up  # noqa: E402
 
 POINTS = [(m, t) for m in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b") for t in (4096, 16384)]
 SMEM = 232448  # an H200's shared memory per program: variants that cannot fit are left out
@@ -43,11 +42,7 @@ def main():
     path = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1].endswith(".json") else None
     env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__)
     print(env, flush=True)
-    shipped = {}
-    for model, t in POINTS:
-        p = get_preset(model)
-        shipped[(model, t)] = choose_config(t, p.num_experts, p.top_k, p.hidden_size, p.intermediate_size,
-                                            torch.bfloat16).config
+    shipped = {(model, t): shipped_config(model, t) for model, t in POINTS}
     all_cfgs = sorted({c for s in shipped.values() for g in (s.up, s.down) for c in variants(g).values()}, key=str)
     tune.candidates = lambda *a, **k: {128: (all_cfgs, [c for c in all_cfgs if not c.prepermute])}
     print("compiled", tune.precompile(list(POINTS)), "kernels ahead", flush=True)
@@ -80,8 +75,7 @@ def main():
         del problem, act, routing
         torch.cuda.empty_cache()
     if path:
-        with open(path, "w") as f:
-            json.dump(dict(env, rows=rows), f, indent=1)
+        write_results(path, rows)
 
 
 if __name__ == "__main__":

@@ -62,9 +62,11 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 # amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
 FP8_OUTER_FAST_ACCUM = False
 # The persistent kernel can store its tiles of sorted output rows through a tensor descriptor over `out`
-# (LaunchPlan.c_tma), where the call reads through TMA and `out` meets the descriptor rules. Off: on an H200
-# (Triton 3.6) the up GEMM took 0.99 to 1.04x the time of pointer stores with it, and the per-tile kernel,
-# whose program must wait for its copy before it ends, 1.03 to 1.26x (benchmarks/experiments/tma_store-H200-2026-12-03*).
+# (LaunchPlan.c_tma), where the call reads an operand through TMA and `out` meets the descriptor rules. Off:
+# on an H200 (Triton 3.6) the persistent up GEMM took 0.99 to 1.04x its time with pointer stores, and in the
+# per-tile kernel, whose program must wait for its copy before it ends, 1.00 to 1.26x
+# (benchmarks/experiments/tma_store-H200-2026-12-03*). Set it with sys.modules["moe_lab.grouped_matmul"].TMA_STORE
+# (`moe_lab.grouped_matmul` is the function).
 TMA_STORE = False
 
 
@@ -114,9 +116,9 @@ class LaunchPlan:
     dtype as is). fast_accum: with "outer" scales, the MMA accumulates over all of K (fewer accumulator
     bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`).
     c_tma: the persistent kernel stores each output tile through a tensor descriptor over `out` (block
-    [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads through TMA, writes sorted rows
-    of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules; only with the
-    module switch `TMA_STORE` on (off: slower on an H200)."""
+    [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads an operand through TMA, writes
+    sorted rows of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules; only
+    with the module switch `TMA_STORE` on (off: no faster on an H200)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool

@@ -167,7 +167,7 @@ def grouped_matmul_persistent_kernel(
     plan sees to it): every block in use has an expert in [0, E), so no tile is skipped, and num_experts
     (passed to both kernels alike) goes unused. With C_TMA (sorted rows of a float dtype) each tile leaves
     through c_desc, a tensor descriptor over the output with block [BLOCK_SIZE_M, columns of a tile]: a bulk
-    copy that runs on while the next tile starts (`moe_lab.grouped_matmul.TMA_STORE`, off: no faster on an
+    copy that runs on while the next tile starts (the launcher's switch TMA_STORE, off: no faster on an
     H200). The per-tile kernel takes c_desc too and stores by pointer."""
     wait_for_previous_kernel(PDL)
     tl.static_assert(not (GATHER_A and SCATTER_C), "GATHER_A with SCATTER_C is not supported")

@@ -178,6 +178,15 @@ _ = workbook.check("persistent layer vs fused_moe_reference", out_pers,
                    moe_lab.fused_moe_reference(hidden_states, w1, w2, topk_weights, topk_ids))
 
 # %% [markdown]
+# Could the epilogue's stores overlap too? A tile of sorted rows (the up GEMM's output) could leave through
+# a tensor descriptor, as notebook 05's kernel stores it: one bulk copy from shared memory that runs on
+# while the next tile's loads start. moe-lab's persistent kernel can do that (`LaunchPlan.c_tma`, behind the
+# switch `TMA_STORE` in `moe_lab/grouped_matmul.py`), bitwise the same output, and it is off: on an H200 the
+# persistent up GEMM took 0.99 to 1.04x its time with pointer stores, and a program of the per-tile kernel,
+# which must wait for its copy before it ends, up to 1.26x
+# (`benchmarks/experiments/tma_store-H200-2026-12-03*.txt`). Measure before you believe an overlap.
+
+# %% [markdown]
 # ## 5. SiLU-and-mul in the epilogue
 #
 # Notebook 06 checked the fused up GEMM in passing; here is how it works. The up GEMM computes `gate_up = x @ w1[e].T` with `w1 = [gate; up]` (2I rows), and SiLU-and-mul makes

@@ -6,9 +6,9 @@ it into compiles for the fake GPU. Identical specializations compile once, whoev
 Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tensors allow):
 - bf16, the dtype of real deployments and of the tuned tables: the heuristic config
   (`default_config(..., tuned=False)`) of every preset at T = 1, 8, 64, 512, 4096, 16384, which reaches
-  every rows-per-expert rule, prepermute for wide experts (Mixtral) included;
+  every rows-per-expert rule, every tile size;
 - every entry of every tuned table in moe_lab/configs/*.json (up and down GemmConfigs with their
-  tma / tail_tiles / prepermute switches) at its shape, dtype and token bucket (FP8 entries as block-scaled
+  tma / tail_tiles switches) at its shape, dtype and token bucket (FP8 entries as block-scaled
   [128, 128] layers, refused below sm_89);
 - at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
   loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), bf16 through the
@@ -44,7 +44,6 @@ import os
 import re
 from dataclasses import replace
 from typing import Callable, List, Tuple
-from unittest import mock
 
 import torch
 
@@ -107,8 +106,7 @@ def _dedupe(workloads: List[Tuple[tuple, str, Callable]]) -> List[Workload]:
 
 def heuristic_workloads() -> List[Workload]:
     """bf16 (TMA where available): every preset and token count, so every rule of the heuristic. The
-    rest at T = 1 and 16384, the smallest and the largest tile of the rules (and prepermute for
-    Mixtral): bf16 with pointer loads (use_tma=False), fp16, and fp32 both at full precision (the
+    rest at T = 1 and 16384, the smallest and the largest tile of the rules: bf16 with pointer loads (use_tma=False), fp16, and fp32 both at full precision (the
     default "highest": FMA dots, tiles of their own) and with TF32 tensor cores ("high")."""
     wl = []
     for p in moe_lab.PRESETS.values():
@@ -339,30 +337,6 @@ def fp8_layer_workloads() -> List[Workload]:
         wl.append((label, lambda calls=calls: [call() for call in calls]))
     return wl
 
-
-def pdl_workloads() -> List[Workload]:
-    """Programmatic dependent launch (MOE_LAB_PDL=1, opt-in): each kernel with its PDL wait, from sm_90;
-    Qwen3-30B-A3B's shape at decode (one-program align) and prefill (three align kernels), the activation,
-    permute and quantization kernels."""
-    def with_pdl(fn: Callable[[], object]) -> Callable[[], object]:
-        return mock.patch.dict(os.environ, MOE_LAB_PDL="1")(fn)
-
-    p = moe_lab.PRESETS["qwen3-30b-a3b"]
-    shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)
-    wl = [(f"pdl {p.name} bfloat16 T={t}", with_pdl(layer_call(t, *shape, torch.bfloat16,
-                                                                heuristic(t, *shape, torch.bfloat16))))
-          for t in (1, 4096)]
-
-    def other_kernels():
-        routing = moe_lab.moe_align(_empty(512, 8, dtype=torch.int32), 128, 64)
-        moe_lab.silu_and_mul(_empty(routing.max_num_tokens_padded, 2 * 768, dtype=torch.bfloat16), routing=routing)
-        moe_lab.permute_tokens(_empty(512, 2048, dtype=torch.bfloat16), routing)
-        if moe_lab.fp8_support():
-            moe_lab.quantize_activations_fp8(_empty(512, 2048, dtype=torch.bfloat16))
-    wl.append(("pdl silu_and_mul, permute_tokens, quantize_activations_fp8", with_pdl(other_kernels)))
-    return wl
-
-
 def all_workloads() -> List[Workload]:
     return (heuristic_workloads() + tuned_workloads() + odd_shape_workloads() + parallel_workloads()
-            + kernel_workloads() + fp8_layer_workloads() + pdl_workloads())
+            + kernel_workloads() + fp8_layer_workloads())

@@ -14,7 +14,6 @@ import triton
 from ._kernels.activation import silu_and_mul_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import pdl_launch
 from .runtime import interpreter_active, interpreter_serialized
 
 BLOCK_SIZE = 1024
@@ -57,5 +56,5 @@ def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
         routing.sorted_token_ids if routing is not None else None,
         routing.num_slots if routing is not None else 0, inter, x.stride(0), out.stride(0),
         ROUTED=routing is not None, EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
-        BLOCK_SIZE=BLOCK_SIZE, **pdl_launch(x.device))
+        BLOCK_SIZE=BLOCK_SIZE)
     return out

@@ -26,7 +26,6 @@ import triton
 
 from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
-from .capability import pdl_launch
 from .runtime import interpreter_serialized
 
 CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
@@ -170,7 +169,6 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     num_ids = expert_map.numel() if expert_map is not None else num_experts
     num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
     has_map = expert_map is not None
-    pdl = pdl_launch(device)
 
     emap = expert_map.contiguous() if has_map else flat_ids  # a placeholder pointer when there is no map
     result = AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens,
@@ -182,7 +180,7 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
                                         SLOTS=slots, SLOTS_PER_STEP=min(slots, 32), NUM_BINS=num_bins,
                                         BLOCK_SIZE_M=block_size_m,
                                         BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
-                                        num_warps=ONE_PROGRAM_NUM_WARPS, **pdl)
+                                        num_warps=ONE_PROGRAM_NUM_WARPS)
         return result
     num_chunks = triton.cdiv(num_slots, CHUNK)
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
@@ -190,16 +188,16 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
     expert_start = torch.empty(num_experts, **i32)
     if num_chunks:
         count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
-                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins, **pdl)
+                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
     prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                         num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
-                        CHUNK_TILE=max(1, 8192 // num_bins), **pdl)
+                        CHUNK_TILE=max(1, 8192 // num_bins))
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
         scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
                                 sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                                 HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
-                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM, **pdl)
+                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
     return result
 
 

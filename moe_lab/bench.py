@@ -35,7 +35,7 @@ import triton
 from .activation import silu_and_mul
 from .align import moe_align
 from .configs import MoEConfig
-from .grouped_matmul import grouped_matmul
+from .gemm import grouped_matmul
 from .layer import fused_moe
 from .presets import MoEPreset, get_preset
 from .quantize import FP8_DTYPE, quantize_activations_fp8

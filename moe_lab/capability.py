@@ -17,10 +17,6 @@ A third, for the FP8 path: `fp8_support(device)` (cached): is the device an NVID
 >= 8.9 (Ada, Hopper and later: FP8 e4m3 tensor cores; Triton has no float8e4nv below that), or is the
 interpreter on (e4m3 emulated on the CPU)?
 
-A fourth, for every kernel launch: `pdl_support(device)` (cached): programmatic dependent launch, opt-in
-with `MOE_LAB_PDL=1`, on NVIDIA GPUs of compute capability >= 9.0 (not under the interpreter);
-`pdl_launch(device)` gives the launch arguments that follow from it.
-
 Source: Triton's `TensorDescriptor` checks (python/triton/tools/tensor_descriptor.py) and the CUDA
 driver's `cuTensorMapEncodeTiled` requirements.
 """
@@ -36,7 +32,6 @@ import torch
 from .runtime import interpreter_active
 
 ENV_VAR = "MOE_LAB_TMA"
-PDL_ENV_VAR = "MOE_LAB_PDL"
 
 
 @dataclass(frozen=True)
@@ -205,62 +200,3 @@ def multiprocessor_count(device: Optional[torch.device | str] = None) -> int:
     device = torch.device(device if device is not None else "cuda")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return int(triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"])
-
-
-@dataclass(frozen=True)
-class PdlSupport:
-    """`available`: kernels may be launched with programmatic dependent launch on this device. `reason`:
-    why, or why not, in words."""
-    available: bool
-    reason: str
-
-    def __bool__(self) -> bool:
-        return self.available
-
-
-def _pdl_setting() -> str:
-    """The `MOE_LAB_PDL` setting: "0" (the default, also when unset) or "1". Raises ValueError for other values."""
-    raw = os.environ.get(PDL_ENV_VAR, "0")
-    value = raw.strip()
-    if value not in ("0", "1"):
-        raise ValueError(f"{PDL_ENV_VAR} must be 0 or 1 (unset: 0, off), got {raw!r}")
-    return value
-
-
-@functools.lru_cache(maxsize=None)
-def _pdl_support_cached(device_key: str, setting: str, interpreted: bool) -> PdlSupport:
-    if setting == "0":
-        return PdlSupport(False, f"off unless {PDL_ENV_VAR}=1 (no faster on an H200: see pdl_support)")
-    if interpreted:
-        return PdlSupport(False, "Triton interpreter: kernels run one after another on the CPU")
-    problem = _not_a_cuda_gpu(device_key)
-    if problem:
-        return PdlSupport(False, problem.replace("an NVIDIA feature", "programmatic dependent launch is an "
-                                                 "NVIDIA Hopper feature"))
-    name, (major, minor) = _name_and_capability(device_key)
-    if major < 9:
-        return PdlSupport(False, f"{name} has compute capability {major}.{minor}; programmatic dependent launch "
-                                 "needs >= 9.0 (Hopper)")
-    return PdlSupport(True, f"{name}, compute capability {major}.{minor}, {PDL_ENV_VAR}=1")
-
-
-def pdl_support(device: Optional[torch.device | str] = None) -> PdlSupport:
-    """Whether moe-lab's kernels launch with programmatic dependent launch (PDL) for tensors on `device`
-    (default: the current CUDA device), with the reason. Off unless `MOE_LAB_PDL=1` (0 or 1; anything else
-    raises ValueError); cached per device and setting.
-
-    With PDL a kernel may be launched while the one before it in the stream still runs; its programs
-    first wait for that kernel to finish (`griddepcontrol.wait`: its writes are then visible), then let the
-    next kernel launch. Launch latency between the layer's kernels hides behind the kernel before; results
-    are bitwise unchanged. Measured on an H200 (benchmarks/experiments/pdl_wait-H200-2026-12-01.txt): the
-    layer 0 to 1 % faster at T <= 512, up to 5 % slower at T = 16384 (CUDA graphs already hide most launch
-    latency), and after the leaner decode kernels -2 to +2 % at T <= 8 (pdl_decode-H200-2026-12-01.txt),
-    hence off by default. Source: CUDA Programming Guide, "Programmatic Dependent Launch and
-    Synchronization"; PTX ISA, griddepcontrol (sm_90+)."""
-    return _pdl_support_cached(_device_key(device), _pdl_setting(), interpreter_active())
-
-
-def pdl_launch(device: Optional[torch.device | str] = None) -> dict:
-    """Keyword arguments for a launch of one of moe-lab's kernels on `device`: the kernel's PDL constexpr
-    and Triton's launch_pdl launch option, both on where `pdl_support(device)` is."""
-    return dict(PDL=True, launch_pdl=True) if pdl_support(device) else dict(PDL=False)

@@ -18,8 +18,8 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from . import presets as _presets  # noqa: E402
-from .capability import fp8_support, pdl_support, tma_support  # noqa: E402
-from .grouped_matmul import USE_TMA_WORDS  # noqa: E402
+from .capability import fp8_support, tma_support  # noqa: E402
+from .gemm import USE_TMA_WORDS  # noqa: E402
 from .layer import fused_moe  # noqa: E402
 from .reference import fused_moe_reference, relative_error  # noqa: E402
 from .runtime import default_device, interpreter_active  # noqa: E402
@@ -63,8 +63,6 @@ def cmd_info(_args) -> int:
     print(f"device  {_device_name(device)}")
     print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
     print(f"TMA path: {'available' if support.available else 'not available'}: {support.reason}")
-    pdl = pdl_support(device)
-    print(f"PDL: {'on' if pdl.available else 'off'}: {pdl.reason}")
     print(f"tuned table: {table_for_device(device).reason}")
     return 0
 
@@ -300,9 +298,8 @@ def main(argv=None) -> int:
         print(f"moe-lab: --scale must be >= 1, got {args.scale}", file=sys.stderr)
         return 2
     if args.func is not cmd_doctor:  # doctor reports a bad setting among its findings
-        try:  # a bad MOE_LAB_TMA or MOE_LAB_PDL: said here, not as a traceback from the first kernel launch
+        try:  # a bad MOE_LAB_TMA: said here, not as a traceback from the first kernel launch
             tma_support()
-            pdl_support()
         except ValueError as exc:
             print(f"moe-lab: {exc}", file=sys.stderr)
             return 2

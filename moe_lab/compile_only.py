@@ -13,9 +13,8 @@ What is faked, and nothing else:
 - Triton's driver: target GPUTarget("cuda", cc, 32), device index = cc (so Triton's per-device kernel
   caches keep the targets apart), stream 0, and the real GPUs' shared memory per block (DEVICES);
 - moe_lab's device questions, which look at the tensors' device (meta here): `tma_support` answers for
-  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), `pdl_support` (programmatic
-  dependent launch from sm_90, where MOE_LAB_PDL=1), and the grouped matmul launcher fits its config to
-  the fake GPU's shared memory just before launching, as it does for CUDA tensors (`patch_moe_lab`);
+  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), and the grouped matmul launcher
+  fits its config to the fake GPU's shared memory just before launching, as it does for CUDA tensors (`patch_moe_lab`);
 - the checks Triton makes when it loads a compiled kernel (`CompiledKernel._init_handles`: shared
   memory, tensor memory, threads per block) run after the compile and raise `OutOfResources` as that
   launch would, so a launcher's own handling (grouped_matmul's retry with fewer stages) runs.
@@ -128,8 +127,8 @@ def patch_moe_lab() -> None:
     if _PATCHED:
         return
     _PATCHED = True
-    capability = sys.modules["moe_lab.capability"]
-    gm = sys.modules["moe_lab.grouped_matmul"]  # the module (moe_lab.grouped_matmul is also a function)
+    from . import capability
+    from . import gemm as gm
 
     def fake_tma_support(device=None):
         """capability.tma_support's answer for the fake GPU: TMA from sm_90, MOE_LAB_TMA=0|1 obeyed."""
@@ -164,25 +163,14 @@ def patch_moe_lab() -> None:
         if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
             module.fp8_support = fake_fp8_support
 
-    def fake_pdl_support(device=None):
-        """capability.pdl_support's answer for the fake GPU: PDL from sm_90, where MOE_LAB_PDL=1. The
-        launchers' capability.pdl_launch reads it, so their launch arguments stay the package's own."""
-        cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
-        if capability._pdl_setting() != "1":
-            return capability.PdlSupport(False, f"{name}, off unless {capability.PDL_ENV_VAR}=1")
-        return capability.PdlSupport(cc >= 90, name)
-
-    if not hasattr(capability, "pdl_support"):
-        raise RuntimeError("moe_lab.capability.pdl_support is gone: update moe_lab/compile_only.py")
-    capability.pdl_support = fake_pdl_support
     if not hasattr(gm, "multiprocessor_count"):
-        raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.gemm.multiprocessor_count is gone: update moe_lab/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
     if not hasattr(gm, "_shared_memory_budget"):
-        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update moe_lab/compile_only.py "
+        raise RuntimeError("moe_lab.gemm._shared_memory_budget is gone: update moe_lab/compile_only.py "
                            "(it hands the fake GPU's shared memory to the launch plan)")
     gm._shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 

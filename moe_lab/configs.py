@@ -31,9 +31,6 @@ class GemmConfig:
     faster for a shape).
     `tail_tiles`: run an expert's last M-block as a half or quarter tile (not below 16 rows) when its
     valid rows fit, instead of multiplying padding rows (see `moe_lab/_kernels/grouped_matmul.py`).
-    `prepermute`: for a GEMM that gathers token rows (the up projection), copy them into expert order
-    first and read them like sorted rows, through a tensor descriptor where TMA is on (see
-    `moe_lab.permute`); pays off when N is wide.
     `fuse_swiglu`: in the layer's up projection, apply SiLU-and-mul in the GEMM's epilogue
     (`grouped_matmul(..., swiglu=True)`) instead of a separate kernel over a [rows, 2I] buffer. BLOCK_SIZE_N
     still counts the weight rows a program reads, half gate and half up, so a tile costs the same either
@@ -58,7 +55,6 @@ class GemmConfig:
     num_stages: int = 3
     tma: bool = True
     tail_tiles: bool = True
-    prepermute: bool = False
     fuse_swiglu: bool = True
     persistent: bool = False
     fold_tail_rows: int = 0
@@ -86,7 +82,7 @@ class GemmConfig:
             checked["fold_tail_rows"] = 0
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen dataclass
-        for name in ("tma", "tail_tiles", "prepermute", "fuse_swiglu", "persistent"):
+        for name in ("tma", "tail_tiles", "fuse_swiglu", "persistent"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
 
@@ -198,9 +194,8 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     if full_precision_fp32(dtype) and rows_per_expert > 4:
         # Full-precision float32 dots run on the CUDA cores, not the tensor cores: the bf16 prefill tile's
-        # 128x256 accumulator spills. 64x128x32 was fastest on an H200 at 16 and 1024 rows per expert
-        # (benchmarks/experiments/fp32_tiles-H200-2026-11-30.txt: Mixtral T=4096 133 ms, the bf16 tile 332),
-        # with pointer loads: through TMA the same layer took 3.3 s (notebook 01 on an H200, 2026-11-30).
+        # 128x256 accumulator spills. 64x128x32 with pointer loads was fastest on an H200 at 16 and 1024
+        # rows per expert, 2.5x the bf16 tile, 25x the same tile through TMA (docs/experiments.md).
         cfg = GemmConfig(64, 128, 32, 4, 4, 3, tma=False)
         return MoEConfig(cfg, cfg)
     if rows_per_expert <= 4:
@@ -213,14 +208,13 @@ def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size:
         up = GemmConfig(64, 128, 64, 8, 4, 4)
         down = GemmConfig(64, 128, 64, 8, 4, 4)
     else:
-        # The tile that wins most prefill points on an H200; wide experts (2I >= 16384) re-read each A tile
-        # over so many N-tiles that copying the token rows into expert order first pays (see permute.py).
-        up = GemmConfig(128, 256, 64, 8, 8, 4, prepermute=2 * intermediate_size >= 16384)
+        # The tile that wins most prefill points on an H200.
+        up = GemmConfig(128, 256, 64, 8, 8, 4)
         down = GemmConfig(128, 256, 64, 8, 8, 4)
     if dtype.itemsize == 1:
         # float8 (w8a8): K steps of one 128-channel scale block. Each step's float32 product is scaled and
         # added apart from the sum, two float32 tiles live in registers: tiles of at most 64 x 128 won every
-        # point above 16 rows per expert on an H200 (benchmarks/experiments/fp8-H200-2026-12-01.txt).
+        # point above 16 rows per expert on an H200 (docs/experiments.md).
         if rows_per_expert <= 4:
             cfg = GemmConfig(16, 64, 128, 1, 4, 4)
         elif rows_per_expert <= 16:

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 
-from .capability import PDL_ENV_VAR, pdl_support, tma_support
+from .capability import tma_support
 from .runtime import default_device, interpreter_active, version_tuple
 from .tuned import table_for_device
 
@@ -142,12 +142,6 @@ def report() -> Report:
         fact(("TMA path", f"{'available' if support.available else 'not available'}: {support.reason}"))
     if device.type == "cuda" and torch.version.cuda and support is not None and not support.available:
         find(Finding("note", "this GPU runs the pointer path only (TMA needs compute capability >= 9.0)"))
-    try:
-        pdl = pdl_support(device)
-    except ValueError as exc:  # a bad MOE_LAB_PDL: every kernel launch would raise it
-        find(Finding("problem", str(exc), f"export {PDL_ENV_VAR}=0 (or 1, or unset it)"))
-    else:
-        fact(("PDL", f"{'on' if pdl.available else 'off'}: {pdl.reason}"))
     table = table_for_device(device)
     fact(("tuned table", table.reason))
     if device.type == "cuda" and not table:

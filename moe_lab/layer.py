@@ -24,8 +24,8 @@ from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align, slot_order_routing
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .grouped_matmul import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
-                             check_weight_scale, fp8_sums_in_mma, grouped_matmul, select_load_path)
+from .gemm import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
+                             check_weight_scale, grouped_matmul, select_load_path)
 from .quantize import FP8_DTYPE, check_static_scale, quantize_activations_fp8
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
@@ -41,7 +41,7 @@ class FusedMoEInfo:
     why that table), "heuristic (no tuned table for this device)" or "heuristic (no tuned entry for
     this shape: ...)". `routing` is the schedule (at T = 1 in slot order: `moe_lab.align.slot_order_routing`,
     whose expert_ids is topk_ids' own view). `config` is the config chosen; `up_plan` / `down_plan` are what each GEMM launched
-    (`moe_lab.grouped_matmul.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
+    (`moe_lab.gemm.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
     memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0."""
     config: MoEConfig
     up_path: Optional[LoadPath]
@@ -266,8 +266,7 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
     choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype,
-                           config=config, device=hidden_states.device,
-                           fp8_sums_in_mma=fp8_sums_in_mma(fp8 is not None and fp8.block_shape is None))
+                           config=config, device=hidden_states.device)
     cfg = choice.config
     # An idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing): nothing to launch, but
     # use_tma=True holds to its rules as when there is work.

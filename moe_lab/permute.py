@@ -2,9 +2,9 @@
 
 The up projection normally gathers its A rows inside the GEMM (row = sorted_token_id // top_k), with
 pointer loads: Hopper's TMA copies boxes and cannot gather. When N is wide the GEMM re-reads every A tile
-once per N-tile, so for prefill of wide experts (Mixtral: 2I = 28672) it pays to copy the rows into
-expert order once (T*k*H elements written) and read them through a tensor descriptor; `GemmConfig.
-prepermute` asks for it, and `moe-lab tune` decides per shape.
+once per N-tile; copying the rows into expert order once (T*k*H elements written) lets them be read
+through a tensor descriptor. The layer does not: on an H200 the copy cost what the descriptor saved
+(docs/experiments.md). Kept as an op of its own, as engines use it.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import triton
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import pdl_launch
 from .runtime import interpreter_serialized
 
 BLOCK_ROWS = 16
@@ -45,5 +44,5 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](
         hidden_states, out, routing.sorted_token_ids, routing.num_tokens_post_padded, routing.num_slots,
         k, hidden_states.stride(0), hidden_states.stride(1), out.stride(0),
-        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K, **pdl_launch(out.device))
+        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K)
     return out

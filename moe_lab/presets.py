@@ -17,7 +17,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .routing import TopKRouting, topk_routing
+from .routing import topk_routing
 
 DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names none: DeepSeek-V3's
 

@@ -32,7 +32,7 @@ import triton
 from ._kernels.quantize import per_token_group_quant_fp8_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_positive_int, check_same_device, check_tensor, \
     is_bool, output_buffer, type_name
-from .capability import fp8_support, pdl_launch
+from .capability import fp8_support
 from .runtime import interpreter_active, interpreter_serialized
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -264,7 +264,7 @@ def _launch(x, q, scale, num_rows, group_size, static):
         x, q, scale, num_rows, rows, k, x.stride(0), x.stride(1), q.stride(0), stride_sm, stride_sg,
         GROUP_SIZE=group_size, GROUP_BLOCK=group_block, GROUPS_PER_PROGRAM=per_program,
         ROWS_PER_PROGRAM=rows_per_program, STATIC_SCALE=static, HAS_ROW_BOUND=num_rows is not None,
-        EMULATE_FP8=interpreter_active(), num_warps=num_warps, **pdl_launch(x.device))
+        EMULATE_FP8=interpreter_active(), num_warps=num_warps)
 
 
 @interpreter_serialized

@@ -14,7 +14,6 @@ import triton
 from ._kernels.reduce import topk_reduce_kernel
 from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_positive_int, check_same_device,
                         check_tensor, output_buffer)
-from .capability import pdl_launch
 from .runtime import interpreter_active, interpreter_serialized
 
 BLOCK_SIZE = 1024
@@ -47,6 +46,5 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
         expert_map.numel() if expert_map is not None else num_experts, num_experts,
         out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0),
         TOP_K=top_k, HAS_EXPERT_MAP=expert_map is not None,
-        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE,
-        **pdl_launch(out.device))
+        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
     return out

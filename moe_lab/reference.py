@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
-from .grouped_matmul import check_weight_scale
+from .gemm import check_weight_scale
 from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
 
 

@@ -4,8 +4,7 @@ For each preset and T it times (CUDA-graph replays, L2 flushed before each, medi
 GEMM over a candidate set that depends on the expected rows per expert (T*k/E): BLOCK_SIZE_M shared by
 both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load path (TMA or pointer),
 tail tiles on or off, from 64 rows per expert on the persistent kernel or one program per tile (with
-128-row tiles also folded tails of 64 rows, `GemmConfig.fold_tail_rows`), and for
-the up GEMM whether to permute token rows first. The up GEMM is timed as the
+128-row tiles also folded tails of 64 rows, `GemmConfig.fold_tail_rows`). The up GEMM is timed as the
 layer runs it: with its SwiGLU epilogue (`GemmConfig.fuse_swiglu`). That switch is not tuned per point: a
 token's output would then round differently alone and in a batch (see the README's batch invariance). Candidates whose pipeline
 would not fit the device's shared memory (read from the device) are pruned; any that still fail to
@@ -33,7 +32,7 @@ from .activation import silu_and_mul
 from .align import moe_align
 from .capability import shared_memory_limit
 from .configs import GemmConfig, MoEConfig
-from .grouped_matmul import FP8_DTYPE, grouped_matmul
+from .gemm import FP8_DTYPE, grouped_matmul
 from .layer import Fp8Weights
 from .presets import get_preset
 from .quantize import quantize_activations_fp8, quantize_weights_fp8
@@ -53,18 +52,18 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
     8 warps (the fp32 accumulator alone is 256 registers per thread with 4)."""
     if rows_per_expert <= 8:      # decode: stream the weights, many small-M programs
         shapes = [(16, n, k, 4) for n, k in ((32, 256), (64, 128), (64, 256), (128, 128))]
-        space = dict(G=[1], S=[3, 4, 5], T=[True, False], tail=[True], pre=[False])
+        space = dict(G=[1], S=[3, 4, 5], T=[True, False], tail=[True])
     elif rows_per_expert <= 48:
         shapes = [(m, n, k, 4) for m in (16, 32, 64) for n, k in ((64, 128), (128, 64), (128, 128), (64, 256))]
-        space = dict(G=[1], S=[3, 4], T=[True], tail=[True, False], pre=[False])
+        space = dict(G=[1], S=[3, 4], T=[True], tail=[True, False])
     elif rows_per_expert <= 512:
         shapes = [(128, 128, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8), (128, 128, 128, 4), (128, 128, 128, 8)]
-        space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
+        space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], persistent=[False, True])
     else:                         # prefill: matrix-bound, large tiles
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
-        space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
+        space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], persistent=[False, True])
     if itemsize == 1:  # float8, block-scaled: a dot per 128-channel scale block; two float32 tiles in
-        # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*).
+        # registers (the sum and one step's product), so no 128 x 256 tiles (docs/experiments.md).
         # BLOCK_SIZE_N = 256 gives the up GEMM 128 output columns, one activation group, which its epilogue
         # quantizes itself (no quantization launch): the tuner weighs that against the narrower tiles.
         # At decode also steps of two scale blocks (BLOCK_SIZE_K = 256, one dot each): a step of one block
@@ -76,24 +75,20 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
                       + [(m, n, 256, 4) for m in (16, 32) for n in (64, 128)])
         else:
             shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
-        space = dict(space, pre=[False])  # FP8 reads each token's scales by its row: no permuted copy
     out: Candidates = {}
-    for (m, n, k, w), g, s, t, tail, pre, persistent in itertools.product(
-            shapes, space["G"], space["S"], space["T"], space["tail"], space["pre"], space.get("persistent", [False])):
+    for (m, n, k, w), g, s, t, tail, persistent in itertools.product(
+            shapes, space["G"], space["S"], space["T"], space["tail"], space.get("persistent", [False])):
         if (m == 16 or persistent) and not tail:  # no tail tiles below 16 rows or in the persistent kernel:
             continue                                # the same kernel either way
         # Folded tails of half a 128-row block, one program per tile, float operands (a second float32 tile
-        # of 64 rows; benchmarks/experiments/fold_tails-H200-2026-12-02.txt): where experts' last blocks
-        # are often small, as at 128 rows per expert.
-        folds = [0, 64] if m == 128 and rows_per_expert > 48 and tail and not persistent and not pre and itemsize > 1 else [0]
+        # of 64 rows): where experts' last blocks are often small, as at 128 rows per expert.
+        folds = [0, 64] if m == 128 and rows_per_expert > 48 and tail and not persistent and itemsize > 1 else [0]
         for fold in folds:
-            cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, prepermute=pre, persistent=persistent,
-                             fold_tail_rows=fold)
+            cfg = GemmConfig(m, n, k, g, w, s, t, tail_tiles=tail, persistent=persistent, fold_tail_rows=fold)
             if cfg.shared_memory_bytes(itemsize) <= smem_limit:
                 ups, downs = out.setdefault(m, ([], []))
                 ups.append(cfg)
-                if not pre:  # the down GEMM reads sorted rows already
-                    downs.append(cfg)
+                downs.append(cfg)
     return out
 
 

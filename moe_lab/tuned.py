@@ -29,7 +29,7 @@ import json
 import math
 import os
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple, Union
 
 import torch
@@ -261,29 +261,17 @@ def _entries(path: str, summary: str) -> Dict[str, _Entries]:
 
 def choose_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
                   dtype: torch.dtype = torch.bfloat16, *, config: ConfigLike = None,
-                  device: Union[torch.device, str, int, None] = None, fp8_sums_in_mma: bool = False) -> ConfigChoice:
+                  device: Union[torch.device, str, int, None] = None) -> ConfigChoice:
     """The config a layer of this shape runs with on `device` (default: the current CUDA device), and
     where it came from. `config` as `fused_moe` takes it: None (the default: the tuned entry of the table
     that `table_for_device` picks, nearest token bucket, else `heuristic_config`), a MoEConfig or a
     GemmConfig (used as given), or a dict of fields changed on top of the default.
-    FP8 tables are tuned for per-step float32 sums. With `fp8_sums_in_mma` (per-tensor or per-channel
-    scales with the sum kept in the MMA, `moe_lab.grouped_matmul.fp8_sums_in_mma`; off by default) the K
-    loop is bf16's: where the table's FP8 entry has tiles of 64 rows or more (prefill), the bf16 entry's
-    tiles are taken instead, with BLOCK_SIZE_K raised to 128 (1.5 to 1.9x over bf16 on an H200 where the
-    FP8 entry gives 1.2 to 1.5x: benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
     Returns a ConfigChoice. Raises TypeError/ValueError for a malformed `config` (see
     `moe_lab.configs.as_moe_config`) and ValueError naming the file for a malformed table entry.
     After the first call per device, it reads no file."""
     if config is not None and not isinstance(config, Mapping):
         return ConfigChoice(as_moe_config(config, None), USER_CONFIG)  # type: ignore[arg-type]
     default = _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, device)
-    if dtype == torch.float8_e4m3fn and fp8_sums_in_mma and default.config.block_size_m >= 64:
-        wide = _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_size, torch.bfloat16, device)
-        if wide.config.block_size_m >= 64:
-            config_k128 = MoEConfig(*(replace(c, BLOCK_SIZE_K=max(c.BLOCK_SIZE_K, 128))
-                                      for c in (wide.config.up, wide.config.down)))
-            default = ConfigChoice(config_k128, f"{wide.source} (bf16 tiles, BLOCK_SIZE_K >= 128: FP8 with "
-                                                f"per-tensor or per-channel scales, sums in the MMA)")
     if config is None:
         return default
     return ConfigChoice(as_moe_config(config, default.config), f"{USER_CONFIG} (dict) over {default.source}")

@@ -111,8 +111,7 @@ def test_fp8_tune_candidates_step_whole_scale_blocks():
         space = candidates(rows_per_expert, 1, 227 * 1024)
         configs = [c for ups, downs in space.values() for c in ups + downs]
         # steps of one scale block, or at decode of two (one dot each: larger loads per step)
-        assert configs and all(c.BLOCK_SIZE_K in ((128, 256) if rows_per_expert <= 48 else (128,))
-                               and not c.prepermute for c in configs)
+        assert configs and all(c.BLOCK_SIZE_K in ((128, 256) if rows_per_expert <= 48 else (128,)) for c in configs)
         assert all(c.BLOCK_SIZE_M * c.BLOCK_SIZE_N <= 64 * 256 for c in configs)
         # an up GEMM whose 128 output columns are one activation group, quantized in its epilogue, competes
         assert any(c.BLOCK_SIZE_N == 256 for ups, _ in space.values() for c in ups)
@@ -152,7 +151,7 @@ def test_deepseek_v3_preset_says_its_checkpoint_is_fp8():
 
 
 def test_bad_env_settings_are_said_before_any_launch(monkeypatch, capsys):
-    for var, value in (("MOE_LAB_PDL", "ON"), ("MOE_LAB_TMA", "maybe")):
+    for var, value in (("MOE_LAB_TMA", "maybe"),):
         monkeypatch.setenv(var, value)
         for argv in (["demo", "--model", "qwen3-30b-a3b", "--tokens", "1", "--scale", "128"], ["info"]):
             assert main(argv) == 2

@@ -194,32 +194,3 @@ def test_fp8_tiles_of_16_rows_run_mma_sync_and_of_64_rows_wgmma():
         print("RESULT", json.dumps(out))
     """)
     assert run_child(code) == {"16,True": [False, True], "64,False": [True, False], "64,True": [True, True]}
-
-
-@pytest.mark.parametrize("setting", ["0", "1"])
-def test_pdl_wait_only_where_opted_in_and_from_sm_90(setting):
-    """Programmatic dependent launch (MOE_LAB_PDL=1, moe_lab.capability.pdl_support): every kernel of the
-    layer waits for the kernel before (griddepcontrol.wait) before its first load, on sm_90 and later only;
-    without the setting no kernel carries the wait."""
-    code = textwrap.dedent("""
-        import json, torch
-        from moe_lab import compile_only as co
-        from moe_lab import fused_moe
-        co.patch_moe_lab()
-        def meta(*shape, dtype=torch.bfloat16):
-            return torch.empty(shape, dtype=dtype, device="meta")
-        T, E, k, H, I = 4, 8, 2, 256, 128
-        out = {}
-        for cc in (80, 90):
-            session = co.Session(compile_missing=True)
-            with co.fake_gpu(cc, session):
-                fused_moe(meta(T, H), meta(E, 2 * I, H), meta(E, H, I), meta(T, k, dtype=torch.float32),
-                          meta(T, k, dtype=torch.int32))
-            out[cc] = sorted({(k.name, "griddepcontrol.wait" in k.asm["ptx"]) for k in session.kernels.values()})
-        print("RESULT", json.dumps(out))
-    """)
-    result = run_child(code, MOE_LAB_PDL=setting)
-    names = {name for name, _ in result["90"]}
-    assert {"align_in_registers_kernel", "grouped_matmul_kernel", "topk_reduce_kernel"} <= names
-    assert all(not wait for _, wait in result["80"])
-    assert all(wait == (setting == "1") for _, wait in result["90"])

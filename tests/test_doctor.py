@@ -52,13 +52,3 @@ def test_cache_problem(tmp_path):
     assert doctor.cache_problem(str(tmp_path / "new" / "cache")) is None  # created on first use
     (tmp_path / "file").write_text("x")
     assert "is a file" in doctor.cache_problem(str(tmp_path / "file" / "cache"))
-
-
-def test_doctor_reports_a_bad_pdl_setting_instead_of_passing(monkeypatch):
-    monkeypatch.setenv("MOE_LAB_PDL", "true")
-    problems = doctor.report().problems
-    assert any("MOE_LAB_PDL" in f.what and "'true'" in f.what for f in problems)
-    monkeypatch.setenv("MOE_LAB_PDL", "1")
-    rep = doctor.report()
-    assert not rep.problems or all("MOE_LAB_PDL" not in f.what for f in rep.problems)
-    assert any(key == "PDL" for key, _ in rep.facts)

@@ -114,9 +114,8 @@ def test_fold_tail_rows_on_a_block_too_small_to_fold_names_the_block():
 
 
 def test_an_unused_fold_costs_no_pipeline_stage_and_a_new_block_size_drops_the_defaults_fold():
-    import sys
     from moe_lab.configs import as_moe_config, fit_to_shared_memory
-    plan_launch = sys.modules["moe_lab.grouped_matmul"]._plan_launch
+    from moe_lab.gemm import plan_gemm as plan_launch
     ids, routing = _routing(128, 64)
     a = torch.randn(ids.shape[0], 128, device=DEVICE).to(torch.bfloat16)
     w = torch.randn(routing.num_experts, 128, 128, device=DEVICE).to(torch.bfloat16)

@@ -2,7 +2,6 @@
 per-token activations, per-tensor; checked against float64 math on the dequantized operands, so the
 kernels' error is measured apart from the quantization's."""
 import dataclasses
-import sys
 
 import pytest
 import torch
@@ -294,7 +293,7 @@ def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, blo
 def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu):
     """A ragged K (100) in steps of 32 under scale blocks of 64 (two steps per group, the last one short),
     with tail tiles: the per-tile loop gives the per-column loop's bits."""
-    gm_module = sys.modules["moe_lab.grouped_matmul"]  # moe_lab.grouped_matmul is also the function's name
+    from moe_lab import gemm as gm_module
     num_tokens, num_experts, top_k, n, k, block_shape = 9, 3, 2, 64, 100, (64, 64)
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 64)
@@ -306,8 +305,8 @@ def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu
                 out_dtype=torch.float32, return_plan=True)
     per_tile, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
     assert plan.w_scale_per_tile
-    plan_launch = gm_module._plan_launch
-    monkeypatch.setattr(gm_module, "_plan_launch",
+    plan_launch = gm_module.plan_gemm
+    monkeypatch.setattr(gm_module, "plan_gemm",
                         lambda *a, **kw: dataclasses.replace(plan_launch(*a, **kw), w_scale_per_tile=False))
     per_column, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
     assert not plan.w_scale_per_tile

@@ -1,6 +1,5 @@
 """The persistent grouped GEMM (`GemmConfig.persistent`): the same tiles walked by one program per SM (a
 few programs under the interpreter), bitwise equal to the one-program-per-tile kernel."""
-import importlib
 from dataclasses import replace
 
 import pytest
@@ -12,7 +11,7 @@ from moe_lab.runtime import interpreter_active
 from .conftest import DEVICE, random_layer, random_topk_ids
 from .test_grouped_matmul import PATHS
 
-gm = importlib.import_module("moe_lab.grouped_matmul")  # the module: moe_lab.grouped_matmul is the function
+from moe_lab import gemm as gm
 BASE = GemmConfig(16, 32, 32, 2, 4, 1, tail_tiles=False)
 
 

@@ -40,7 +40,7 @@ def test_swiglu_epilogue_matches_the_reference(use_tma, dtype, num_tokens, num_e
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
-def test_swiglu_epilogue_with_tail_tiles_and_prepermute(use_tma):
+def test_swiglu_epilogue_with_tail_tiles(use_tma):
     sizes = [1, 5, 9, 19, 0, 40]  # last blocks of 32 rows hold <= 1/4, <= 1/2 and more of their rows
     ids = torch.cat([torch.full((s,), e, dtype=torch.int32) for e, s in enumerate(sizes)])
     ids = ids[torch.randperm(ids.numel())].reshape(-1, 1).to(DEVICE)
@@ -49,7 +49,7 @@ def test_swiglu_epilogue_with_tail_tiles_and_prepermute(use_tma):
     w1 = torch.randn(len(sizes), 48, 48, device=DEVICE) * 48 ** -0.5
     ref = swiglu_reference(a, w1, routing)
     valid = routing.sorted_token_ids.cpu() < routing.num_slots
-    for cfg in (GemmConfig(32, 32, 16, 1, 4, 1), GemmConfig(32, 64, 16, 1, 4, 1, prepermute=True)):
+    for cfg in (GemmConfig(32, 32, 16, 1, 4, 1), GemmConfig(32, 64, 16, 1, 4, 1)):
         out = grouped_matmul(a, w1, routing, cfg, gather_a=True, swiglu=True, use_tma=use_tma)
         assert relative_error(out.cpu()[valid], ref[valid]) < TOL[torch.float32], cfg
 

@@ -299,19 +299,3 @@ def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
         {"format": 99, "device": "X", "triton": "3.6.0", "capability": [9, 0], "shapes": {}}))
     with pytest.warns(UserWarning, match="table format 99"):
         assert not tuned.select_table("X", (9, 0), "3.6.0", str(tmp_path))
-
-
-def test_fp8_sums_in_the_mma_take_the_bf16_tiles_at_prefill(gpu_world):
-    """With per-tensor/per-channel FP8 sums kept in the MMA (off by default), 64-row-and-up FP8 entries give
-    way to the bf16 entry's tiles with BLOCK_SIZE_K >= 128; decode entries (16 rows) stay."""
-    d = gpu_world(H200, (9, 0), "3.6.0")
-    fp8 = dict(SHAPE, dtype=torch.float8_e4m3fn)
-    fp8_key = tuned.shape_key(8, 2, 4096, 14336, torch.float8_e4m3fn)
-    write_table(d, H200, "3.6.0", shapes={KEY: {"1": _entry(64), "4096": _entry(256, 128)},
-                                           fp8_key: {"1": _entry(32), "4096": _entry(128, 64)}})
-    assert tuned.choose_config(4096, **fp8).config.up.BLOCK_SIZE_N == 128  # the FP8 entry, as before
-    wide = tuned.choose_config(4096, **fp8, fp8_sums_in_mma=True)
-    assert (wide.config.up.BLOCK_SIZE_M, wide.config.up.BLOCK_SIZE_N, wide.config.up.BLOCK_SIZE_K) == (128, 256, 128)
-    assert wide.config.down.BLOCK_SIZE_K == 128 and wide.source.endswith("sums in the MMA)")
-    assert tuned.choose_config(1, **fp8, fp8_sums_in_mma=True).config.up.BLOCK_SIZE_N == 32  # decode: FP8 entry
-    assert tuned.choose_config(4096, **SHAPE, fp8_sums_in_mma=True).config.up.BLOCK_SIZE_K == 64  # bf16: no change

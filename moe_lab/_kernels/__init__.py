@@ -1,3 +1,3 @@
 """`@triton.jit` bodies only: the ground floor. Launchers live one level up (`moe_lab.align`,
-`moe_lab.grouped_matmul`, `moe_lab.activation`, `moe_lab.quantize`); nothing here checks inputs or picks
+`moe_lab.gemm`, `moe_lab.activation`, `moe_lab.quantize`); nothing here checks inputs or picks
 configs."""

@@ -14,14 +14,13 @@ two runs give the same `sorted_token_ids`.
 import triton
 import triton.language as tl
 
-from .common import local_expert, wait_for_previous_kernel
+from .common import local_expert
 
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots"])
 def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_ids, num_experts,
-                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
+                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
@@ -33,9 +32,7 @@ def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_
 @triton.jit(do_not_specialize=["num_chunks"])
 def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
                   num_tokens_post_padded_ptr, num_chunks, num_experts,
-                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr,
-                  PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
+                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
     experts = tl.arange(0, NUM_BINS)
     expert_mask = experts < num_experts
     rows = tl.arange(0, CHUNK_TILE)
@@ -63,8 +60,7 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
                    num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
                    num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
                    HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
-                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
+                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
     if pid < num_chunks:
         _scatter_chunk(pid, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
@@ -79,14 +75,12 @@ def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, 
 def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_tokens_post_padded_ptr,
                               sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_ids, num_experts, num_m_blocks,
                               HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
-                              NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr,
-                              PDL: tl.constexpr):
+                              NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr):
     """The whole schedule in one program, for few slots (decode): slot-by-slot comparisons in registers,
     with no round trip through memory between the steps and no barrier of its own. The same positions and
     block map as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run
     against SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each, their ids loaded again: L1 hits),
     so their registers stay bounded."""
-    wait_for_previous_kernel(PDL)
     lane = tl.arange(0, SLOTS)
     ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
                              HAS_EXPERT_MAP)

@@ -1,18 +1,6 @@
 """Small jit helpers shared by the kernels."""
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-
-
-@triton.jit
-def wait_for_previous_kernel(PDL: tl.constexpr):
-    """With programmatic dependent launch (PDL, `moe_lab.capability.pdl_launch`), this kernel may start
-    while the kernel before it in the stream still runs: wait until that one has finished and its writes
-    are visible, then let the next kernel launch, which waits here in turn. Called before any load, so
-    each kernel reads only finished results; what overlaps is launch latency. Without PDL: nothing."""
-    if PDL:
-        gdc_wait()
-        gdc_launch_dependents()
 
 
 @triton.jit

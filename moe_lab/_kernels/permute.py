@@ -2,14 +2,12 @@
 import triton
 import triton.language as tl
 
-from .common import wait_for_previous_kernel
 
 
 @triton.jit(do_not_specialize=["num_slots"])
 def permute_tokens_kernel(a_ptr, out_ptr, sorted_token_ids_ptr, num_tokens_post_padded_ptr, num_slots,
                           K, stride_am, stride_ak, stride_om,
-                          TOP_K: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
+                          TOP_K: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_K: tl.constexpr):
     rows_in_use = tl.load(num_tokens_post_padded_ptr)
     if tl.program_id(0) * BLOCK_ROWS >= rows_in_use:
         return

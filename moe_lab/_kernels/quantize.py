@@ -9,7 +9,7 @@ past *num_rows_ptr (HAS_ROW_BOUND) are left as they were, without a read of the 
 import triton
 import triton.language as tl
 
-from .common import cast_e4m3, clamp_e4m3, quantize_groups_e4m3, wait_for_previous_kernel
+from .common import cast_e4m3, clamp_e4m3, quantize_groups_e4m3
 
 
 @triton.jit(do_not_specialize=["num_rows"])
@@ -17,8 +17,7 @@ def per_token_group_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows_ptr, num_
                                      stride_qm, stride_sm, stride_sg, GROUP_SIZE: tl.constexpr,
                                      GROUP_BLOCK: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
                                      ROWS_PER_PROGRAM: tl.constexpr, STATIC_SCALE: tl.constexpr,
-                                     HAS_ROW_BOUND: tl.constexpr, EMULATE_FP8: tl.constexpr, PDL: tl.constexpr):
-    wait_for_previous_kernel(PDL)
+                                     HAS_ROW_BOUND: tl.constexpr, EMULATE_FP8: tl.constexpr):
     first_row = tl.program_id(0) * ROWS_PER_PROGRAM
     if HAS_ROW_BOUND:  # buffers sized by a bound: stop at the rows in use
         num_rows = tl.minimum(num_rows, tl.load(num_rows_ptr))

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List
 
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch

@@ -14,8 +14,7 @@ from the float32 accumulators: the separate activation kernel and its [rows, 2I]
 Load paths (see `select_load_path`): weights through a 3-D tensor descriptor (block [1, BLOCK_SIZE_N,
 BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, BLOCK_SIZE_K]) on Hopper;
 pointer loads otherwise. Gathered A rows use pointer loads: Hopper's TMA copies boxes, and gathering
-scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100). With
-`config.prepermute` the rows are first copied into expert order (`moe_lab.permute`) and read as sorted rows.
+scattered rows through TMA (tensor-map gather4) first came with Blackwell (sm_100).
 
 float32 operands follow PyTorch's float32 matmul precision: full float32 by default ("highest"), TF32
 tensor cores after `torch.set_float32_matmul_precision("high")`.
@@ -35,10 +34,8 @@ import triton
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import (descriptor_problem, fp8_support, multiprocessor_count, pdl_launch, shared_memory_limit,
-                         tma_support)
+from .capability import descriptor_problem, fp8_support, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
-from .permute import permute_tokens
 from .quantize import FP8_DTYPE, MIN_FP8_DOT_K, check_gemm_block_shape, check_static_scale
 from .runtime import interpreter_active, interpreter_serialized
 
@@ -48,31 +45,9 @@ _logged_fallbacks: set = set()
 UseTma = Union[bool, str]
 # Programs of a persistent launch under the interpreter (no SMs to count): enough to make each walk tiles.
 INTERPRETER_PROGRAMS = 3
-# Flatten the persistent kernel's tile and K loops into one software-pipelined loop (Triton's tl.range flatten).
-PERSISTENT_FLATTEN = True
-# Triton's automatic warp specialization of that loop: Triton 3.6 documents it for Blackwell only.
-PERSISTENT_WARP_SPECIALIZE = False
 # use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
 # these are the words, mapped in this one place.
 USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
-# FP8 with per-tensor/per-channel scales: True keeps the sum over all of K in the MMA (LaunchPlan.fast_accum), with
-# bf16's tiles (`moe_lab.tuned.choose_config`): 1.5 to 1.9x over bf16 at prefill on an H200 where per-step
-# float32 sums give 1.2 to 1.5x, but the layer's error against the dequantized reference grows from 2e-3 to
-# 0.8e-2 to 1.6e-2 at T >= 512 (wgmma keeps fewer accumulator bits; the SwiGLU output's float8 rounding
-# amplifies it), past the 1e-2 the package holds to: off (benchmarks/experiments/fp8_fast_accum-H200-2026-12-02*).
-FP8_OUTER_FAST_ACCUM = False
-# The persistent kernel can store its tiles of sorted output rows through a tensor descriptor over `out`
-# (LaunchPlan.c_tma), where the call reads an operand through TMA and `out` meets the descriptor rules. Off:
-# on an H200 (Triton 3.6) the persistent up GEMM took 0.99 to 1.04x its time with pointer stores, and in the
-# per-tile kernel, whose program must wait for its copy before it ends, 1.00 to 1.26x
-# (benchmarks/experiments/tma_store-H200-2026-12-03*). Set it with sys.modules["moe_lab.grouped_matmul"].TMA_STORE
-# (`moe_lab.grouped_matmul` is the function).
-TMA_STORE = False
-
-
-def fp8_sums_in_mma(outer_scales: bool) -> bool:
-    """Whether an FP8 GEMM with these scales keeps its sum in the MMA (FP8_OUTER_FAST_ACCUM, read at the call)."""
-    return outer_scales and FP8_OUTER_FAST_ACCUM
 
 
 @dataclass(frozen=True)
@@ -90,13 +65,12 @@ class LoadPath:
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """What one `grouped_matmul` call launches, decided once (`_plan_launch`) and launched as is.
+    """What one `grouped_matmul` call launches, decided once (`plan_gemm`) and launched as is.
 
     config: the GemmConfig as launched: the one asked for, with num_stages lowered where the device's
         shared memory (or the compiler) needed it.
     path: each operand's load path and why (`select_load_path`).
-    gather_a: the kernel gathers token rows itself; prepermute: they were copied into expert order first
-        (`moe_lab.permute_tokens`) and the kernel reads them as sorted rows.
+    gather_a: the kernel gathers token rows itself (the up projection).
     scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
     program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
     grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
@@ -113,16 +87,10 @@ class LaunchPlan:
     BLOCK_SIZE_K / dots_per_step channels): larger loads per step where one scale block's are small
     (FP8 decode streams 128-byte rows per block).
     out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
-    dtype as is). fast_accum: with "outer" scales, the MMA accumulates over all of K (fewer accumulator
-    bits than float32 on Hopper: 1e-3 to 2.5e-3 relative at K = 2048 to 7168; `fp8_sums_in_mma`).
-    c_tma: the persistent kernel stores each output tile through a tensor descriptor over `out` (block
-    [BLOCK_SIZE_M, tile_n]), an asynchronous bulk copy, where the call reads an operand through TMA, writes
-    sorted rows of a float dtype (no scatter, no float8 output) and `out` meets the descriptor rules; only
-    with the module switch `TMA_STORE` on (off: no faster on an H200)."""
+    dtype as is)."""
     config: GemmConfig
     path: LoadPath
     gather_a: bool
-    prepermute: bool
     scatter: bool
     grid: int
     swiglu: bool = False
@@ -131,8 +99,6 @@ class LaunchPlan:
     out_quant_group: int = 0
     w_scale_per_tile: bool = False
     dots_per_step: int = 1
-    fast_accum: bool = False
-    c_tma: bool = False
 
     @property
     def fold_m(self) -> int:
@@ -236,7 +202,7 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
     pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
     descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
-    `use_tma=True` (for w, and for a sorted-layout or prepermuted a). With `swiglu` the weights are read
+    `use_tma=True` (for w, and for a sorted-layout a). With `swiglu` the weights are read
     as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile. (With
     block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
     wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.)"""
@@ -260,23 +226,16 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     if w_problem and swiglu:
         w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
-    if gather_a and config.prepermute:  # rows copied into a new contiguous [rows, K] buffer first
-        a_problem = descriptor_problem(torch.empty((1, a.shape[1]), dtype=a.dtype, device="meta"),
-                                       [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
-        if a_problem and use_tma is True:
-            raise ValueError(f"use_tma=True but the permuted rows of a {tuple(a.shape)} ({a.dtype}) cannot be "
-                             f"read through a tensor descriptor: {a_problem}")
-    elif gather_a:
+    if gather_a:
         a_problem = "gathered token rows (TMA gather needs Blackwell)"
     else:
         a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
         if a_problem and use_tma is True:
             raise ValueError(f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
                              f"tensor descriptor: {a_problem}")
-    permuted = "permuted to expert order, then " if gather_a and config.prepermute else ""
-    reasons.append(f"a: {permuted}{'pointer (' + a_problem + ')' if a_problem else 'tma'}")
+    reasons.append(f"a: {'pointer (' + a_problem + ')' if a_problem else 'tma'}")
     path = LoadPath(not a_problem, not w_problem, "; ".join(reasons) + f" [{support.reason}]")
-    fallback = (w_problem, None if gather_a and not config.prepermute else a_problem)
+    fallback = (w_problem, None if gather_a else a_problem)
     if any(fallback) and fallback not in _logged_fallbacks:
         _logged_fallbacks.add(fallback)
         log.debug("grouped_matmul falls back to pointer loads: %s", path.reason)
@@ -301,8 +260,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             a[sorted_token_ids[r] // top_k] (each token feeds its top_k slots; padding rows read nothing),
             so `a` is hidden_states in token order. False for the down projection: row r reads a[r], rows
             already in padded sorted order (the up projection's activation), which a 2-D tensor
-            descriptor can load as one box. Gathered rows use pointer loads (TMA gather is Blackwell-only)
-            unless `config.prepermute` copies them into sorted order first (`moe_lab.permute_tokens`).
+            descriptor can load as one box. Gathered rows use pointer loads (TMA gather is Blackwell-only).
         scatter: write row r of each block to out[sorted_token_ids[r]] ([T*k, N]) instead of out[r]
             ([max_num_tokens_padded, N]); padding rows are then dropped.
         topk_weights: [T, k] routed weights; when given, each row is multiplied by its slot's weight.
@@ -409,18 +367,14 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
                          "writes sorted rows; the down projection reads them and scatters)")
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
-    plan = _plan_launch(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
+    plan = plan_gemm(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
                         scales=scales, out_quant_group=quant_group, out=out)
     result = (out, out_scale) if quant_group else out
     if plan.grid == 0:
         return (result, plan) if return_plan else result
-    if plan.prepermute:
-        a = permute_tokens(a, routing)
-    a_desc = w_desc = c_desc = None
+    a_desc = w_desc = None
     if plan.path.a_tma or plan.path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
-        if plan.c_tma:
-            c_desc = TensorDescriptor(out, list(out.shape), list(out.stride()), [plan.config.BLOCK_SIZE_M, plan.tile_n])
         if plan.path.a_tma:
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
                                       [plan.config.BLOCK_SIZE_M, plan.box_k])
@@ -433,7 +387,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
 
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, c_desc, weights, routing, scales, out_scale)
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
             return (result, plan) if return_plan else result
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
@@ -441,7 +395,7 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
-def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
+def plan_gemm(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
                  gather_a: bool, scatter: bool = False, swiglu: bool = False,
                  use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None,
                  out_quant_group: int = 0, out: Optional[torch.Tensor] = None) -> LaunchPlan:
@@ -449,8 +403,6 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
     the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
     block), the load paths, the grid. Launches nothing. Callers get the plan with
     `grouped_matmul(..., return_plan=True)`."""
-    if scales is not None and config.prepermute:  # the kernel reads a token's scales by its token row
-        config = replace(config, prepermute=False)
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
     if scales is not None and config.BLOCK_SIZE_K < MIN_FP8_DOT_K:
@@ -477,19 +429,14 @@ def _plan_launch(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, conf
         path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
     else:
         path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
-    prepermute = gather_a and config.prepermute
     # A program's weight rows (each half's, with SwiGLU) start at a multiple of their count, so they lie in
     # one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
     # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
     w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
                         and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
-    c_tma = (TMA_STORE and config.persistent and (path.a_tma or path.w_tma) and out is not None and not scatter
-             and not out_quant_group and descriptor_problem(out, [config.BLOCK_SIZE_M, tile_rows]) is None)
-    return LaunchPlan(config, path, gather_a and not prepermute, prepermute, scatter, grid, swiglu,
-                      config.persistent, scales.mode if scales is not None else "none", out_quant_group,
-                      w_scale_per_tile, dots_per_step,
-                      fp8_sums_in_mma(scales is not None and scales.mode == "outer"), c_tma)
+    return LaunchPlan(config, path, gather_a, scatter, grid, swiglu, config.persistent,
+                      scales.mode if scales is not None else "none", out_quant_group, w_scale_per_tile, dots_per_step)
 
 
 def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -510,35 +457,30 @@ def _shared_memory_budget(device: torch.device) -> Optional[int]:
     return shared_memory_limit(device)
 
 
-def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, c_desc, weights, routing, scales: Optional[Fp8Scales],
+def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
             out_scale: Optional[torch.Tensor]):
+    """Launch the plan's kernel: operands as the kernels' tuples (see moe_lab/_kernels/grouped_matmul.py)."""
     config, (_, n, k) = plan.config, w.shape
-    if scales is None:
-        a_scale = w_scale = None
-        scale_strides, groups = (0,) * 5, (1, 1)
-    else:
-        a_scale, w_scale = scales.a_scale, scales.w_scale
-        scale_strides, groups = a_scale.stride() + w_scale.stride(), (scales.group_n, scales.group_k)
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
+    operands = (
+        (a, a_desc, a.stride(0), a.stride(1)),
+        (w, w_desc, *w.stride()),
+        (out, out_scale, *out.stride(), *(out_scale.stride() if out_scale is not None else (0, 0))),
+        (None, None, 0, 0, 0, 0, 0, 1) if scales is None else
+        (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),
+        weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded)
+    interpreted = interpreter_active()
+    modes = dict(ROWS="gather" if plan.gather_a else "scatter" if plan.scatter else "sorted", SWIGLU=plan.swiglu,
+                 SCALES="block_tile" if plan.w_scale_per_tile else plan.scales,
+                 SCALE_GROUP_K=scales.group_k if scales is not None else 1, EVEN_K=k % config.BLOCK_SIZE_K == 0,
+                 DOT="interpreter" if interpreted else "ieee" if full_precision_fp32(a.dtype) else "mma")
+    tiles = dict(BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
+                 GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages)
     if plan.persistent:
-        kernel = grouped_matmul_persistent_kernel
-        schedule = dict(FLATTEN=PERSISTENT_FLATTEN, WARP_SPECIALIZE=PERSISTENT_WARP_SPECIALIZE, C_TMA=plan.c_tma)
+        grouped_matmul_persistent_kernel[(plan.grid,)](
+            *operands, n, k, routing.num_slots, routing.top_k, **modes, **tiles)
     else:
-        kernel, schedule = grouped_matmul_kernel, dict(TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m)
-    kernel[(plan.grid,)](
-        a, a_desc, w, w_desc, out, c_desc, a_scale, w_scale, out_scale,
-        weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded,
-        n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts,
-        a.stride(0), a.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        *scale_strides, *(out_scale.stride() if out_scale is not None else (0, 0)),
-        TOP_K=routing.top_k, GATHER_A=plan.gather_a, SCATTER_C=plan.scatter, MUL_ROUTED_WEIGHT=weights is not None,
-        SWIGLU=plan.swiglu, A_TMA=plan.path.a_tma, W_TMA=plan.path.w_tma,
-        SCALES=plan.scales, SCALE_GROUP_N=groups[0], SCALE_GROUP_K=groups[1], W_SCALE_PER_TILE=plan.w_scale_per_tile,
-        QUANT_GROUP=plan.out_quant_group, INTERPRETER=interpreter_active(), EVEN_K=k % config.BLOCK_SIZE_K == 0,
-        EMULATE_BF16=interpreter_active() and torch.bfloat16 in (a.dtype, out.dtype),
-        FP32_IEEE=full_precision_fp32(a.dtype), **schedule,
-        BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
-        DOTS_PER_STEP=plan.dots_per_step, GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages,
-        FAST_ACCUM=plan.fast_accum, **pdl_launch(a.device),
-    )
+        grouped_matmul_kernel[(plan.grid,)](
+            *operands, n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts, routing.top_k,
+            **modes, TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m, **tiles)

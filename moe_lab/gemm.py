@@ -464,8 +464,7 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
     operands = (
-        (a, a_desc, a.stride(0), a.stride(1)),
-        (w, w_desc, *w.stride()),
+        (a, a.stride(0), a.stride(1)), a_desc, (w, *w.stride()), w_desc,
         (out, out_scale, *out.stride(), *(out_scale.stride() if out_scale is not None else (0, 0))),
         (None, None, 0, 0, 0, 0, 0, 1) if scales is None else
         (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),

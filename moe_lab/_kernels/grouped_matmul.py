@@ -49,7 +49,7 @@ from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_b
 # routed weights; slot order's block map, the caller's topk_ids): no variant per alignment.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_kernel(
-    A, W, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks, num_experts, top_k,
     ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, DOT: tl.constexpr, TAIL_SPLITS: tl.constexpr, FOLD_M: tl.constexpr,
@@ -59,6 +59,7 @@ def grouped_matmul_kernel(
     the schedule's end, or of an expert outside [0, E) (slot order), returns at once. An expert's last
     block runs as the smallest tile holding its valid rows (TAIL_SPLITS), or is folded into the block
     before (FOLD_M)."""
+    A, W = _with_descriptors(A, a_desc, W, w_desc)
     pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, _num_pid_n(N, SWIGLU, BLOCK_SIZE_N), GROUP_SIZE_M)
     row0 = pid_m * BLOCK_SIZE_M
     # Every schedule word this program needs is loaded before the first branch (all in bounds: the
@@ -89,7 +90,7 @@ def grouped_matmul_kernel(
 # As for grouped_matmul_kernel.
 @triton.jit(do_not_specialize=["num_slots", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_persistent_kernel(
-    A, W, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, top_k,
     ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, DOT: tl.constexpr,
@@ -103,6 +104,7 @@ def grouped_matmul_persistent_kernel(
     tile runs whole (a flattened loop nest cannot branch on tile sizes), each row's K reduction in the same
     order as in `grouped_matmul_kernel`: bitwise the same results. Expert-sorted schedules only (the plan
     sees to it): every block in use has an expert in [0, E), so no tile is skipped."""
+    A, W = _with_descriptors(A, a_desc, W, w_desc)
     num_pid_n = _num_pid_n(N, SWIGLU, BLOCK_SIZE_N)
     num_used_blocks = tl.load(num_tokens_post_padded_ptr) // BLOCK_SIZE_M
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
@@ -110,6 +112,13 @@ def grouped_matmul_persistent_kernel(
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
         _tile(A, W, C, S, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, ROWS, SWIGLU, SCALES,
               SCALE_GROUP_K, EVEN_K, DOT, BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
+
+
+@triton.jit
+def _with_descriptors(A, a_desc, W, w_desc):
+    """The operand tuples with their descriptors (which Triton 3.6's launcher takes only as arguments of
+    their own): A = (a_ptr, a_desc, stride_am, stride_ak), W = (w_ptr, w_desc, stride_we, stride_wn, stride_wk)."""
+    return (A[0], a_desc, A[1], A[2]), (W[0], w_desc, W[1], W[2], W[3])
 
 
 @triton.jit
@@ -447,6 +456,13 @@ def _dot_scale(step_scales, d: tl.constexpr, DOTS_PER_STEP: tl.constexpr):
     else:
         picked = tl.sum(tl.where(tl.arange(0, DOTS_PER_STEP) == d, step_scales, 0.0), axis=0)
     return picked
+
+
+@triton.jit
+def _with_descriptors(A, a_desc, W, w_desc):
+    """The operand tuples with their descriptors (which Triton 3.6's launcher takes only as arguments of
+    their own): A = (a_ptr, a_desc, stride_am, stride_ak), W = (w_ptr, w_desc, stride_we, stride_wn, stride_wk)."""
+    return (A[0], a_desc, A[1], A[2]), (W[0], w_desc, W[1], W[2], W[3])
 
 
 @triton.jit

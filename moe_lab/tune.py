@@ -64,7 +64,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
         space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], pre=[False, True], persistent=[False, True])
     if itemsize == 1:  # float8, block-scaled: a dot per 128-channel scale block; two float32 tiles in
-        # registers (the sum and one step's product), so no 128 x 256 tiles (benchmarks/experiments/fp8-*).
+        # registers (the sum and one step's product), so no 128 x 256 tiles (docs/experiments.md).
         # BLOCK_SIZE_N = 256 gives the up GEMM 128 output columns, one activation group, which its epilogue
         # quantizes itself (no quantization launch): the tuner weighs that against the narrower tiles.
         # At decode also steps of two scale blocks (BLOCK_SIZE_K = 256, one dot each): a step of one block
@@ -83,7 +83,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         if (m == 16 or persistent) and not tail:  # no tail tiles below 16 rows or in the persistent kernel:
             continue                                # the same kernel either way
         # Folded tails of half a 128-row block, one program per tile, float operands (a second float32 tile
-        # of 64 rows; benchmarks/experiments/fold_tails-H200-2026-12-02.txt): where experts' last blocks
+        # of 64 rows; docs/experiments.md): where experts' last blocks
         # are often small, as at 128 rows per expert.
         folds = [0, 64] if m == 128 and rows_per_expert > 48 and tail and not persistent and not pre and itemsize > 1 else [0]
         for fold in folds:

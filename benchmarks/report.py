@@ -1,4 +1,4 @@
-"""Turn committed benchmark results into the tables and plots of benchmarks/README.md.
+"""Turn committed benchmark results into the tables and plots of docs/performance.md and benchmarks/README.md.
 
     python benchmarks/report.py [results.json]   # default: the newest benchmarks/results/*.json
 

@@ -30,7 +30,7 @@ What it cannot catch:
   between programs, float atomics in varying order): a control launch shows it and the read check is
   skipped (the interpreter's check, which runs first, still covers them).
 
-Why not triton-viz's sanitizer (PyPI `triton-viz` 3.0, checked 2026-11): it imports only with Triton 3.6
+Why not triton-viz's sanitizer (PyPI `triton-viz` 3.0): it imports only with Triton 3.6
 and 3.7 (3.8 and 3.9: AttributeError on `create_make_block_ptr`), evaluates accesses symbolically so a
 sanitized launch computes no result, stops the process (`sys.exit`) at the first violation unless told
 not to, reports one address, and leaves the interpreter patched after a traced launch (later kernels from

@@ -180,11 +180,10 @@ _ = workbook.check("persistent layer vs fused_moe_reference", out_pers,
 # %% [markdown]
 # Could the epilogue's stores overlap too? A tile of sorted rows (the up GEMM's output) could leave through
 # a tensor descriptor, as notebook 05's kernel stores it: one bulk copy from shared memory that runs on
-# while the next tile's loads start. moe-lab's persistent kernel can do that (`LaunchPlan.c_tma`, behind the
-# switch `TMA_STORE` in `moe_lab/grouped_matmul.py`), bitwise the same output, and it is off: on an H200 the
-# persistent up GEMM took 0.99 to 1.04x its time with pointer stores, and a program of the per-tile kernel,
-# which must wait for its copy before it ends, up to 1.26x
-# (`benchmarks/experiments/tma_store-H200-2026-12-03*.txt`). Measure before you believe an overlap.
+# while the next tile's loads start. moe-lab's persistent kernel once did that, bitwise the same output, and
+# it was no faster: on an H200 the persistent up GEMM took 0.99 to 1.04x its time with pointer stores, and a
+# program of the per-tile kernel, which must wait for its copy before it ends, up to 1.26x, so the code was
+# removed (docs/experiments.md, "TMA store of the output tile"). Measure before you believe an overlap.
 
 # %% [markdown]
 # ## 5. SiLU-and-mul in the epilogue
@@ -259,7 +258,7 @@ if workbook.timing_allowed("the persistent vs per-tile timing"):
               f"(CUDA-graph median, L2 flushed, {torch.cuda.get_device_name()})")
 
 # %% [markdown]
-# The committed H200 measurement (`benchmarks/experiments/persistent-H200-2026-11-30.json`, **committed
+# The committed H200 measurement (docs/experiments.md, "Persistent grouped GEMM"; **committed
 # data, not measured here**): per-tile time over persistent time for each GEMM, same config. Above 1 the
 # persistent kernel is faster.
 
@@ -300,7 +299,7 @@ for name in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
           f"{blocks} M-blocks of 128 rows, {exact} without padding ({blocks / exact - 1:+.0%} tensor-core work)")
 
 # %% [markdown]
-# `benchmarks/experiments/prefill_anatomy.py` timed the same GEMMs three ways on an H200 (**committed data,
+# An experiment timed the same GEMMs three ways on an H200 (docs/experiments.md; **committed data,
 # not measured here**): on that routing; on a routing that gives every expert exactly T*k/E rows, a
 # multiple of 128, so no M-block holds padding; and cuBLAS's batched matmul (`torch.bmm`, one
 # [T*k/E, K] x [K, N] product per expert) on the padding-free problem: what a vendor library does with the
@@ -318,10 +317,10 @@ schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
 # than the block count (DeepSeek-V3 at T = 4096: 47 % more blocks, 17 % more time), and Qwen3's down GEMM
 # at T = 16384 is even 4 % faster routed than padding-free. Tail tiles (a mostly empty last block run as a
 # smaller tile, `GemmConfig.tail_tiles`) win back a little in the per-tile kernel's down GEMM (3 to 8 % at
-# T = 512, `benchmarks/README.md`); moving those blocks to a launch of
+# T = 512, docs/experiments.md); moving those blocks to a launch of
 # their own ran at 0.81 to 1.00x the speed (up to 24 % more time), because their expert's weights then come
 # from HBM (the GPU's main memory) a second time instead of from the L2 cache
-# (`benchmarks/experiments/tail_split-H200-2026-12-01.txt`). So the next gains at prefill are in the
+# (docs/experiments.md, "Tail blocks in a launch of their own"). So the next gains at prefill are in the
 # schedule: fewer padding rows, while each expert's last block stays in the same launch as its other blocks.
 
 # %% [markdown]
@@ -370,7 +369,7 @@ print("folded blocks:", folded_tails(fold_routing.counts.cpu(), 32, 16)[1], "of"
       torch.equal(outs[0][valid], outs[16][valid]))
 
 # %% [markdown]
-# On an H200 (**committed data**, `benchmarks/experiments/fold_tails-H200-2026-12-02.txt`), each GEMM as
+# On an H200 (**committed data**, docs/experiments.md, "Folded tails"), each GEMM as
 # the layer runs it, against the shipped config of the day (the persistent kernel at most of these points):
 
 # %%

@@ -483,10 +483,10 @@ if workbook.timing_allowed("the bf16 vs FP8 timing"):
 # Committed H200 measurements (**committed data, not measured here**), as bf16 GEMM-pair time over FP8
 # GEMM-pair time per model and token count: above 1 FP8 is faster; 2 is what halving the weight bytes can
 # give where reading them is all the time. First, and plotted, the first experiment
-# (`benchmarks/experiments/fp8-H200-2026-12-01.json`, made by `benchmarks/experiments/fp8.py` with the best
+# (docs/experiments.md, "FP8 w8a8, block-scaled", made with the best
 # of a few configs per point, before the kernel's prefill work). Then the package's kernel today, with its
 # FP8 configs tuned on the same kind of GPU: 1.4x to 1.9x up to T = 512 and 1.15x to 1.45x in prefill
-# (`moe-lab bench --dtype fp8`; the table is in benchmarks/README.md).
+# (`moe-lab bench --dtype fp8`; the table is in docs/performance.md).
 
 # %%
 try:
@@ -531,11 +531,11 @@ figure
 # schedule) make the gain smaller. In prefill, where the tensor cores set the time, this experiment's kernel
 # gained little over bf16, although Hopper's FP8 tensor cores have twice bf16's rate; the package's kernel
 # now gains 1.15x to 1.45x, after each K step's weight scale became one number per tile, loaded a step ahead
-# (`benchmarks/experiments/fp8_step_scales-*`). It still does not reach that rate: each step's product is
+# (docs/experiments.md, "One weight scale per tile"). It still does not reach that rate: each step's product is
 # needed at once, to be scaled, so within a program one step's MMA cannot overlap the scaling, and the
 # product is a second float32 tile beside the accumulator, so tiles larger than 64 x 128 run out of
 # registers. Two or three programs per SM fill part of the gap; a Gluon kernel that overlaps them within a
-# program was no faster (`benchmarks/README.md` has the measurements). DeepSeek-V3 keeps its tensor cores
+# program was no faster (docs/experiments.md has the measurements). DeepSeek-V3 keeps its tensor cores
 # busy with two warpgroups taking turns, one multiplying while the other scales and adds (§3.3.2). Closing
 # that gap is open work.
 #

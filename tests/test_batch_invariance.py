@@ -61,7 +61,7 @@ ONE_MMA_KIND = {  # FP8 tiles of one kind at every T: 64 rows without tail tiles
 @pytest.mark.parametrize("tiles", [pytest.param(None, id="tuned", marks=pytest.mark.xfail(
     strict=True, reason="FP8 on Hopper: tiles of 16 or 32 rows (mma.sync) and of 64 rows (wgmma, fewer accumulator "
                         "bits) round a K step's float8 product differently, and the tuned tiles, tail tiles "
-                        "included, change with T: benchmarks/experiments/fp8_batch_invariance-H200-2026-12-01.txt")),
+                        "included, change with T (docs/experiments.md, \"FP8 batch invariance\")")),
     *ONE_MMA_KIND])
 def test_fp8_batch_invariance_at_real_shapes(model, tiles):
     """FP8 block-scaled [128, 128] is batch invariant when every T runs one kind of MMA tile (a fixed config);

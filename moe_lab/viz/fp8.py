@@ -140,7 +140,7 @@ def plot_scale_blocks(scale: torch.Tensor, shape: Sequence[int], block_shape: Se
 
 def load_fp8_experiment(path: Optional[str] = None) -> dict:
     """The committed H200 timings of the FP8 GEMM pair against bf16
-    (`benchmarks/experiments/fp8-H200-2026-12-01.json`, written by `benchmarks/experiments/fp8.py`):
+    (the committed JSON file `FP8_EXPERIMENT`; docs/experiments.md, "FP8 w8a8"):
     {"environment": {...}, "rows": [{"model", "T", "bf16_pair_ms", "fp8_pair_ms", "speedup", ...}]}.
     Raises FileNotFoundError where the file is not there (not committed yet, or moe-lab installed as a
     copy without the repository's benchmarks/)."""

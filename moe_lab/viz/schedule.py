@@ -130,7 +130,7 @@ def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> F
 
 def load_persistent_experiment(path: Optional[str] = None) -> dict:
     """The committed H200 timings of per-tile against persistent launches
-    (`benchmarks/experiments/persistent-H200-2026-11-30.json`, written by `benchmarks/experiments/persistent.py`):
+    (the JSON file `PERSISTENT_EXPERIMENT`; docs/experiments.md, "Persistent grouped GEMM"):
     {"environment": {...}, "rows": [{"model", "T", "gemm", "tile", "persistent", "no_flatten", "ws", ...}]}."""
     if path is None:
         from .performance import results_dir
@@ -173,11 +173,10 @@ def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
 
 def load_prefill_anatomy(path: Optional[str] = None) -> dict:
     """The committed H200 measurement of where prefill GEMM time goes
-    (`benchmarks/experiments/prefill_anatomy-H200-2026-12-01.json`, written by
-    `benchmarks/experiments/prefill_anatomy.py`): {"environment": {...}, "rows": [{"model", "T", "gemm",
-    "tflops_uniform", "tflops_balanced", "tflops_bmm", "blocks": {"uniform", "balanced"}, ...}]}, TFLOP/s
-    counting real rows only: the benchmark's routing (padded M-blocks), a routing with exactly T*k/E rows per
-    expert (no padding), and cuBLAS's batched matmul on that padding-free problem."""
+    (the JSON file `PREFILL_ANATOMY`; docs/experiments.md, "Where prefill time goes"): {"environment": {...}, "rows":
+    [{"model", "T", "gemm", "tflops_uniform", "tflops_balanced", "tflops_bmm", "blocks": {"uniform", "balanced"},
+    ...}]}, TFLOP/s counting real rows only: the benchmark's routing (padded M-blocks), a routing with exactly T*k/E
+    rows per expert (no padding), and cuBLAS's batched matmul on that padding-free problem."""
     if path is None:
         from .performance import results_dir
         path = os.path.join(os.path.dirname(results_dir()), "experiments", PREFILL_ANATOMY)
@@ -210,8 +209,8 @@ def plot_prefill_anatomy(data: dict, *, ax=None) -> Figure:
 
 
 def load_fold_tails(path: Optional[str] = None) -> dict:
-    """The committed H200 measurement of folded tails (`benchmarks/experiments/fold_tails-H200-2026-12-02.json`,
-    written by `benchmarks/experiments/fold_tails.py`): {"device", "torch", "triton", "rows": [{"model", "T",
+    """The committed H200 measurement of folded tails (the JSON file `FOLD_TAILS`; docs/experiments.md,
+    "Folded tails"): {"device", "torch", "triton", "rows": [{"model", "T",
     "up": {"ms": {variant: ms}, "bitwise_per_tile": {...}}, "down": {...}}]}; variants "shipped", "per tile",
     "fold 32 s3", "fold 32 s4", "fold 64 s3", "fold 64 s4" (folded rows, pipeline stages)."""
     if path is None:

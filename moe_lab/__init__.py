@@ -15,7 +15,8 @@ from .activation import silu_and_mul  # noqa: E402
 from .align import AlignedRouting, moe_align  # noqa: E402
 from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support  # noqa: E402
 from .configs import GemmConfig, MoEConfig  # noqa: E402
-from .gemm import LaunchPlan, LoadPath, grouped_matmul, select_load_path  # noqa: E402
+from .gemm import grouped_matmul  # noqa: E402
+from .plan import LaunchPlan, LoadPath, select_load_path  # noqa: E402
 from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
 from .permute import permute_tokens  # noqa: E402
 from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402

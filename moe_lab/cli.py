@@ -19,7 +19,7 @@ import triton  # noqa: E402
 
 from . import presets as _presets  # noqa: E402
 from .capability import fp8_support, tma_support  # noqa: E402
-from .gemm import USE_TMA_WORDS  # noqa: E402
+from .plan import USE_TMA_WORDS  # noqa: E402
 from .layer import fused_moe  # noqa: E402
 from .reference import fused_moe_reference, relative_error  # noqa: E402
 from .runtime import default_device, interpreter_active  # noqa: E402

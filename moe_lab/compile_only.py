@@ -128,7 +128,7 @@ def patch_moe_lab() -> None:
         return
     _PATCHED = True
     from . import capability
-    from . import gemm as gm
+    from . import plan as gm
 
     def fake_tma_support(device=None):
         """capability.tma_support's answer for the fake GPU: TMA from sm_90, MOE_LAB_TMA=0|1 obeyed."""
@@ -164,15 +164,15 @@ def patch_moe_lab() -> None:
             module.fp8_support = fake_fp8_support
 
     if not hasattr(gm, "multiprocessor_count"):
-        raise RuntimeError("moe_lab.gemm.multiprocessor_count is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.plan.multiprocessor_count is gone: update moe_lab/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
-    if not hasattr(gm, "_shared_memory_budget"):
-        raise RuntimeError("moe_lab.gemm._shared_memory_budget is gone: update moe_lab/compile_only.py "
+    if not hasattr(gm, "shared_memory_budget"):
+        raise RuntimeError("moe_lab.plan.shared_memory_budget is gone: update moe_lab/compile_only.py "
                            "(it hands the fake GPU's shared memory to the launch plan)")
-    gm._shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
+    gm.shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 
     # Every meta storage reports address 0, so an aliasing check (permute_tokens: "out shares memory with
     # hidden_states") would see any two meta buffers as one. Give each meta storage a stand-in address of

@@ -24,9 +24,8 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import triton
@@ -34,90 +33,14 @@ import triton
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
-from .capability import descriptor_problem, fp8_support, multiprocessor_count, shared_memory_limit, tma_support
-from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
-from .quantize import FP8_DTYPE, MIN_FP8_DOT_K, check_gemm_block_shape, check_static_scale
-from .runtime import interpreter_active, interpreter_serialized
+from .capability import fp8_support
+from .configs import GemmConfig
+from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select_load_path, weight_box
+from .quantize import FP8_DTYPE, check_gemm_block_shape, check_static_scale
+from .runtime import interpreter_serialized
 
-log = logging.getLogger(__name__)
-_logged_fallbacks: set = set()
-
-UseTma = Union[bool, str]
-# Programs of a persistent launch under the interpreter (no SMs to count): enough to make each walk tiles.
-INTERPRETER_PROGRAMS = 3
-# use_tma is True, False or "auto" everywhere in Python; where only words will do (the command line),
-# these are the words, mapped in this one place.
-USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
-
-
-@dataclass(frozen=True)
-class LoadPath:
-    """How one grouped matmul loads its operands, and why."""
-    a_tma: bool
-    w_tma: bool
-    reason: str
-
-    @property
-    def name(self) -> str:
-        """Short form for tables, e.g. "a:ptr w:tma"."""
-        return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """What one `grouped_matmul` call launches, decided once (`plan_gemm`) and launched as is.
-
-    config: the GemmConfig as launched: the one asked for, with num_stages lowered where the device's
-        shared memory (or the compiler) needed it.
-    path: each operand's load path and why (`select_load_path`).
-    gather_a: the kernel gathers token rows itself (the up projection).
-    scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
-    program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
-    grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
-    persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
-    fold_m (property): config.fold_tail_rows, which the plan sets to 0 where folds do not apply (the
-    persistent kernel, slot order, float8): an expert's last block of at most that many valid rows is
-    computed by the block before.
-    scales: "none", or for float8 operands where their scales enter: "outer" (per tensor, channel or token:
-    once, on the float32 sum) or "block" (block_shape: at every K step; config.BLOCK_SIZE_K divides the
-    block's K, or is a multiple of it: see dots_per_step). w_scale_per_tile: with block scales, a program's
-    weight rows (each half's, with swiglu) lie in one scale block, so each dot reads one weight scale
-    (per half) rather than one per column. dots_per_step: with block scales and a BLOCK_SIZE_K of several
-    scale blocks, each K step loads and scales them one block at a time (that many dots, load boxes of
-    BLOCK_SIZE_K / dots_per_step channels): larger loads per step where one scale block's are small
-    (FP8 decode streams 128-byte rows per block).
-    out_quant_group: the epilogue writes float8 with one scale per row per this many columns (0: the output
-    dtype as is)."""
-    config: GemmConfig
-    path: LoadPath
-    gather_a: bool
-    scatter: bool
-    grid: int
-    swiglu: bool = False
-    persistent: bool = False
-    scales: str = "none"
-    out_quant_group: int = 0
-    w_scale_per_tile: bool = False
-    dots_per_step: int = 1
-
-    @property
-    def fold_m(self) -> int:
-        """Rows of an expert's last block folded into the block before (config.fold_tail_rows, 0 where the
-        plan turned it off)."""
-        return self.config.fold_tail_rows
-
-    @property
-    def box_k(self) -> int:
-        """K channels of each load (a tensor descriptor's box) and dot."""
-        return self.config.BLOCK_SIZE_K // self.dots_per_step
-
-    @property
-    def tile_n(self) -> int:
-        """Output columns per program: BLOCK_SIZE_N, or half of it with the SwiGLU epilogue."""
-        return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
-
-
-
+__all__ = ["Fp8Scales", "LaunchPlan", "LoadPath", "UseTma", "check_activation_scale", "check_use_tma",
+           "check_weight_scale", "grouped_matmul", "plan_gemm", "run_gemm", "select_load_path"]
 
 @dataclass(frozen=True)
 class Fp8Scales:
@@ -167,6 +90,19 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
     return a_scale
 
 
+def kernel_scales(a_scale: torch.Tensor, w_scale: torch.Tensor, w: torch.Tensor, block_shape: Optional[tuple],
+                  rows: int) -> Fp8Scales:
+    """Checked float8 scales (as `fused_moe` checks them) in the layout the kernel reads, without checking
+    them again: size-1 layouts expanded with stride 0 (see `check_weight_scale`, `check_activation_scale`)."""
+    if block_shape is not None:
+        return Fp8Scales("block", a_scale, w_scale, *block_shape)
+    num_experts, n, _ = w.shape
+    w_scale = w_scale[:, None, None].expand(num_experts, n, 1) if w_scale.dim() == 1 else w_scale[:, :, None]
+    if a_scale.dim() <= 1:
+        a_scale = a_scale.reshape(1)[:, None].expand(rows, 1)
+    return Fp8Scales("outer", a_scale, w_scale)
+
+
 def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
     """Check the scale arguments against a and w; None for float operands (which take none)."""
     block_shape = check_gemm_block_shape(block_shape)
@@ -186,60 +122,6 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
     if block_shape is not None:
         return Fp8Scales("block", a_scale, w_scale, *block_shape)
     return Fp8Scales("outer", a_scale, w_scale)
-
-
-def check_use_tma(use_tma: UseTma) -> None:
-    """Raise ValueError unless use_tma is the bool True or False or the string "auto" (not 0, 1, ...)."""
-    if not (isinstance(use_tma, bool) or (isinstance(use_tma, str) and use_tma == "auto")):
-        raise ValueError(f"use_tma must be True, False or 'auto', got {use_tma!r}")
-
-
-def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
-                     use_tma: UseTma = "auto", swiglu: bool = False) -> LoadPath:
-    """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
-    other question, whether this device and Triton can). Precedence, first match wins:
-    1. `use_tma=False`: pointer loads. 2. `MOE_LAB_TMA=0`, or a device/Triton without TMA: pointer loads
-    (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
-    pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
-    descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
-    `use_tma=True` (for w, and for a sorted-layout a). With `swiglu` the weights are read
-    as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile. (With
-    block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
-    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.)"""
-    check_use_tma(use_tma)
-    if use_tma is False:
-        return LoadPath(False, False, "use_tma=False")
-    if use_tma == "auto" and not config.tma:
-        return LoadPath(False, False, "the config for this shape prefers pointer loads (config.tma=False)")
-    support = tma_support(a.device)
-    if not support.available:
-        if use_tma is True:
-            raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
-        return LoadPath(False, False, f"no TMA: {support.reason}")
-    reasons = []
-    w_view, w_box = _weight_box(w, config, swiglu, config.BLOCK_SIZE_K)
-    w_problem = descriptor_problem(w_view, w_box)
-    if w_problem and use_tma is True:
-        viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
-        raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
-                         f"descriptor: {w_problem}")
-    if w_problem and swiglu:
-        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
-    reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
-    if gather_a:
-        a_problem = "gathered token rows (TMA gather needs Blackwell)"
-    else:
-        a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
-        if a_problem and use_tma is True:
-            raise ValueError(f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
-                             f"tensor descriptor: {a_problem}")
-    reasons.append(f"a: {'pointer (' + a_problem + ')' if a_problem else 'tma'}")
-    path = LoadPath(not a_problem, not w_problem, "; ".join(reasons) + f" [{support.reason}]")
-    fallback = (w_problem, None if gather_a else a_problem)
-    if any(fallback) and fallback not in _logged_fallbacks:
-        _logged_fallbacks.add(fallback)
-        log.debug("grouped_matmul falls back to pointer loads: %s", path.reason)
-    return path
 
 
 @interpreter_serialized
@@ -368,99 +250,45 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = plan_gemm(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
-                        scales=scales, out_quant_group=quant_group, out=out)
+                     scales=scales, out_quant_group=quant_group)
+    plan = run_gemm(plan, a, w, routing, out, out_scale=out_scale, topk_weights=topk_weights, scales=scales)
     result = (out, out_scale) if quant_group else out
+    return (result, plan) if return_plan else result
+
+
+def run_gemm(plan: LaunchPlan, a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, out: torch.Tensor, *,
+             out_scale: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+             scales: Optional[Fp8Scales] = None) -> LaunchPlan:
+    """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
+    check here. Returns the plan as launched: where the compiler needed more shared memory than the plan's
+    estimate, with fewer pipeline stages (ValueError if even one stage does not fit)."""
     if plan.grid == 0:
-        return (result, plan) if return_plan else result
+        return plan
     a_desc = w_desc = None
     if plan.path.a_tma or plan.path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
         if plan.path.a_tma:
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()),
-                                      [plan.config.BLOCK_SIZE_M, plan.box_k])
+            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
         if plan.path.w_tma:
-            w_view, box = _weight_box(w, plan.config, plan.swiglu, plan.box_k)
+            w_view, box = weight_box(w, plan.config, plan.swiglu, plan.box_k)
             w_desc = TensorDescriptor(w_view, list(w_view.shape), list(w_view.stride()), box)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
-
     while True:
         try:
             _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
-            return (result, plan) if return_plan else result
+            return plan
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
                 raise ValueError(f"config {plan.config} does not fit this device: {exc}") from None
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
-def plan_gemm(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
-                 gather_a: bool, scatter: bool = False, swiglu: bool = False,
-                 use_tma: UseTma = "auto", scales: Optional[Fp8Scales] = None,
-                 out_quant_group: int = 0, out: Optional[torch.Tensor] = None) -> LaunchPlan:
-    """The LaunchPlan of a `grouped_matmul` call with these arguments, which grouped_matmul has checked:
-    the config fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale
-    block), the load paths, the grid. Launches nothing. Callers get the plan with
-    `grouped_matmul(..., return_plan=True)`."""
-    if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
-        config = replace(config, persistent=False)
-    if scales is not None and config.BLOCK_SIZE_K < MIN_FP8_DOT_K:
-        config = replace(config, BLOCK_SIZE_K=MIN_FP8_DOT_K)
-    dots_per_step = 1
-    if scales is not None and scales.mode == "block":
-        if config.BLOCK_SIZE_K > scales.group_k and config.BLOCK_SIZE_K % scales.group_k == 0:
-            dots_per_step = config.BLOCK_SIZE_K // scales.group_k  # a step of whole scale blocks, one dot each
-        elif scales.group_k % config.BLOCK_SIZE_K:
-            # each dot must lie in one scale block: the largest power of two dividing block_k (>= 32)
-            config = replace(config, BLOCK_SIZE_K=min(config.BLOCK_SIZE_K, scales.group_k & -scales.group_k))
-    # Folded tails need blocks of one expert in a row (expert-sorted) and a program per tile to skip; off
-    # before the shared-memory fit, which would count their rows.
-    if config.fold_tail_rows and (not routing.expert_sorted or config.persistent or scales is not None):
-        config = replace(config, fold_tail_rows=0)
-    budget = _shared_memory_budget(a.device)
-    if budget is not None:  # a config tuned on a bigger GPU must not crash this one
-        config = fit_to_shared_memory(config, a.element_size(), budget)
-    # With the SwiGLU epilogue a program covers BLOCK_SIZE_N/2 of the I output columns: the same grid.
-    grid = routing.max_num_m_blocks * triton.cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
-    if config.persistent and grid:
-        grid = min(grid, INTERPRETER_PROGRAMS if interpreter_active() else multiprocessor_count(a.device))
-    if grid == 0:
-        path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
-    else:
-        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
-    # A program's weight rows (each half's, with SwiGLU) start at a multiple of their count, so they lie in
-    # one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
-    # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
-    tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
-    w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
-                        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
-    return LaunchPlan(config, path, gather_a, scatter, grid, swiglu, config.persistent,
-                      scales.mode if scales is not None else "none", out_quant_group, w_scale_per_tile, dots_per_step)
-
-
-def _weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
-    """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
-    [1, BLOCK_SIZE_N, box_k]; with the SwiGLU epilogue [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
-    whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K, or one dot's K where a
-    K step runs several (`LaunchPlan.box_k`); validity does not depend on it (the inner box stays >= 16 bytes)."""
-    if swiglu:
-        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, box_k]
-    return w, [1, config.BLOCK_SIZE_N, box_k]
-
-
-def _shared_memory_budget(device: torch.device) -> Optional[int]:
-    """Bytes of shared memory one program may use where kernels compile for a CUDA GPU; None under the
-    interpreter (no limit to fit)."""
-    if device.type != "cuda" or interpreter_active():
-        return None
-    return shared_memory_limit(device)
-
-
 def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
             out_scale: Optional[torch.Tensor]):
     """Launch the plan's kernel: operands as the kernels' tuples (see moe_lab/_kernels/grouped_matmul.py)."""
-    config, (_, n, k) = plan.config, w.shape
+    _, n, k = w.shape
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
     operands = (
@@ -469,17 +297,9 @@ def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scale
         (None, None, 0, 0, 0, 0, 0, 1) if scales is None else
         (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),
         weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded)
-    interpreted = interpreter_active()
-    modes = dict(ROWS="gather" if plan.gather_a else "scatter" if plan.scatter else "sorted", SWIGLU=plan.swiglu,
-                 SCALES="block_tile" if plan.w_scale_per_tile else plan.scales,
-                 SCALE_GROUP_K=scales.group_k if scales is not None else 1, EVEN_K=k % config.BLOCK_SIZE_K == 0,
-                 DOT="interpreter" if interpreted else "ieee" if full_precision_fp32(a.dtype) else "mma")
-    tiles = dict(BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N, BLOCK_SIZE_K=config.BLOCK_SIZE_K,
-                 GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps, num_stages=config.num_stages)
     if plan.persistent:
-        grouped_matmul_persistent_kernel[(plan.grid,)](
-            *operands, n, k, routing.num_slots, routing.top_k, **modes, **tiles)
+        grouped_matmul_persistent_kernel[(plan.grid,)](*operands, n, k, routing.num_slots, routing.top_k,
+                                                       **plan.constexprs)
     else:
-        grouped_matmul_kernel[(plan.grid,)](
-            *operands, n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts, routing.top_k,
-            **modes, TAIL_SPLITS=config.tail_splits, FOLD_M=plan.fold_m, **tiles)
+        grouped_matmul_kernel[(plan.grid,)](*operands, n, k, routing.num_slots, routing.max_num_m_blocks,
+                                            routing.num_experts, routing.top_k, **plan.constexprs)

@@ -24,8 +24,8 @@ from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align, slot_order_routing
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .gemm import (LaunchPlan, LoadPath, UseTma, check_gemm_block_shape, check_use_tma,
-                             check_weight_scale, grouped_matmul, select_load_path)
+from .gemm import check_gemm_block_shape, check_weight_scale, kernel_scales, run_gemm
+from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select_load_path
 from .quantize import FP8_DTYPE, check_static_scale, quantize_activations_fp8
 from .reduce import topk_reduce
 from .runtime import interpreter_serialized
@@ -279,31 +279,36 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
     # One token: its slots in order, no align launch (the same blocks as the align's for distinct experts).
     routing = (slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
                or moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map))
-    x, up_scales, down_scales = hidden_states, {}, {}
+    # The inputs were checked once (fused_moe): each GEMM is planned and launched without checks.
+    swiglu, inter, device, rows = cfg.up.swiglu_epilogue, two_inter // 2, hidden_states.device, routing.max_num_tokens_padded
+    x, up_scales, out_scale = hidden_states, None, None
     fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
+    act_dtype = hidden_states.dtype
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
+        up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, num_tokens)
         # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
         # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
-        up_scales = dict(a_scale=a1_scale, w_scale=fp8.w1_scale, block_shape=fp8.block_shape,
-                         out_dtype=FP8_DTYPE if fused_quant else torch.float32)
-    if cfg.up.swiglu_epilogue:
-        act, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, swiglu=True,
-                                      use_tma=use_tma, return_plan=True, **up_scales)
-    else:
-        gate_up, up_plan = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, use_tma=use_tma,
-                                          return_plan=True, **up_scales)
-        act = silu_and_mul(gate_up, routing=routing)
+        act_dtype = FP8_DTYPE if fused_quant else torch.float32
+    up_plan = plan_gemm(x, w1, routing, cfg.up, gather_a=True, swiglu=swiglu, use_tma=use_tma, scales=up_scales,
+                        out_quant_group=fp8.block_shape[1] if fused_quant else 0)
+    act = torch.empty((rows, inter if swiglu else two_inter), dtype=act_dtype, device=device)
+    if fused_quant:
+        out_scale = torch.empty((rows, -(-inter // fp8.block_shape[1])), dtype=torch.float32, device=device)
+    up_plan = run_gemm(up_plan, x, w1, routing, act, out_scale=out_scale, scales=up_scales)
+    if not swiglu:
+        act = silu_and_mul(act, routing=routing)
+    down_scales = None
     if fp8 is not None:
         if fused_quant:
-            act, a2_scale = act
+            a2_scale = out_scale
         else:  # rows past num_tokens_post_padded are never read: not quantized
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
-        down_scales = dict(a_scale=a2_scale, w_scale=fp8.w2_scale, block_shape=fp8.block_shape)
-    out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=hidden_states.device)
-    _, down_plan = grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True,
-                                  topk_weights=topk_weights, out=out_k, use_tma=use_tma, return_plan=True,
-                                  **down_scales)
+        down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, rows)
+    out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
+    down_plan = plan_gemm(act, w2, routing, cfg.down, gather_a=False, scatter=True, use_tma=use_tma,
+                          scales=down_scales)
+    down_plan = run_gemm(down_plan, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:
         return None

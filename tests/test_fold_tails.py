@@ -115,7 +115,7 @@ def test_fold_tail_rows_on_a_block_too_small_to_fold_names_the_block():
 
 def test_an_unused_fold_costs_no_pipeline_stage_and_a_new_block_size_drops_the_defaults_fold():
     from moe_lab.configs import as_moe_config, fit_to_shared_memory
-    from moe_lab.gemm import plan_gemm as plan_launch
+    from moe_lab.plan import plan_gemm as plan_launch
     ids, routing = _routing(128, 64)
     a = torch.randn(ids.shape[0], 128, device=DEVICE).to(torch.bfloat16)
     w = torch.randn(routing.num_experts, 128, 128, device=DEVICE).to(torch.bfloat16)

@@ -203,13 +203,13 @@ def test_the_launch_plan_is_what_was_launched(monkeypatch):
     with num_stages lowered where the device's shared memory needed it."""
 
     from moe_lab import fused_moe
-    from moe_lab import gemm as gm
+    from moe_lab import plan as gm
     from .conftest import small_layer
     calls = []
     real_select = gm.select_load_path
     monkeypatch.setattr(gm, "select_load_path", lambda *a, **k: calls.append(1) or real_select(*a, **k))
     tile = (16 + 32) * 32 * 4  # bytes of one A+W tile at BLOCK_SIZE 16x32x32, float32
-    monkeypatch.setattr(gm, "_shared_memory_budget", lambda device: 2 * tile)  # the estimate's room: 2 stages
+    monkeypatch.setattr(gm, "shared_memory_budget", lambda device: 2 * tile)  # the estimate's room: 2 stages
     hs, w1, w2, tw, ti = small_layer()
     cfg = GemmConfig(16, 32, 32, 1, 4, 4)
     out, info = fused_moe(hs, w1, w2, tw, ti, config=cfg, return_info=True)

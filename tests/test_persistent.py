@@ -11,7 +11,7 @@ from moe_lab.runtime import interpreter_active
 from .conftest import DEVICE, random_layer, random_topk_ids
 from .test_grouped_matmul import PATHS
 
-from moe_lab import gemm as gm
+from moe_lab import plan as gm
 BASE = GemmConfig(16, 32, 32, 2, 4, 1, tail_tiles=False)
 
 

@@ -6,12 +6,13 @@ small helpers: the rows (`_a_rows`, `_weight_rows`), one K loop per numeric mode
 float8 with outer scales; `_k_loop_block_scaled`: float8 with block scales), one dot helper that hides the
 interpreter's emulation (`_dot`, `_product`), one epilogue (`_epilogue`).
 
-Operands travel as tuples; a feature is on where its pointer or descriptor is given (not None):
-  A = (a_ptr, a_desc, stride_am, stride_ak): a 2-D tensor descriptor over sorted rows (block
+Operands travel as tuples, their tensor descriptors beside them (Triton 3.6 takes no descriptor inside a
+tuple); a feature is on where its pointer or descriptor is given (not None):
+  A = (a_ptr, stride_am, stride_ak), a_desc: a 2-D tensor descriptor over sorted rows (block
       [BLOCK_SIZE_M, K of a dot]) or None for pointer loads. ROWS == "gather" reads token rows
       sorted_token_id // top_k (the up projection), by pointer: Hopper's TMA copies boxes, not gathers.
       Every M-block belongs to one expert, so a box never spans two experts.
-  W = (w_ptr, w_desc, stride_we, stride_wn, stride_wk): a 3-D descriptor over [E, N, K] with block
+  W = (w_ptr, stride_we, stride_wn, stride_wk), w_desc: a 3-D descriptor over [E, N, K] with block
       [1, BLOCK_SIZE_N, K of a dot] (4-D over [E, 2, I, K] with SWIGLU), or None.
   C = (c_ptr, c_scale_ptr, stride_cm, stride_cn, stride_csm, stride_csk): with c_scale_ptr the output is
       float8, quantized per row per SCALE_GROUP_K columns as the down GEMM reads it.
@@ -59,7 +60,6 @@ def grouped_matmul_kernel(
     the schedule's end, or of an expert outside [0, E) (slot order), returns at once. An expert's last
     block runs as the smallest tile holding its valid rows (TAIL_SPLITS), or is folded into the block
     before (FOLD_M)."""
-    A, W = _with_descriptors(A, a_desc, W, w_desc)
     pid_m, pid_n = _tile_coords(tl.program_id(0), num_m_blocks, _num_pid_n(N, SWIGLU, BLOCK_SIZE_N), GROUP_SIZE_M)
     row0 = pid_m * BLOCK_SIZE_M
     # Every schedule word this program needs is loaded before the first branch (all in bounds: the
@@ -74,16 +74,16 @@ def grouped_matmul_kernel(
     expert = block_expert.to(tl.int32)
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     if fold_next:
-        _tile(A, W, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 4:
-        _tile(A, W, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M // 4, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 2:
-        _tile(A, W, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M // 2, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
-        _tile(A, W, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
@@ -104,21 +104,13 @@ def grouped_matmul_persistent_kernel(
     tile runs whole (a flattened loop nest cannot branch on tile sizes), each row's K reduction in the same
     order as in `grouped_matmul_kernel`: bitwise the same results. Expert-sorted schedules only (the plan
     sees to it): every block in use has an expert in [0, E), so no tile is skipped."""
-    A, W = _with_descriptors(A, a_desc, W, w_desc)
     num_pid_n = _num_pid_n(N, SWIGLU, BLOCK_SIZE_N)
     num_used_blocks = tl.load(num_tokens_post_padded_ptr) // BLOCK_SIZE_M
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=True):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(A, W, C, S, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, ROWS, SWIGLU, SCALES,
+        _tile(A, a_desc, W, w_desc, C, S, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n, ROWS, SWIGLU, SCALES,
               SCALE_GROUP_K, EVEN_K, DOT, BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
-
-
-@triton.jit
-def _with_descriptors(A, a_desc, W, w_desc):
-    """The operand tuples with their descriptors (which Triton 3.6's launcher takes only as arguments of
-    their own): A = (a_ptr, a_desc, stride_am, stride_ak), W = (w_ptr, w_desc, stride_we, stride_wn, stride_wk)."""
-    return (A[0], a_desc, A[1], A[2]), (W[0], w_desc, W[1], W[2], W[3])
 
 
 @triton.jit
@@ -177,7 +169,7 @@ def _fold(sorted_token_ids_ptr, expert_ids_ptr, pid_m, row0, block_expert, num_m
 
 
 @triton.jit
-def _tile(A, W, C, S, R, row0, expert, pid_n, ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr,
+def _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr,
           SCALE_GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr,
           FOLD_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, schedule rows row0 .. row0 + TILE_M: the K loop of
@@ -195,12 +187,12 @@ def _tile(A, W, C, S, R, row0, expert, pid_n, ROWS: tl.constexpr, SWIGLU: tl.con
     else:
         offs_f, f_token_ids, f_rows, f_ok = offs_m, token_ids, a_rows, row_ok  # unused
     if SCALES == "none" or SCALES == "outer":
-        acc, acc_f = _k_loop(A, W, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU, EVEN_K, DOT,
+        acc, acc_f = _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU, EVEN_K, DOT,
                              TILE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if SCALES == "outer":  # one scale per row and per weight row for all of K: the sum is scaled once
             acc = acc * _outer_scales(S, a_rows, row_ok, expert, w_rows)
     else:
-        acc = _k_loop_block_scaled(A, W, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU, SCALES,
+        acc = _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU, SCALES,
                                    SCALE_GROUP_K, EVEN_K, DOT, TILE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_ids < num_slots, n0, N, ROWS, SWIGLU,
               SCALE_GROUP_K, DOT, TILE_M, BLOCK_SIZE_N)
@@ -232,7 +224,7 @@ def _weight_rows(pid_n, N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
         n0 = pid_n * (BLOCK_SIZE_N // 2)
         half_n = BLOCK_SIZE_N // 2
         # A select, not arithmetic on (lane >= half): that form made Triton 3.6 overestimate the rows'
-        # alignment and copy 16 bytes from unaligned rows (tests/test_compile_check.py, swiglu).
+        # alignment and copy 16 bytes from unaligned rows (tests/tools/test_compile_check.py, swiglu).
         w_rows = tl.where(lane_n < half_n, (n0 + lane_n) % N, N + (n0 + lane_n - half_n) % N)
     else:
         n0 = pid_n * BLOCK_SIZE_N
@@ -251,20 +243,19 @@ def _k_mask(offs_k, k_left, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _load_a(A, a_ptrs, row0, k0, row_ok, k_ok, A_BOX: tl.constexpr):
+def _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX: tl.constexpr):
     """A's rows at channel k0: one box of its tensor descriptor (A_BOX: its box is the tile's rows), else pointer loads."""
     if A_BOX:
-        a = A[1].load([row0, k0])
+        a = a_desc.load([row0, k0])
     else:
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
     return a
 
 
 @triton.jit
-def _load_w(W, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, DOT_K: tl.constexpr):
+def _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, DOT_K: tl.constexpr):
     """The weight tile [DOT_K, BLOCK_SIZE_N] at channel k0: through W's tensor descriptor where there is one
     (with SWIGLU a 4-D one over w viewed as [E, 2, N, K]: gate and up boxes land in one tile), else by pointer."""
-    w_desc = W[1]
     if w_desc is not None:
         if SWIGLU:
             w = w_desc.load([expert, 0, n0, k0])
@@ -277,13 +268,13 @@ def _load_w(W, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N:
 
 
 @triton.jit
-def _k_loop(A, W, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU: tl.constexpr,
+def _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU: tl.constexpr,
             EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr, FOLD_M: tl.constexpr,
             BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a tile (and of its folded tail's FOLD_M rows f_rows, on the same weight tile) over
     all of K, for float operands and for float8 ones with outer scales (`_dot` knows the difference)."""
-    a_ptr, a_desc, stride_am, stride_ak = A
-    w_ptr, w_desc, stride_we, stride_wn, stride_wk = W
+    a_ptr, stride_am, stride_ak = A
+    w_ptr, stride_we, stride_wn, stride_wk = W
     # A tile reads A through its descriptor where the descriptor's box is the tile's rows: a smaller tail
     # tile, or a folded tail, reads by pointer.
     A_BOX: tl.constexpr = a_desc is not None and a_desc.block_shape[0] == TILE_M
@@ -296,8 +287,8 @@ def _k_loop(A, W, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWI
     for kb in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
         k0 = kb * BLOCK_SIZE_K
         k_ok = _k_mask(offs_k, K - k0, EVEN_K)
-        a = _load_a(A, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
-        w = _load_w(W, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        a = _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
+        w = _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if not A_BOX:
             a_ptrs += BLOCK_SIZE_K * stride_ak
         if w_desc is None:
@@ -321,7 +312,7 @@ def _outer_scales(S, a_rows, row_ok, expert, w_rows):
 
 
 @triton.jit
-def _k_loop_block_scaled(A, W, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU: tl.constexpr,
+def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU: tl.constexpr,
                          SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
                          TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a float8 tile whose scales change along K (block_shape): each dot's product is
@@ -330,8 +321,8 @@ def _k_loop_block_scaled(A, W, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K
     "block_tile" the tile's weight rows lie in one scale block (each half's, with SWIGLU): one weight scale
     per dot, folded into the rows' scales, each step's scales loaded a step ahead so their latency hides
     behind the MMAs."""
-    a_ptr, a_desc, stride_am, stride_ak = A
-    w_ptr, w_desc, stride_we, stride_wn, stride_wk = W
+    a_ptr, stride_am, stride_ak = A
+    w_ptr, stride_we, stride_wn, stride_wk = W
     a_scale_ptr, w_scale_ptr, stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, scale_group_n = S
     DOTS_PER_STEP: tl.constexpr = BLOCK_SIZE_K // SCALE_GROUP_K if BLOCK_SIZE_K > SCALE_GROUP_K else 1
     DOT_K: tl.constexpr = BLOCK_SIZE_K // DOTS_PER_STEP
@@ -357,8 +348,8 @@ def _k_loop_block_scaled(A, W, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K
         for d in tl.static_range(DOTS_PER_STEP):
             k0 = kb * BLOCK_SIZE_K + d * DOT_K
             k_ok = _k_mask(offs_k, K - k0, EVEN_K)
-            a = _load_a(A, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
-            w = _load_w(W, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, DOT_K)
+            a = _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
+            w = _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, DOT_K)
             if not A_BOX:
                 a_ptrs += DOT_K * stride_ak
             if w_desc is None:
@@ -456,35 +447,6 @@ def _dot_scale(step_scales, d: tl.constexpr, DOTS_PER_STEP: tl.constexpr):
     else:
         picked = tl.sum(tl.where(tl.arange(0, DOTS_PER_STEP) == d, step_scales, 0.0), axis=0)
     return picked
-
-
-@triton.jit
-def _with_descriptors(A, a_desc, W, w_desc):
-    """The operand tuples with their descriptors (which Triton 3.6's launcher takes only as arguments of
-    their own): A = (a_ptr, a_desc, stride_am, stride_ak), W = (w_ptr, w_desc, stride_we, stride_wn, stride_wk)."""
-    return (A[0], a_desc, A[1], A[2]), (W[0], w_desc, W[1], W[2], W[3])
-
-
-@triton.jit
-def _num_pid_n(N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
-    """N-tiles per M-block: a program writes BLOCK_SIZE_N columns, BLOCK_SIZE_N/2 with SWIGLU."""
-    if SWIGLU:
-        n_tiles = tl.cdiv(N, BLOCK_SIZE_N // 2)
-    else:
-        n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
-    return n_tiles
-
-
-@triton.jit
-def _tile_coords(tile, num_m_blocks, num_pid_n, GROUP_SIZE_M: tl.constexpr):
-    """(M-block, N-tile) of tile number `tile`, in GROUP_SIZE_M ordering: neighbouring tiles share W tiles
-    (same N-tile) while they sit in L2 (Triton's matmul tutorial, python/tutorials/03-matrix-multiplication.py)."""
-    tiles_per_group = GROUP_SIZE_M * num_pid_n
-    first_pid_m = (tile // tiles_per_group) * GROUP_SIZE_M
-    group_rows = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + (tile % tiles_per_group) % group_rows
-    pid_n = (tile % tiles_per_group) // group_rows
-    return pid_m, pid_n
 
 
 @triton.jit

@@ -96,7 +96,7 @@ print("sizes in these notebooks:", "real model shapes" if workbook.on_gpu() else
 # extras, the front end, the tuned launch table, and what to fix.
 
 # %%
-from moe_lab import doctor
+from moe_lab.tools import doctor
 
 environment = doctor.report()
 print(environment.text())

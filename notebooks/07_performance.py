@@ -277,7 +277,7 @@ print(perf.stage_sweep_table(stage_costs))
 perf.plot_stage_sweep(stage_costs, title="num_stages against shared memory (cost model, float16 tiles)")
 
 # %% [markdown]
-# How good is the model? Compiled for an H200 (sm_90, Triton 3.6, no GPU needed: `moe_lab.compile_only`),
+# How good is the model? Compiled for an H200 (sm_90, Triton 3.6, no GPU needed: `moe_lab.tools.compile_only`),
 # the solution's kernel uses exactly the table's shared memory from 3 stages on, and fails to launch
 # (`OutOfResources`) exactly at the rows marked NO. With 1 or 2 stages it can use more than the table
 # says: the float32 C tile (BM·BN·4 bytes) passes through shared memory once, after the loop.

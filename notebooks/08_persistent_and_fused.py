@@ -240,7 +240,7 @@ with warnings.catch_warnings():
 # %%
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the persistent vs per-tile timing"):
-    from moe_lab.timing import graph_ms
+    from moe_lab.tools.timing import graph_ms
 
     preset = moe_lab.get_preset("qwen3-30b-a3b")
     hs, g1, g2, (tw, ti) = preset.build(4096, dtype=torch.bfloat16, device="cuda")

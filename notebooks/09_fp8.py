@@ -446,7 +446,7 @@ print("PASS every FP8 format: kernel error below 1e-2 against the dequantized re
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the bf16 vs FP8 timing"):
     from moe_lab.routing import uniform_routing
-    from moe_lab.timing import graph_ms
+    from moe_lab.tools.timing import graph_ms
 
     del hidden_states, w1, w2
     full = moe_lab.get_preset("deepseek-v3")

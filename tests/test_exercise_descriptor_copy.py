@@ -171,7 +171,7 @@ def test_wrong_device_kernels_are_named(kernel, says, capsys):
 # a kernel whose interpreted run is clean; the hints stay the same)
 
 GPU_ERRORS = [
-    # Triton 3.6-3.9 compiling strides_swapped for sm_90 (checked without a GPU, moe_lab.compile_only)
+    # Triton 3.6-3.9 compiling strides_swapped for sm_90 (checked without a GPU, moe_lab.tools.compile_only)
     ("CompilationError: at 2:10:\ndef strides_swapped(src_ptr, ...):\n    src = tl.make_tensor_descriptor(src_ptr, "
      "shape=[M, N], strides=[1, stride_src_m], block_shape=[BLOCK_M, BLOCK_N])\n          ^\nDid you forget to add "
      "@triton.jit ? (`_semantic` argument must be provided outside of JIT functions.)", "strides are swapped"),

@@ -3,7 +3,7 @@
 The tuner times each candidate once, on its own routing sample, and a 5 % difference between two of them
 can be the GPU's clock rather than the config (Qwen3-30B-A3B T = 16384's up GEMM: the tuner kept the
 per-tile kernel, which ran 1.07x the persistent one's time side by side, `tma_store-H200-2026-12-03-persistent.txt`).
-Here each GEMM of the prefill points (as the layer runs it, `moe_lab.tune._Problem`) runs its shipped config
+Here each GEMM of the prefill points (as the layer runs it, `moe_lab.tools.tune._Problem`) runs its shipped config
 and variants that change one thing: the kernel (per tile <-> persistent; a per-tile config's folded tails
 and tail tiles do not carry over), one stage more or less, GROUP_SIZE_M halved or doubled. Each variant is
 timed three times in turn with the others (CUDA-graph medians, L2 flushed, least of 3 rounds each; the
@@ -17,10 +17,10 @@ from dataclasses import replace
 import torch
 import triton
 
-import moe_lab.tune as tune
+import moe_lab.tools.tune as tune
 from moe_lab.configs import GemmConfig
 from moe_lab.presets import get_preset
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 
 from fp8_decode_anatomy import write_results  # noqa: E402 - beside this script
 from tma_store import shipped as shipped_config, warm_up  # noqa: E402

@@ -4,7 +4,7 @@ With uniform routing an expert's row count is not a multiple of BLOCK_SIZE_M, so
 mostly padding: at DeepSeek-V3 T = 4096 (128 rows per expert) about one block in three. A tail tile
 (half or quarter of the rows) cuts its MMAs but reads the weight tile again; the persistent kernel runs it
 whole. A folded tail is computed by the expert's block before it, in a second dot on the same weight tile.
-For each point and GEMM (as the layer runs it, `moe_lab.tune._Problem`): CUDA-graph medians (L2 flushed,
+For each point and GEMM (as the layer runs it, `moe_lab.tools.tune._Problem`): CUDA-graph medians (L2 flushed,
 least of 3 rounds) of the shipped config, the same per tile, and per tile with 32 or 64 folded rows at 3
 and 4 stages; the shipped config again at the end. Outputs compared bit for bit, folded against per tile.
 Usage: python benchmarks/experiments/fold_tails.py [OUT.json]
@@ -16,9 +16,9 @@ from dataclasses import replace
 import torch
 import triton
 
-import moe_lab.tune as tune
+import moe_lab.tools.tune as tune
 from moe_lab.presets import get_preset
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 from moe_lab.viz.align import folded_tails
 

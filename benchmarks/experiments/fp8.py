@@ -23,7 +23,7 @@ from moe_lab import (fused_moe, fused_moe_reference, grouped_matmul, moe_align, 
 from moe_lab.configs import GemmConfig, MoEConfig
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")

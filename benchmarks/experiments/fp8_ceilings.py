@@ -27,10 +27,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fp8_decode_anatomy import READ_VARIANTS, _outer_gemms, point_inputs, reader, write_results  # noqa: E402
 
 from moe_lab import moe_align  # noqa: E402
-from moe_lab.bench import _both, _layer_gemms  # noqa: E402
+from moe_lab.tools.bench import _both, _layer_gemms  # noqa: E402
 from moe_lab.presets import get_preset  # noqa: E402
 from moe_lab.quantize import FP8_DTYPE, dequantize_fp8, quantize_activations_fp8, quantize_weights_fp8  # noqa: E402
-from moe_lab.timing import graph_ms  # noqa: E402
+from moe_lab.tools.timing import graph_ms  # noqa: E402
 from moe_lab.tuned import choose_config  # noqa: E402
 
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")

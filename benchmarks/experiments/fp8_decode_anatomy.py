@@ -23,11 +23,11 @@ import triton
 import triton.language as tl
 
 from moe_lab import grouped_matmul, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.presets import get_preset
 from moe_lab.quantize import quantize_activations_fp8
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")

@@ -26,12 +26,12 @@ import torch
 
 import moe_lab.grouped_matmul  # noqa: F401 (the module: the package attribute is the function)
 from moe_lab import grouped_matmul, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.configs import MoEConfig
 from moe_lab.presets import get_preset
 from moe_lab.quantize import FP8_DTYPE, quantize_activations_fp8
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

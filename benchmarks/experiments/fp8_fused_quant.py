@@ -16,7 +16,7 @@ from moe_lab import fused_moe, quantize_weights_fp8
 from moe_lab.configs import MoEConfig
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 POINTS = {"qwen3-30b-a3b": (1, 64, 4096), "deepseek-v3": (64, 4096), "mixtral-8x7b": (64, 4096)}

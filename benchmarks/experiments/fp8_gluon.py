@@ -154,7 +154,7 @@ def main():
     from moe_lab import (get_preset, grouped_matmul, moe_align, quantize_activations_fp8, quantize_weights_fp8,
                          relative_error)
     from moe_lab.routing import uniform_routing
-    from moe_lab.timing import graph_ms
+    from moe_lab.tools.timing import graph_ms
     from moe_lab.tuned import default_config
 
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)

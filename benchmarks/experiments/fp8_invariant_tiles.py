@@ -10,7 +10,7 @@ import torch
 from moe_lab import fused_moe, get_preset, quantize_weights_fp8
 from moe_lab.configs import MoEConfig
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 print(torch.cuda.get_device_name(), torch.__version__, flush=True)

@@ -23,10 +23,10 @@ import torch
 
 import moe_lab.grouped_matmul  # noqa: F401 (the module; `moe_lab.grouped_matmul` the attribute is the function)
 from moe_lab import moe_align
-from moe_lab.bench import _layer_gemms
+from moe_lab.tools.bench import _layer_gemms
 from moe_lab.configs import MoEConfig
 from moe_lab.quantize import FP8_DTYPE
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -19,9 +19,9 @@ import sys
 import torch
 
 from moe_lab import fused_moe, get_preset, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 gm = sys.modules["moe_lab.grouped_matmul"]  # the package's name grouped_matmul is the function

@@ -18,11 +18,11 @@ from dataclasses import replace
 import torch
 
 from moe_lab import MoEConfig, fused_moe, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.configs import GemmConfig
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config, shape_key
 
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")

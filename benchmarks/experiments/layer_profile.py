@@ -12,7 +12,7 @@ from torch.profiler import ProfilerActivity, profile
 from moe_lab import fused_moe
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 

@@ -22,10 +22,10 @@ import triton
 
 import moe_lab.align as align
 from moe_lab import fused_moe, moe_align, moe_align_reference, topk_reduce
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 POINTS = (("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 8), ("qwen3-30b-a3b", 16), ("deepseek-v3", 1),

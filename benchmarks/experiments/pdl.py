@@ -16,11 +16,11 @@ import torch
 import triton
 
 from moe_lab import fused_moe, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.capability import pdl_support
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")

@@ -20,7 +20,7 @@ import triton
 from moe_lab import grouped_matmul, moe_align
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 gm = importlib.import_module("moe_lab.grouped_matmul")

@@ -18,10 +18,10 @@ import triton
 
 import moe_lab.layer as layer
 from moe_lab import fused_moe, moe_align
-from moe_lab.bench import _both, _layer_gemms
+from moe_lab.tools.bench import _both, _layer_gemms
 from moe_lab.presets import get_preset
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 MODELS = ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b")

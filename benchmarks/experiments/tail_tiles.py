@@ -19,7 +19,7 @@ from moe_lab.grouped_matmul import grouped_matmul
 from moe_lab.presets import get_preset
 from moe_lab.reference import fused_moe_reference, relative_error
 from moe_lab.routing import uniform_routing
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import default_config
 
 POINTS = [("qwen3-30b-a3b", 512), ("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 512), ("deepseek-v3", 4096),

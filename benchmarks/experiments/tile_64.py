@@ -1,10 +1,10 @@
 """Experiment: 64-row tiles where the tuner offers only 128-row ones (H200, bf16).
 
-`moe_lab.tune.candidates` offers BLOCK_SIZE_M = 128 only from 48 rows per expert up, so at Qwen3-30B-A3B
+`moe_lab.tools.tune.candidates` offers BLOCK_SIZE_M = 128 only from 48 rows per expert up, so at Qwen3-30B-A3B
 T = 4096 (256 rows per expert) and DeepSeek-V3 T = 4096 (128) an expert's last M-block is often mostly
 padding, and the persistent kernel (which the table chose there) runs no tail tiles. 64-row tiles halve
 the padding but read each weight tile twice as often per row. For each point, each GEMM as the layer
-runs it (`moe_lab.tune._Problem`: the up GEMM with its SwiGLU epilogue), CUDA-graph medians (L2 flushed)
+runs it (`moe_lab.tools.tune._Problem`: the up GEMM with its SwiGLU epilogue), CUDA-graph medians (L2 flushed)
 of the shipped config and of 64-row candidates, per tile and persistent. Writes JSON to argv[1].
 Usage: python benchmarks/experiments/tile_64.py [OUT.json]
 """
@@ -15,10 +15,10 @@ import sys
 import torch
 import triton
 
-import moe_lab.tune as tune
+import moe_lab.tools.tune as tune
 from moe_lab.configs import GemmConfig
 from moe_lab.presets import get_preset
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 POINTS = (("qwen3-30b-a3b", 4096), ("deepseek-v3", 4096), ("qwen3-30b-a3b", 16384), ("deepseek-v3", 16384),

@@ -25,10 +25,10 @@ from dataclasses import replace
 import torch
 import triton
 
-import moe_lab.tune as tune
+import moe_lab.tools.tune as tune
 from moe_lab.configs import GemmConfig
 from moe_lab.presets import get_preset
-from moe_lab.timing import graph_ms
+from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
 
 gm = sys.modules["moe_lab.grouped_matmul"]

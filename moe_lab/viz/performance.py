@@ -114,7 +114,7 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
         dict: flops (FLOP), bytes (B: weights of the experts used, tokens read, outputs written),
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     """
-    from ..timing import gemm_costs
+    from ..tools.timing import gemm_costs
     num_tokens = check_token_count(num_tokens)
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
@@ -292,7 +292,7 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
     require_gpu_timing("time_layer")
     import torch
 
-    from ..timing import median_ms
+    from ..tools.timing import median_ms
     from ..layer import fused_moe
     hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=torch.bfloat16, device="cuda", seed=seed)
     fused_moe(hs, w1, w2, tw, ti, config=config, use_tma=use_tma)  # compile outside the timed runs
@@ -384,7 +384,7 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
 
 # --- the num_stages sweep (notebook 07) -------------------------------------------------------------------
 
-H200_SHARED_MEMORY_BYTES = 232448   # 227 KiB per block (opt-in), what an H200 reports (moe_lab.compile_only)
+H200_SHARED_MEMORY_BYTES = 232448   # 227 KiB per block (opt-in), what an H200 reports (moe_lab.tools.compile_only)
 
 
 def pipeline_shared_memory(block_m: int, block_n: int, block_k: int, num_stages: int, itemsize: int = 2) -> int:
@@ -416,7 +416,7 @@ def time_matmul(kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_s
     RuntimeError under the interpreter or without a GPU (timings there mean nothing), and whatever the
     launch raises (e.g. triton's OutOfResources when the stages do not fit in shared memory)."""
     from ..runtime import require_gpu_timing
-    from ..timing import median_ms
+    from ..tools.timing import median_ms
     require_gpu_timing("time_matmul")
     import triton
 

@@ -10,20 +10,20 @@ import argparse
 import platform
 import sys
 
-from .runtime import select_backend
+from ..runtime import select_backend
 
 select_backend()  # before the kernels are defined
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from . import presets as _presets  # noqa: E402
-from .capability import fp8_support, pdl_support, tma_support  # noqa: E402
-from .grouped_matmul import USE_TMA_WORDS  # noqa: E402
-from .layer import fused_moe  # noqa: E402
-from .reference import fused_moe_reference, relative_error  # noqa: E402
-from .runtime import default_device, interpreter_active  # noqa: E402
-from .tuned import table_for_device  # noqa: E402
+from .. import presets as _presets  # noqa: E402
+from ..capability import fp8_support, pdl_support, tma_support  # noqa: E402
+from ..grouped_matmul import USE_TMA_WORDS  # noqa: E402
+from ..layer import fused_moe  # noqa: E402
+from ..reference import fused_moe_reference, relative_error  # noqa: E402
+from ..runtime import default_device, interpreter_active  # noqa: E402
+from ..tuned import table_for_device  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative Frobenius error allowed against the float32 reference.
@@ -181,7 +181,7 @@ def cmd_demo(args) -> int:
 
 def _refused(what: str) -> bool:
     """Print why `what` cannot time here (interpreter or no GPU) and return True; False when it can."""
-    from .runtime import require_gpu_timing
+    from ..runtime import require_gpu_timing
     try:
         require_gpu_timing(what)
     except RuntimeError as exc:

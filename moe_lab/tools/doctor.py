@@ -18,9 +18,9 @@ from typing import List, Optional, Tuple
 import torch
 import triton
 
-from .capability import PDL_ENV_VAR, pdl_support, tma_support
-from .runtime import default_device, interpreter_active, version_tuple
-from .tuned import table_for_device
+from ..capability import PDL_ENV_VAR, pdl_support, tma_support
+from ..runtime import default_device, interpreter_active, version_tuple
+from ..tuned import table_for_device
 
 SUPPORTED_TRITON = ((3, 6), (3, 9))  # inclusive, major.minor; CI tests each of them
 

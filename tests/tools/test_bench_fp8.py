@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from moe_lab import bench, get_preset
+from moe_lab import get_preset
+from moe_lab.tools import bench
 from moe_lab.viz import performance as perf
 
 

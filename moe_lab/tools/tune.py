@@ -29,18 +29,18 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 import triton
 
-from .activation import silu_and_mul
-from .align import moe_align
-from .capability import shared_memory_limit
-from .configs import GemmConfig, MoEConfig
-from .grouped_matmul import FP8_DTYPE, grouped_matmul
-from .layer import Fp8Weights
-from .presets import get_preset
-from .quantize import quantize_activations_fp8, quantize_weights_fp8
-from .routing import uniform_routing
-from .runtime import require_gpu_timing
+from ..activation import silu_and_mul
+from ..align import moe_align
+from ..capability import shared_memory_limit
+from ..configs import GemmConfig, MoEConfig
+from ..grouped_matmul import FP8_DTYPE, grouped_matmul
+from ..layer import Fp8Weights
+from ..presets import get_preset
+from ..quantize import quantize_activations_fp8, quantize_weights_fp8
+from ..routing import uniform_routing
+from ..runtime import require_gpu_timing
 from .timing import graph_ms
-from .tuned import FORMAT_VERSION, config_path, default_config, shape_key
+from ..tuned import FORMAT_VERSION, config_path, default_config, shape_key
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight blocks: what FP8 configs are tuned for

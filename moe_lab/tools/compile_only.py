@@ -2,7 +2,7 @@
 
 Set TRITON_INTERPRET=0 before `moe_lab` is first imported (so `@triton.jit` makes real JITFunctions, not
 interpreted ones); importing this module checks it. Used by the compile-only CI check (.ci/compile_check.py)
-and by `moe_lab.look_inside` (the PTX of a kernel for a GPU that is not there), each in a process of its own.
+and by `moe_lab.tools.look_inside` (the PTX of a kernel for a GPU that is not there), each in a process of its own.
 Inside `fake_gpu(cc, session)` every `kernel[grid](...)` goes to Triton's own `JITFunction.run(...,
 warmup=True)`: Triton binds and specializes the arguments as for a launch on that GPU, its JIT cache hook
 hands the specialization to the `Session` (which records it, or compiles it), and nothing is launched.
@@ -37,10 +37,10 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.autotuner import OutOfResources
 from triton.runtime.jit import JITFunction
 
-from .runtime import interpreter_active
+from ..runtime import interpreter_active
 
 if interpreter_active():
-    raise RuntimeError("moe_lab.compile_only compiles real kernels: set TRITON_INTERPRET=0 in the environment "
+    raise RuntimeError("moe_lab.tools.compile_only compiles real kernels: set TRITON_INTERPRET=0 in the environment "
                        "before moe_lab is first imported (here the interpreter is on, so every kernel is an "
                        "interpreted function)")
 
@@ -143,7 +143,7 @@ def patch_moe_lab() -> None:
 
     for module in (capability, gm):
         if not hasattr(module, "tma_support"):
-            raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/compile_only.py")
+            raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/tools/compile_only.py")
         module.tma_support = fake_tma_support
     gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
 
@@ -158,7 +158,7 @@ def patch_moe_lab() -> None:
 
     # Every moe_lab module that imported fp8_support by name (moe_lab.quantize, and whichever else does).
     if not hasattr(capability, "fp8_support"):
-        raise RuntimeError("moe_lab.capability.fp8_support is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.capability.fp8_support is gone: update moe_lab/tools/compile_only.py")
     real_fp8_support = capability.fp8_support
     for name, module in list(sys.modules.items()):
         if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
@@ -173,16 +173,16 @@ def patch_moe_lab() -> None:
         return capability.PdlSupport(cc >= 90, name)
 
     if not hasattr(capability, "pdl_support"):
-        raise RuntimeError("moe_lab.capability.pdl_support is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.capability.pdl_support is gone: update moe_lab/tools/compile_only.py")
     capability.pdl_support = fake_pdl_support
     if not hasattr(gm, "multiprocessor_count"):
-        raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.grouped_matmul.multiprocessor_count is gone: update moe_lab/tools/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
     if not hasattr(gm, "_shared_memory_budget"):
-        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update moe_lab/compile_only.py "
+        raise RuntimeError("moe_lab.grouped_matmul._shared_memory_budget is gone: update moe_lab/tools/compile_only.py "
                            "(it hands the fake GPU's shared memory to the launch plan)")
     gm._shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 

@@ -1,12 +1,12 @@
 """Look inside the compiled grouped matmul: the PTX Triton makes for a GPU, on any machine (no GPU needed).
 
-    from moe_lab import look_inside
+    from moe_lab.tools import look_inside
     tma = look_inside.compile_grouped_matmul("tma", cc=90)      # an H100/H200
     print(tma.count("cp.async.bulk.tensor"), tma.lines("cp.async.bulk.tensor"))
 
 Triton compiles for a target it is told about; it needs no GPU for that (only to launch). Each call runs
 a child process with the interpreter off (TRITON_INTERPRET=0) and a stand-in Triton driver for the target
-(`moe_lab.compile_only`), launches `grouped_matmul` on meta tensors (no memory, no values), and returns
+(`moe_lab.tools.compile_only`), launches `grouped_matmul` on meta tensors (no memory, no values), and returns
 the kernel's PTX, the virtual GPU assembly that ptxas turns into machine code (SASS). The layout is the
 down projection's: rows already in padded sorted order, so on sm_90 both A and w can be loaded through
 tensor descriptors. Triton caches compiled kernels on disk (~/.triton/cache), so a second call is quick.
@@ -88,7 +88,8 @@ def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: floa
 def _compile_in_this_process(load_path: str, cc: int) -> dict:
     import torch
 
-    from . import AlignedRouting, GemmConfig, compile_only, grouped_matmul
+    from .. import AlignedRouting, GemmConfig, grouped_matmul
+    from . import compile_only
 
     compile_only.patch_moe_lab()
 

@@ -1,4 +1,4 @@
-from moe_lab.cli import main
+from moe_lab.tools.cli import main
 
 
 def test_demo_small_runs_and_passes(capsys):
@@ -82,7 +82,7 @@ def test_demo_fp8_reports_kernel_and_quantization_errors(capsys):
 
 
 def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
-    from moe_lab import cli
+    from moe_lab.tools import cli
     from moe_lab.capability import Fp8Support
     monkeypatch.setattr(cli, "fp8_support", lambda device: Fp8Support(False, "NVIDIA A100 has compute capability 8.0"))
     assert main(["demo", "--dtype", "fp8", "--tokens", "1"]) == 2
@@ -106,7 +106,7 @@ def test_dtype_choices(capsys):
 
 
 def test_fp8_tune_candidates_step_whole_scale_blocks():
-    from moe_lab.tune import candidates
+    from moe_lab.tools.tune import candidates
     for rows_per_expert in (1, 16, 1000):
         space = candidates(rows_per_expert, 1, 227 * 1024)
         configs = [c for ups, downs in space.values() for c in ups + downs]

@@ -1,7 +1,7 @@
 """Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
 
 For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
-before each (`moe_lab.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
+before each (`moe_lab.tools.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
     moe-lab's up GEMM is the one the layer runs: with its SwiGLU epilogue where the config fuses it
     (`GemmConfig.fuse_swiglu`), else the GEMM alone (the activation is then timed with the layer); on
@@ -32,18 +32,18 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from .activation import silu_and_mul
-from .align import moe_align
-from .configs import MoEConfig
-from .grouped_matmul import grouped_matmul
-from .layer import fused_moe
-from .presets import MoEPreset, get_preset
-from .quantize import FP8_DTYPE, quantize_activations_fp8
-from .reference import fused_moe_reference, relative_error
-from .routing import uniform_routing
-from .runtime import require_gpu_timing
+from ..activation import silu_and_mul
+from ..align import moe_align
+from ..configs import MoEConfig
+from ..grouped_matmul import grouped_matmul
+from ..layer import fused_moe
+from ..presets import MoEPreset, get_preset
+from ..quantize import FP8_DTYPE, quantize_activations_fp8
+from ..reference import fused_moe_reference, relative_error
+from ..routing import uniform_routing
+from ..runtime import require_gpu_timing
 from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
-from .tuned import choose_config, default_config
+from ..tuned import choose_config, default_config
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
@@ -300,7 +300,7 @@ def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, o
     require_gpu_timing("moe-lab bench")
     fp8 = dtype == FP8_DTYPE
     if fp8:
-        from .capability import fp8_support
+        from ..capability import fp8_support
         support = fp8_support("cuda")
         if not support:
             raise RuntimeError(f"moe-lab bench --dtype fp8 refused: FP8 kernels cannot run here: {support.reason}")

@@ -1,9 +1,10 @@
 """Timing helpers: refused where times would mean nothing; the cost model is plain arithmetic."""
 import pytest
 
-from moe_lab import get_preset, timing
+from moe_lab import get_preset
+from moe_lab.tools import timing
 
-from .conftest import ON_GPU
+from ..conftest import ON_GPU
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal without a GPU")

@@ -1,7 +1,7 @@
 """`moe-lab doctor`: facts, findings, exit status."""
 
-from moe_lab import doctor
-from moe_lab.cli import main
+from moe_lab.tools import doctor
+from moe_lab.tools.cli import main
 
 
 def test_doctor_reports_versions_device_and_widgets(capsys):

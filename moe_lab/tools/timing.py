@@ -18,8 +18,8 @@ from typing import Callable, Dict
 import torch
 import triton
 
-from .presets import MoEPreset
-from .runtime import require_gpu_timing
+from ..presets import MoEPreset
+from ..runtime import require_gpu_timing
 
 
 def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:

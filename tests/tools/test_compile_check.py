@@ -11,14 +11,14 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # A grouped matmul in the sorted layout (the down projection), on meta tensors: A and W both go through
 # tensor descriptors where TMA is available.
 CHILD = textwrap.dedent("""
     import json
     import torch
-    from moe_lab import compile_only as co
+    from moe_lab.tools import compile_only as co
     from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
     co.patch_moe_lab()
 
@@ -110,9 +110,9 @@ def test_a_notebook_kernel_that_does_not_compile_fails_the_check(tmp_path):
 
 
 def test_look_inside_shows_the_tma_copy_only_on_the_tma_path():
-    """moe_lab.look_inside, as notebook 05 uses it: the sm_90 PTX of the TMA path holds TMA copies
+    """moe_lab.tools.look_inside, as notebook 05 uses it: the sm_90 PTX of the TMA path holds TMA copies
     (cp.async.bulk.tensor), the pointer path's and sm_80's hold none, and wrong arguments are refused."""
-    from moe_lab import look_inside
+    from moe_lab.tools import look_inside
 
     tma = look_inside.compile_grouped_matmul("tma", cc=90)
     assert tma.count("cp.async.bulk.tensor") > 0 and "cp.async.bulk.tensor" in tma.summary()
@@ -129,7 +129,7 @@ def test_look_inside_shows_the_tma_copy_only_on_the_tma_path():
 SWIGLU_CHILD = textwrap.dedent("""
     import json, re, sys
     import torch
-    from moe_lab import compile_only as co
+    from moe_lab.tools import compile_only as co
     from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
     co.patch_moe_lab()
 
@@ -173,7 +173,7 @@ def test_fp8_tiles_of_16_rows_run_mma_sync_and_of_64_rows_wgmma():
     tiles holds both; the two round float8 products differently on an H200."""
     code = textwrap.dedent("""
         import json, torch
-        from moe_lab import compile_only as co
+        from moe_lab.tools import compile_only as co
         from moe_lab import AlignedRouting, GemmConfig, grouped_matmul
         co.patch_moe_lab()
         def meta(*shape, dtype=torch.int32):
@@ -203,7 +203,7 @@ def test_pdl_wait_only_where_opted_in_and_from_sm_90(setting):
     without the setting no kernel carries the wait."""
     code = textwrap.dedent("""
         import json, torch
-        from moe_lab import compile_only as co
+        from moe_lab.tools import compile_only as co
         from moe_lab import fused_moe
         co.patch_moe_lab()
         def meta(*shape, dtype=torch.bfloat16):

@@ -23,8 +23,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_lab import GemmConfig, workbook
-from moe_lab.viz import performance as perf_viz
-from moe_lab.viz import tma as tma_viz
+from moe_lab.workbook.viz import performance as perf_viz
+from moe_lab.workbook.viz import tma as tma_viz
 
 device = moe_lab.runtime.default_device()
 
@@ -153,7 +153,7 @@ def expert_tile_kernel(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
 
 
 # %%
-from moe_lab import exercises
+from moe_lab.workbook import exercises
 
 exercises.check_expert_tile(expert_tile_kernel, expert_weight_desc)
 

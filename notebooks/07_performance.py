@@ -21,8 +21,9 @@ import moe_lab  # first: picks GPU or interpreter before any kernel is defined
 
 import torch
 
-from moe_lab import exercises, workbook
-from moe_lab.viz import performance as perf
+from moe_lab import workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import performance as perf
 
 results = perf.load_results()
 print(perf.describe_results(results))

@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import GemmConfig, exercises, workbook
-from moe_lab.viz import schedule as schedule_viz
+from moe_lab import GemmConfig, workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import schedule as schedule_viz
 
 device = moe_lab.runtime.default_device()
 
@@ -339,7 +340,7 @@ schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from moe_lab.viz.align import folded_tails
+from moe_lab.workbook.viz.align import folded_tails
 
 for name in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
     p = moe_lab.get_preset(name)

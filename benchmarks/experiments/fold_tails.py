@@ -20,7 +20,7 @@ import moe_lab.tools.tune as tune
 from moe_lab.presets import get_preset
 from moe_lab.tools.timing import graph_ms
 from moe_lab.tuned import choose_config
-from moe_lab.viz.align import folded_tails
+from moe_lab.workbook.viz.align import folded_tails
 
 POINTS = (("deepseek-v3", 4096), ("qwen3-30b-a3b", 4096), ("deepseek-v3", 16384), ("qwen3-30b-a3b", 16384),
           ("mixtral-8x7b", 4096), ("mixtral-8x7b", 16384), ("mixtral-8x7b", 512))

@@ -17,7 +17,7 @@ With dtype=torch.float8_e4m3fn (`moe-lab bench --dtype fp8`) each point times mo
 quantized from the bf16 ones with one float32 scale per [128, 128] block, activations per token per 128
 channels) against moe-lab's bf16 layer on the same weights and routing (`bench_point_fp8`), and the results
 go to an `fp8/` folder under the output folder (results of other dtypes but bf16 likewise to `<dtype>/`),
-so that readers of the newest bf16 results (`moe_lab.viz.performance.load_results`) never pick them up.
+so that readers of the newest bf16 results (`moe_lab.workbook.viz.performance.load_results`) never pick them up.
 """
 from __future__ import annotations
 
@@ -285,7 +285,7 @@ def _write(result: dict, out_dir: str, tag: str, env: dict) -> str:
 def results_place(out_dir: str, tag: str, dtype) -> tuple:
     """(folder, tag) for results of `dtype`: bf16 ones as they always were (`out_dir`, `tag`), the others in
     a folder of their own with the dtype in the tag (`out_dir/fp8`, `tag-fp8`), out of the way of readers
-    that take the newest `out_dir/*.json` as bf16 results (`moe_lab.viz.performance.load_results`)."""
+    that take the newest `out_dir/*.json` as bf16 results (`moe_lab.workbook.viz.performance.load_results`)."""
     if dtype == torch.bfloat16:
         return out_dir, tag
     name = DTYPE_NAMES[dtype]

@@ -8,7 +8,7 @@ import torch
 
 from moe_lab import get_preset
 from moe_lab.tools import bench
-from moe_lab.viz import performance as perf
+from moe_lab.workbook.viz import performance as perf
 
 
 def test_results_of_other_dtypes_go_to_their_own_folder():

@@ -65,7 +65,7 @@ WIDGETS7_VENV := .venv-ipywidgets-7.7.1
 WIDGETS7_PKGS := ipywidgets==7.7.1 widgetsnbextension==3.6.10 jupyterlab-widgets==1.1.11 ipython-genutils==0.2.0
 test-widgets7: $(STAMP)   ## widget tests and every notebook (nbval) with ipywidgets 7.7.1 instead of 8
 	.ci/overlay-venv $(WIDGETS7_VENV) $(WIDGETS7_PKGS)
-	$(WIDGETS7_VENV)/bin/python -m pytest tests/test_viz_*.py -p no:cacheprovider \
+	$(WIDGETS7_VENV)/bin/python -m pytest tests/workbook/test_viz_*.py -p no:cacheprovider \
 	  -W 'ignore:The `ipykernel.comm.Comm` class has been deprecated:DeprecationWarning'
 	@if [ -n "$(NOTEBOOKS)" ]; then $(WIDGETS7_VENV)/bin/python -m pytest $(NOTEBOOKS) --nbval-lax --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider; fi
 

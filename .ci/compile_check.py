@@ -10,7 +10,7 @@ What it checks, and how:
 - Package kernels: moe_lab's own launchers (fused_moe, grouped_matmul, moe_align, silu_and_mul, ...) run
   on meta tensors at real model shapes (the list, and what was cut and why: .ci/package_variants.py), with
   Triton's driver replaced by a fake sm_80 (A100), sm_90 (H200) or sm_100 (B200) and each
-  `kernel[grid](...)` turned into a compile without launch (moe_lab/compile_only.py). So the config, the load
+  `kernel[grid](...)` turned into a compile without launch (moe_lab/tools/compile_only.py). So the config, the load
   paths (TMA from sm_90, pointers on sm_80), the shared-memory fit and Triton's specialization of every
   argument are those of a run on that GPU. Meta tensors have no contents, so the run also shows that the
   launch code never reads a buffer back to the host.
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     os.environ["TRITON_INTERPRET"] = "0"  # before moe_lab defines its kernels: real JITFunctions
     import triton
 
-    from moe_lab import compile_only as co
+    from moe_lab.tools import compile_only as co
     import notebook_kernels as nbk
     import package_variants
 
@@ -212,7 +212,7 @@ _VARIANTS: list = []  # the variants to compile, inherited by the forked workers
 
 
 def _compile_one(i):
-    from moe_lab import compile_only as co
+    from moe_lab.tools import compile_only as co
     return i, co.compile_variant(_VARIANTS[i])
 
 

@@ -170,7 +170,7 @@ def tuned_workloads() -> List[Workload]:
                 except (ValueError, TypeError, KeyError) as exc:
                     wl.append(((label,), label, _failing(ValueError(f"bad entry: {exc}"))))
                     continue
-                if m.group(5) == "float8_e4m3fn":  # FP8 is tuned with [128, 128] block scales (moe_lab.tune)
+                if m.group(5) == "float8_e4m3fn":  # FP8 is tuned with [128, 128] block scales (moe_lab.tools.tune)
                     call = fp8_layer_call(int(bucket), e, k, h, i, cfg)
                 else:
                     call = layer_call(int(bucket), e, k, h, i, DTYPES[m.group(5)], cfg)

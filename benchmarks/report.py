@@ -14,7 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-from moe_lab.viz import performance  # noqa: E402
+from moe_lab.workbook.viz import performance  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -96,7 +96,7 @@ print("sizes in these notebooks:", "real model shapes" if workbook.on_gpu() else
 # extras, the front end, the tuned launch table, and what to fix.
 
 # %%
-from moe_lab import doctor
+from moe_lab.tools import doctor
 
 environment = doctor.report()
 print(environment.text())
@@ -214,7 +214,7 @@ def scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
 # exercise in the workbook is checked this way and answers **PASS**, or **NOT YET** with what is wrong.
 
 # %%
-from moe_lab import exercises
+from moe_lab.workbook import exercises
 
 exercises.check_scale(scale_kernel)
 
@@ -237,8 +237,8 @@ exercises.check_scale(scale_kernel_solution, strict=True)
 # mask left out, to see the last program's 24 stray stores.
 
 # %%
-from moe_lab.guarded import run_guarded
-from moe_lab.viz.accesses import plot_accesses
+from moe_lab.workbook.guarded import run_guarded
+from moe_lab.workbook.viz.accesses import plot_accesses
 
 x_ex = torch.randn(1000, device=device)
 run = run_guarded(scale_kernel_solution, (4,), x_ptr=x_ex, out_ptr=torch.empty_like(x_ex), alpha=2.5, n=1000,

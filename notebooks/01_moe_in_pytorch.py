@@ -23,8 +23,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from moe_lab import exercises, workbook
-from moe_lab.viz import routing as viz_routing
+from moe_lab import workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import routing as viz_routing
 
 # Settings. None = decided by the machine: real shapes on a GPU, scaled down (H and I / 64) on the CPU.
 MODEL = "mixtral-8x7b"

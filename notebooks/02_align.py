@@ -26,10 +26,11 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import exercises, workbook
+from moe_lab import workbook
+from moe_lab.workbook import exercises
 from moe_lab.align import max_num_tokens_padded
-from moe_lab.viz import align as viz_align
-from moe_lab.viz.routing import skewed_router_logits
+from moe_lab.workbook.viz import align as viz_align
+from moe_lab.workbook.viz.routing import skewed_router_logits
 
 device = moe_lab.runtime.default_device()
 

@@ -20,9 +20,10 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import exercises, workbook
-from moe_lab.viz import tiles as viz_tiles
-from moe_lab.viz.routing import skewed_router_logits
+from moe_lab import workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import tiles as viz_tiles
+from moe_lab.workbook.viz.routing import skewed_router_logits
 
 # Settings. None = decided by the machine: real shapes on a GPU, scaled down (H and I / 64) on the CPU.
 MODEL = "mixtral-8x7b"

@@ -27,7 +27,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_lab import workbook
-from moe_lab.viz import tma as tma_viz
+from moe_lab.workbook.viz import tma as tma_viz
 
 device = moe_lab.runtime.default_device()
 print("kernels run on:", "a GPU" if workbook.on_gpu() else "the CPU, under Triton's interpreter")
@@ -103,7 +103,7 @@ def copy_2d_kernel(src_desc, dst_desc, BLOCK_M: tl.constexpr, BLOCK_N: tl.conste
 
 
 # %%
-from moe_lab import exercises
+from moe_lab.workbook import exercises
 
 exercises.check_descriptor_copy(copy_2d_kernel)
 

@@ -23,8 +23,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from moe_lab import GemmConfig, workbook
-from moe_lab.viz import performance as perf_viz
-from moe_lab.viz import tma as tma_viz
+from moe_lab.workbook.viz import performance as perf_viz
+from moe_lab.workbook.viz import tma as tma_viz
 
 device = moe_lab.runtime.default_device()
 
@@ -153,7 +153,7 @@ def expert_tile_kernel(w_desc, expert_ids_ptr, out_ptr, N, stride_ob, stride_on,
 
 
 # %%
-from moe_lab import exercises
+from moe_lab.workbook import exercises
 
 exercises.check_expert_tile(expert_tile_kernel, expert_weight_desc)
 
@@ -290,7 +290,7 @@ workbook.check_equal("moe-lab up, TMA weights vs pointer weights", up_tma[:used_
 # %%
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the pointer vs TMA timing"):
-    from moe_lab.timing import median_ms
+    from moe_lab.tools.timing import median_ms
 
     preset = moe_lab.get_preset("qwen3-30b-a3b")
     hs, g1, g2, (tw, ti) = preset.build(4096, dtype=torch.bfloat16, device="cuda")
@@ -427,12 +427,12 @@ _ = workbook.check("peek_kernel", out_peek, 2 * x_peek, tol=1e-6)
 #
 # 3. **The compiled code.** Triton lowers a kernel through its own IRs to **PTX**, NVIDIA's virtual GPU
 #    assembly, which `ptxas` turns into machine code. Compiling needs no GPU, only a target, so this works
-#    on a laptop: `moe_lab.look_inside` compiles the package's grouped matmul for a chosen GPU in a child
+#    on a laptop: `moe_lab.tools.look_inside` compiles the package's grouped matmul for a chosen GPU in a child
 #    process (with the interpreter off) and counts the instructions that move tiles. The layout is the
 #    down projection's (rows already in sorted order), where both A and w can go through descriptors.
 
 # %%
-from moe_lab import look_inside
+from moe_lab.tools import look_inside
 
 compiled = {(path, cc): look_inside.compile_grouped_matmul(path, cc)
             for path, cc in (("tma", 90), ("pointer", 90), ("tma", 80))}
@@ -487,6 +487,6 @@ print(f"PASS look inside: {tma_copies[('tma', 90)]} TMA copies on sm_90's TMA pa
 # - Tail tiles and prepermute win back part of the padding and gather costs; the tuner decides per shape.
 # - To look inside a kernel: `tl.static_print` (compile time), `tl.device_print` (run time), `breakpoint()`
 #   under the interpreter, and the PTX, which shows the TMA copies (`cp.async.bulk.tensor`) on sm_90's TMA
-#   path only, compiled here without a GPU (`moe_lab.look_inside`).
+#   path only, compiled here without a GPU (`moe_lab.tools.look_inside`).
 #
 # Next: notebook 06 puts all stages together into the fused MoE layer.

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from moe_lab import workbook
-from moe_lab.viz import dataflow
+from moe_lab.workbook.viz import dataflow
 
 # Change these to override the defaults (None = pick for this machine).
 PRESET_NAME = "mixtral-8x7b"   # any of moe_lab.PRESETS
@@ -295,7 +295,7 @@ check_combine(my_combine_solution)
 import triton
 import triton.language as tl
 
-from moe_lab import exercises
+from moe_lab.workbook import exercises
 
 
 @triton.jit

@@ -21,8 +21,9 @@ import moe_lab  # first: picks GPU or interpreter before any kernel is defined
 
 import torch
 
-from moe_lab import exercises, workbook
-from moe_lab.viz import performance as perf
+from moe_lab import workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import performance as perf
 
 results = perf.load_results()
 print(perf.describe_results(results))
@@ -277,7 +278,7 @@ print(perf.stage_sweep_table(stage_costs))
 perf.plot_stage_sweep(stage_costs, title="num_stages against shared memory (cost model, float16 tiles)")
 
 # %% [markdown]
-# How good is the model? Compiled for an H200 (sm_90, Triton 3.6, no GPU needed: `moe_lab.compile_only`),
+# How good is the model? Compiled for an H200 (sm_90, Triton 3.6, no GPU needed: `moe_lab.tools.compile_only`),
 # the solution's kernel uses exactly the table's shared memory from 3 stages on, and fails to launch
 # (`OutOfResources`) exactly at the rows marked NO. With 1 or 2 stages it can use more than the table
 # says: the float32 C tile (BM·BN·4 bytes) passes through shared memory once, after the loop.

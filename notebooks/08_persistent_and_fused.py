@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import GemmConfig, exercises, workbook
-from moe_lab.viz import schedule as schedule_viz
+from moe_lab import GemmConfig, workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import schedule as schedule_viz
 
 device = moe_lab.runtime.default_device()
 
@@ -239,7 +240,7 @@ with warnings.catch_warnings():
 # %%
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the persistent vs per-tile timing"):
-    from moe_lab.timing import graph_ms
+    from moe_lab.tools.timing import graph_ms
 
     preset = moe_lab.get_preset("qwen3-30b-a3b")
     hs, g1, g2, (tw, ti) = preset.build(4096, dtype=torch.bfloat16, device="cuda")
@@ -338,7 +339,7 @@ schedule_viz.plot_prefill_anatomy(schedule_viz.load_prefill_anatomy())
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from moe_lab.viz.align import folded_tails
+from moe_lab.workbook.viz.align import folded_tails
 
 for name in ("qwen3-30b-a3b", "deepseek-v3", "mixtral-8x7b"):
     p = moe_lab.get_preset(name)

@@ -27,8 +27,9 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab import GemmConfig, exercises, workbook
-from moe_lab.viz import fp8 as fp8_viz
+from moe_lab import GemmConfig, workbook
+from moe_lab.workbook import exercises
+from moe_lab.workbook.viz import fp8 as fp8_viz
 
 device = moe_lab.runtime.default_device()
 support = moe_lab.fp8_support(device)
@@ -446,7 +447,7 @@ print("PASS every FP8 format: kernel error below 1e-2 against the dequantized re
 # NBVAL_IGNORE_OUTPUT
 if workbook.timing_allowed("the bf16 vs FP8 timing"):
     from moe_lab.routing import uniform_routing
-    from moe_lab.timing import graph_ms
+    from moe_lab.tools.timing import graph_ms
 
     del hidden_states, w1, w2
     full = moe_lab.get_preset("deepseek-v3")
@@ -511,7 +512,7 @@ if experiment is not None:
 import json
 import os
 
-from moe_lab.viz.performance import results_dir
+from moe_lab.workbook.viz.performance import results_dir
 
 bench_file = os.path.join(results_dir(), "fp8", "bench-fp8-NVIDIA_H200-2026-12-01_step_scales.json")
 if os.path.exists(bench_file):

@@ -1,0 +1,113 @@
+"""Look inside the compiled grouped matmul: the PTX Triton makes for a GPU, on any machine (no GPU needed).
+
+    from moe_lab.tools import look_inside
+    tma = look_inside.compile_grouped_matmul("tma", cc=90)      # an H100/H200
+    print(tma.count("cp.async.bulk.tensor"), tma.lines("cp.async.bulk.tensor"))
+
+Triton compiles for a target it is told about; it needs no GPU for that (only to launch). Each call runs
+a child process with the interpreter off (TRITON_INTERPRET=0) and a stand-in Triton driver for the target
+(`moe_lab.tools.compile_only`), launches `grouped_matmul` on meta tensors (no memory, no values), and returns
+the kernel's PTX, the virtual GPU assembly that ptxas turns into machine code (SASS). The layout is the
+down projection's: rows already in padded sorted order, so on sm_90 both A and w can be loaded through
+tensor descriptors. Triton caches compiled kernels on disk (~/.triton/cache), so a second call is quick.
+
+Source: the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution), sections on `cp.async.bulk.tensor`
+(TMA), `cp.async` and `wgmma`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import List
+
+LOAD_PATHS = ("tma", "pointer")
+TARGETS = (80, 90, 100)
+
+# What a reader of the PTX looks for, and what each says about how tiles reach shared memory.
+MEMORY_INSTRUCTIONS = {
+    "cp.async.bulk.tensor": "TMA: one thread hands the copy engine a descriptor and a box; the engine copies "
+                            "the whole tile from global to shared memory (sm_90+)",
+    "cp.async.cg.shared.global": "per-thread asynchronous copies of 16 bytes each, global to shared "
+                                 "(sm_80+): how pointer loads are pipelined across num_stages",
+    "ld.global": "ordinary loads from global memory into registers",
+    "wgmma.mma_async": "Hopper's warpgroup matrix multiply, reading its tiles from shared memory",
+    "mma.sync": "the tensor-core matrix multiply of sm_80 (tiles in registers)",
+}
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    """One compile of `grouped_matmul_kernel`: the PTX, and what Triton reports about the kernel."""
+    load_path: str
+    cc: int
+    ptx: str
+    shared_bytes: int
+    num_warps: int
+
+    def count(self, instruction: str) -> int:
+        """How many PTX instructions start with `instruction` (e.g. "cp.async.bulk.tensor")."""
+        return len(self.lines(instruction, limit=None))
+
+    def lines(self, instruction: str, limit: int | None = 3) -> List[str]:
+        """The first `limit` PTX lines (all if None) whose instruction starts with `instruction`."""
+        pattern = re.compile(r"^\s*(@%p\d+\s+)?" + re.escape(instruction) + r"\b")
+        found = [line.strip() for line in self.ptx.splitlines() if pattern.match(line)]
+        return found if limit is None else found[:limit]
+
+    def summary(self) -> str:
+        rows = [f"sm_{self.cc} {self.load_path} path: {self.num_warps} warps, {self.shared_bytes} bytes of "
+                "shared memory"]
+        for instruction in MEMORY_INSTRUCTIONS:
+            n = self.count(instruction)
+            if n:
+                rows.append(f"  {n:4d} x {instruction}")
+        return "\n".join(rows)
+
+
+def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: float = 600) -> CompiledKernel:
+    """Compile the grouped matmul for sm_`cc` with `load_path` "tma" (tensor descriptors where the target
+    has TMA) or "pointer" (use_tma=False). Raises ValueError for an unknown path or target, and
+    RuntimeError with the child's error if the compile fails."""
+    if load_path not in LOAD_PATHS:
+        raise ValueError(f"load_path must be one of {LOAD_PATHS}, got {load_path!r}")
+    if cc not in TARGETS:
+        raise ValueError(f"cc must be one of {TARGETS} (sm_80 A100, sm_90 H100/H200, sm_100 B200), got {cc!r}")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-m", __name__, load_path, str(cc)], capture_output=True, text=True,
+                          env=env, timeout=timeout_s)
+    result = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not result:
+        raise RuntimeError(f"compiling grouped_matmul_kernel for sm_{cc} failed:\n{done.stderr[-3000:]}")
+    return CompiledKernel(**json.loads(result[-1]))
+
+
+def _compile_in_this_process(load_path: str, cc: int) -> dict:
+    import torch
+
+    from .. import AlignedRouting, GemmConfig, grouped_matmul
+    from . import compile_only
+
+    compile_only.patch_moe_lab()
+
+    def meta(*shape, dtype=torch.int32):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    num_experts, n, k, block_m, rows = 8, 256, 512, 64, 1024
+    routing = AlignedRouting(meta(num_experts), meta(rows), meta(rows // block_m), meta(1), block_m, 256, 2,
+                             num_experts)
+    a, w = meta(rows, k, dtype=torch.bfloat16), meta(num_experts, n, k, dtype=torch.bfloat16)
+    session = compile_only.Session(compile_missing=True)
+    with compile_only.fake_gpu(cc, session):
+        grouped_matmul(a, w, routing, GemmConfig(block_m, 128, 64, 8, 4, 3), gather_a=False,
+                       use_tma="auto" if load_path == "tma" else False)
+    (kernel,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
+    return {"load_path": load_path, "cc": cc, "ptx": kernel.asm["ptx"], "shared_bytes": kernel.metadata.shared,
+            "num_warps": kernel.metadata.num_warps}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile_in_this_process(sys.argv[1], int(sys.argv[2]))))

@@ -1,0 +1,117 @@
+"""The verdict of an exercise checker and the diagnosis every checker shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence, Tuple
+
+import torch
+
+from ..guarded import GuardedRun
+from ...reference import relative_error
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """An exercise checker's result: `status` is "PASS" or "NOT YET" ("FAIL" is raised, not returned)."""
+    exercise: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.exercise}: {self.message}"
+
+    def _ipython_display_(self) -> None:
+        """Nothing: the checker printed the verdict already (a cell ending in a checker call shows it once)."""
+
+
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
+    if got.shape != want.shape:
+        return False
+    if not (got.is_floating_point() or want.is_floating_point()):
+        return torch.equal(got.cpu(), want.cpu())
+    got_nan, want_nan = torch.isnan(got.float()), torch.isnan(want.float())
+    if not torch.equal(got_nan, want_nan):
+        return False
+    if got_nan.all():
+        return True
+    return relative_error(got[~got_nan], want[~want_nan]) < tol  # a mistake may leave rows unwritten (NaN)
+
+
+def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
+    """What differs, and where. Where `want` is NaN the kernel must leave the value alone (it stays NaN):
+    those places are not counted as wrong or unwritten, only reported if the kernel wrote them."""
+    g, w = got.detach().cpu().double(), want.detach().cpu().double()
+    leave = torch.isnan(w)
+    wrong = ~leave & (~torch.isclose(g, w, rtol=max(tol, 1e-6), atol=max(tol, 1e-6)) | torch.isnan(g))
+    unwritten = int((~leave & torch.isnan(g)).sum())
+    parts = []
+    if wrong.any():
+        first = tuple(wrong.nonzero()[0].tolist())
+        text = (f"{int(wrong.sum())} of {int((~leave).sum())} values are wrong, the first at index "
+                f"{first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, expected {w[first].item():.6g})")
+        if unwritten:
+            text += f"; {unwritten} were never written (still NaN)"
+        elif got.is_floating_point():
+            text += f"; relative error {relative_error(got[~leave.to(got.device)], want[~leave.to(want.device)]):.1e}"
+        parts.append(text)
+    written = leave & ~torch.isnan(g)
+    if written.any():
+        first = tuple(written.nonzero()[0].tolist())
+        parts.append(f"{int(written.sum())} values that must be left alone were written, the first at index "
+                     f"{first if len(first) > 1 else first[0]}")
+    return "; ".join(parts) or "the values differ"
+
+
+def report(exercise: str, problem: Optional[str], passed: str, strict: bool = False) -> Verdict:
+    """The verdict of a checker that is not a kernel's (a PyTorch function, a quiz): print "PASS exercise:
+    passed" when `problem` is None, else "NOT YET exercise: problem", or raise "FAIL ..." if `strict`."""
+    if problem is not None and strict:
+        raise AssertionError(f"FAIL {exercise}: {problem}")
+    verdict = Verdict(exercise, "PASS", passed) if problem is None else Verdict(exercise, "NOT YET", problem)
+    print(verdict)
+    return verdict
+
+
+def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, tol: float = 1e-5,
+          mistakes: Sequence[Tuple[str, torch.Tensor]] = (), out_of_bounds_hint: str = "",
+          nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
+          untouched: Optional[torch.Tensor] = None, strict: bool = False) -> Verdict:
+    """Grade one guarded launch: print and return the verdict, or raise "FAIL ..." if `strict`.
+
+    run: the launch; output: the parameter name of the tensor to grade; want: the right result (same
+    shape). In order: an error the kernel raised; out-of-bounds accesses (with `out_of_bounds_hint`, what
+    usually causes them); a right result (PASS, within relative Frobenius error `tol`, exact for integer
+    results); the output left as given (`untouched`, default all NaN: `nothing_written`); a result equal
+    to one of `mistakes` ((explanation, what that mistake computes) pairs); else what differs, and where.
+    """
+    got = run.tensors[output]
+    problem = run.problem()
+    if problem is not None and run.out_of_bounds and out_of_bounds_hint:
+        problem += f". {out_of_bounds_hint}"
+    if problem is None and not _close(got, want, tol):
+        before = untouched if untouched is not None else torch.full_like(got, float("nan"))
+        if torch.equal(torch.nan_to_num(got.cpu().double(), nan=-1.5e300),
+                       torch.nan_to_num(before.cpu().double(), nan=-1.5e300)):
+            elsewhere = sorted({a.tensor for a in run.accesses if a.kind != "load" and a.tensor != output})
+            problem = (f"nothing was stored into {output}; the kernel stored into {', '.join(elsewhere)} instead: "
+                       "check which pointer each tl.store writes to" if elsewhere else nothing_written)
+        else:
+            problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) \
+                or _difference(got, want, tol)
+    if problem is None:
+        kept = ~torch.isnan(want) if want.is_floating_point() else None  # NaN where the kernel must not write
+        error = relative_error(got[kept], want[kept]) if kept is not None and not kept.all() else None
+        if error is None and got.is_floating_point():
+            error = relative_error(got, want)
+        detail = "exact" if not got.is_floating_point() else f"relative error {error:.1e} < {tol:.0e}"
+        verdict = Verdict(exercise, "PASS", f"{detail}, no access out of bounds")
+    elif strict:
+        raise AssertionError(f"FAIL {exercise}: {problem}")
+    else:
+        verdict = Verdict(exercise, "NOT YET", problem)
+    print(verdict)
+    return verdict

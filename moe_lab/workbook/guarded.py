@@ -1,0 +1,491 @@
+"""Run a learner's Triton kernel on guarded buffers, and say which tensor it read or wrote out of bounds.
+
+`run_guarded(kernel, grid, x_ptr=x, out_ptr=out, n=1000, BLOCK=256)` launches `kernel` once with every
+tensor argument copied into the middle of a larger buffer: guard bytes of a known value (canaries) sit
+before and after it, and between its rows where its strides leave gaps. It returns a `GuardedRun`: the
+tensors as the kernel left them, the out-of-bounds accesses it made, and the error it raised, if any.
+It never raises for a wrong kernel (a wrong kernel is the normal case in an exercise); it raises
+`TypeError` / `ValueError` only for a wrong call of the runner itself.
+
+What it catches, and how:
+- Under Triton's interpreter (no GPU): every load, store and atomic of the launch is checked before it
+  happens (the runner stands in for the interpreter's memory module during the launch). An access outside
+  its tensor, however far off, is dropped (a load gives 0) and recorded with the tensor's parameter name,
+  the kind of access and the element offsets, so the process is never corrupted. Without this an unmasked
+  store writes into the Python process's own heap (`free(): invalid size`, a dead Jupyter kernel).
+- On a GPU: the same check first, under the interpreter on CPU copies of the arguments (the kernel's
+  Python source run by Triton's interpreter), so an out-of-bounds access is found exactly and never
+  reaches the GPU. Then the GPU launch itself: stores into the guard bytes are found by comparing the
+  canaries after it (offsets known); reads of guard bytes by launching again with other canary values
+  around one input at a time: if what the kernel wrote changes, it read outside that input.
+
+What it cannot catch:
+- On a GPU, an access that only the compiled kernel makes (the interpreter takes the other branch: a
+  kernel reading different data on the two, or one the interpreter cannot run). Beyond the guard it
+  lands in other memory or raises "illegal memory access", after which the CUDA context is unusable.
+- Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
+  on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
+- A kernel that never ends (a loop whose bound is wrong) hangs the launch.
+- On a GPU, reads outside a tensor by a kernel whose results differ from launch to launch (a race
+  between programs, float atomics in varying order): a control launch shows it and the read check is
+  skipped (the interpreter's check, which runs first, still covers them).
+
+Why not triton-viz's sanitizer (PyPI `triton-viz` 3.0): it imports only with Triton 3.6
+and 3.7 (3.8 and 3.9: AttributeError on `create_make_block_ptr`), evaluates accesses symbolically so a
+sanitized launch computes no result, stops the process (`sys.exit`) at the first violation unless told
+not to, reports one address, and leaves the interpreter patched after a traced launch (later kernels from
+other modules fail). It also brings about 280 MB of dependencies. Its tracer, which records each
+program's loads and stores, is worth a look on Triton 3.6/3.7 (`docs/exercises.md`).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ..runtime import interpreter_active, interpreter_numpy_problem, interpreter_serialized
+
+GUARD_BYTES = 4096          # canary bytes before and after every tensor (a few blocks of any exercise)
+# An interpreted launch that makes more memory accesses, or runs longer, is stopped: a loop that never
+# ends would otherwise hang the learner's Jupyter kernel. Every exercise needs a few thousand, in seconds.
+MAX_ACCESSES = 200_000
+MAX_SECONDS = 60.0
+CANARY = 0x7F               # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
+SECOND_CANARY = 0xFF        # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
+SHOWN_OFFSETS = 6           # offsets listed per finding
+
+
+@dataclass(frozen=True)
+class OutOfBounds:
+    """Accesses of one kind to memory outside one tensor argument.
+
+    `offsets` are element offsets from the tensor's first element (negative: before it; at least
+    `numel`: past it; in between: a gap its strides skip), the first few in ascending order, or empty where
+    a GPU read was seen but cannot be located. `count` is the number of accesses (lanes)."""
+    tensor: str
+    kind: str                   # "load", "store" or "atomic"
+    offsets: Tuple[int, ...]
+    count: int
+    numel: int
+    span: int                   # elements from the first to the last one of the tensor (numel if contiguous)
+    far: bool = False           # outside every guarded buffer: `tensor` is only the nearest one
+    more: bool = False          # more distinct offsets than `offsets` lists
+
+    def describe(self) -> str:
+        if not self.offsets:
+            return (f"{self.kind}s outside {self.tensor} (its results changed when only the memory around "
+                    f"{self.tensor} changed)")
+        shown = ", ".join(str(o) for o in self.offsets)
+        more = " and more" if self.more else ""
+        if self.far:
+            return (f"{self.count} {self.kind}(s) far outside every tensor (the nearest is {self.tensor}: element "
+                    f"offsets {shown}{more} from its start): check the strides and offsets")
+        where = ("before the first element" if self.offsets[-1] < 0 else
+                 f"past the {self.numel} elements" if self.offsets[0] >= self.span else
+                 f"outside the {self.numel} elements (in gaps its strides skip, or around it)")
+        return f"{self.count} {self.kind}(s) {where} of {self.tensor}, at element offsets {shown}{more}"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One load, store or atomic of one program, on one tensor (recorded by the interpreter's check).
+    `offsets`: element offsets from the tensor's first element, one per active lane; `in_bounds`: which of
+    them lie inside the tensor."""
+    program: Tuple[int, int, int]
+    kind: str
+    tensor: str
+    offsets: np.ndarray
+    in_bounds: np.ndarray
+
+
+@dataclass
+class GuardedRun:
+    """What one guarded launch did. `tensors` maps each tensor argument's parameter name to its contents
+    after the launch (a copy, same shape and dtype as given); `error` is what the launch raised."""
+    tensors: Dict[str, torch.Tensor]
+    out_of_bounds: List[OutOfBounds] = field(default_factory=list)
+    error: Optional[BaseException] = None
+    checked_by: str = "interpreter"   # or "interpreter, then canaries" (a GPU)
+    accesses: List[Access] = field(default_factory=list)   # every program's accesses, in order (interpreter)
+
+    @property
+    def clean(self) -> bool:
+        return self.error is None and not self.out_of_bounds
+
+    def offsets(self, tensor: Optional[str] = None, kind: Optional[str] = None,
+                outside_only: bool = True) -> np.ndarray:
+        """Every element offset the launch's accesses of `tensor` of `kind` (None: any) reached, only those
+        outside the tensor by default; from the interpreter's record of each access, else (an access seen
+        on a GPU only) the offsets the out-of-bounds reports list."""
+        def wanted(a):
+            return (tensor is None or a.tensor == tensor) and (kind is None or a.kind == kind)
+        chunks = [a.offsets[~a.in_bounds] if outside_only else a.offsets for a in self.accesses if wanted(a)]
+        found = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+        if outside_only and not found.size:
+            found = np.array([x for o in self.out_of_bounds if wanted(o) for x in o.offsets], dtype=np.int64)
+        return found
+
+    def problem(self) -> Optional[str]:
+        """One line for a learner, or None when the launch ran within bounds and raised nothing."""
+        if self.error is not None:
+            return describe_error(self.error)
+        if self.out_of_bounds:
+            return "; ".join(o.describe() for o in self.out_of_bounds)
+        return None
+
+
+class KernelMismatch(TypeError):
+    """What was handed over is not a kernel that takes these arguments (a learner's signature, or no
+    kernel at all): the exercise checkers turn it into a NOT YET."""
+
+
+def _not_a_kernel(kernel) -> str:
+    if kernel is None:
+        return "got None instead of a kernel: run the cell that defines it (with @triton.jit) first"
+    if getattr(kernel, "__name__", "") == "<lambda>" or type(kernel).__name__ == "partial":
+        return "got kernel[grid] (a launcher): pass the kernel itself, the checker chooses the grid"
+    if callable(kernel):
+        return (f"got {getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: a Triton "
+                "kernel needs the @triton.jit decorator")
+    return f"expected a @triton.jit function, got {type(kernel).__name__}"
+
+
+def describe_error(exc: BaseException) -> str:
+    """The first lines of what a kernel raised, without the interpreter's traceback noise."""
+    text = str(exc).strip() or repr(exc)
+    lines = [line for line in text.splitlines() if line.strip()]
+    if "illegal memory access" in text or "illegal instruction" in text:
+        return (f"the GPU stopped the kernel ({lines[0]}): an access it cannot make, such as an address far "
+                "outside its tensors or a descriptor offset that breaks the 16-byte rule. The CUDA context is "
+                "now unusable: restart the Python kernel, then run this exercise under the interpreter "
+                "(TRITON_INTERPRET=1, no GPU needed) to see which access goes where")
+    return f"the kernel raised {type(exc).__name__}: " + " | ".join(lines[-4:])[:600]
+
+
+@dataclass
+class _Guarded:
+    """One tensor argument inside its guarded buffer."""
+    name: str
+    original: torch.Tensor
+    buffer: torch.Tensor          # uint8, guard + span + guard bytes
+    view: torch.Tensor            # the tensor handed to the kernel: `original`'s shape, strides and values
+    inside: np.ndarray            # bool per buffer byte: True where a byte of `view` lies
+    canary: int                   # the byte value of its guard
+
+    @property
+    def start(self) -> int:       # byte address of view's first element
+        return self.view.data_ptr()
+
+    def extent(self) -> Tuple[int, int]:
+        """(numel, span): its element count, and elements from its first to its last one."""
+        return self.original.numel(), _span(self.original)
+
+    def element_offsets(self, byte_index: np.ndarray) -> np.ndarray:
+        return (byte_index - GUARD_BYTES) // self.original.element_size()
+
+
+def _span(tensor: torch.Tensor) -> int:
+    """Elements from the tensor's first to its last one (numel if contiguous, 0 if empty)."""
+    return 1 + sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride())) if tensor.numel() else 0
+
+
+def _guard(name: str, tensor: torch.Tensor, canary: int) -> _Guarded:
+    item = tensor.element_size()
+    if tensor.numel() and any(s < 0 for s in tensor.stride()):
+        raise ValueError(f"{name}: negative strides are not supported, got {tensor.stride()}")
+    buffer = torch.full((2 * GUARD_BYTES + _span(tensor) * item,), canary, dtype=torch.uint8, device=tensor.device)
+    typed = buffer.view(tensor.dtype)
+    view = typed.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item)
+    view.copy_(tensor)
+    marks = torch.zeros(buffer.numel() // item, dtype=torch.bool)
+    marks.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item).fill_(True)
+    inside = np.repeat(marks.numpy(), item)
+    return _Guarded(name, tensor, buffer, view, inside, canary)
+
+
+class _CheckedMemory:
+    """Stands in for the interpreter's memory module (`triton.runtime.interpreter._interpreter`) during a
+    guarded launch: each load, store and atomic first drops and records the lanes outside every guarded
+    tensor, then goes to the real module. Everything else is forwarded unchanged."""
+
+    def __init__(self, real, guarded: List[_Guarded]):
+        self._real = real
+        self._guarded = guarded
+        self.findings: Dict[Tuple[str, str, bool], List[np.ndarray]] = {}
+        self.accesses: List[Access] = []
+        self._calls = 0
+        self._started = time.monotonic()
+        from triton.runtime import interpreter
+        self._builder = interpreter.interpreter_builder   # knows which program runs
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _allowed(self, kind: str, ptrs: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
+        self._calls += 1
+        seconds = time.monotonic() - self._started
+        if self._calls > MAX_ACCESSES or seconds > MAX_SECONDS:
+            raise RuntimeError(f"stopped after {self._calls - 1} memory accesses in {seconds:.0f} s, far more than this "
+                               "exercise needs: does a loop never end (a while loop without a step, a bound that "
+                               "is far too large)?")
+        addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
+        active = np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool),
+                                                                                      addresses.shape)
+        ok = np.zeros(addresses.shape, bool)
+        placed = np.zeros(addresses.shape, bool)
+        for g in self._guarded:
+            base = g.buffer.data_ptr()
+            index = addresses - base
+            in_buffer = active & (index >= 0) & (index < g.inside.size)
+            if not in_buffer.any():
+                continue
+            placed |= in_buffer
+            hit = np.zeros(addresses.shape, bool)
+            hit[in_buffer] = g.inside[index[in_buffer]]
+            ok |= hit
+            bad = in_buffer & ~hit
+            self.accesses.append(Access(tuple(getattr(self._builder, "grid_idx", (0, 0, 0))), kind, g.name,
+                                        g.element_offsets(index[in_buffer]), hit[in_buffer]))
+            if bad.any():
+                self.findings.setdefault((g.name, kind, False), []).append(g.element_offsets(index[bad]))
+        wild = active & ~placed
+        if wild.any():  # outside every buffer: name the nearest tensor
+            first = int(addresses[wild].min())
+            g = min(self._guarded, key=lambda g: abs(first - g.start))
+            self.findings.setdefault((g.name, kind, True), []).append(
+                (addresses[wild] - g.start) // g.original.element_size())
+        return active & ok
+
+    def load(self, ptrs, mask, other, dtype):
+        return self._real.load(ptrs, self._allowed("load", ptrs, mask), other, dtype)
+
+    def store(self, ptrs, value, mask):
+        return self._real.store(ptrs, value, self._allowed("store", ptrs, mask))
+
+    def atomic_rmw(self, op, ptrs, value, mask, sem):
+        return self._real.atomic_rmw(op, ptrs, value, self._allowed("atomic", ptrs, mask), sem)
+
+    def atomic_cas(self, ptrs, cmp, value, sem):
+        if not self._allowed("atomic", ptrs, None).all():
+            raise IndexError("atomic_cas outside its tensor (it has no mask): stopped before it ran")
+        return self._real.atomic_cas(ptrs, cmp, value, sem)
+
+
+def _findings_to_reports(findings, guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
+    reports = []
+    for (name, kind, far), chunks in findings.items():
+        offsets = np.unique(np.concatenate(chunks))
+        count = int(sum(len(c) for c in chunks))
+        reports.append(OutOfBounds(name, kind, tuple(int(o) for o in offsets[:SHOWN_OFFSETS]), count,
+                                   *guarded[name].extent(), far=far, more=len(offsets) > SHOWN_OFFSETS))
+    return reports
+
+
+def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
+    reports = []
+    for g in guarded.values():
+        changed = (g.buffer.cpu().numpy() != g.canary) & ~g.inside
+        if changed.any():
+            offsets = np.unique(g.element_offsets(np.nonzero(changed)[0]))
+            reports.append(OutOfBounds(g.name, "store", tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
+                                       len(offsets), *g.extent(), more=len(offsets) > SHOWN_OFFSETS))
+    return reports
+
+
+def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None):
+    """One launch on fresh guarded copies; (guarded tensors, the access checker or None, error). Each tensor
+    has a canary of its own (a copy from one guard into another shows), but `second_canary_for`'s."""
+    guarded, call = {}, {}
+    for index, (name, value) in enumerate(args.items()):
+        canary = SECOND_CANARY if name == second_canary_for else CANARY - index
+        if isinstance(value, torch.Tensor):
+            guarded[name] = _guard(name, value, canary)
+            call[name] = guarded[name].view
+        elif _is_descriptor(value):
+            guarded[name] = _guard(name, value.base, canary)
+            call[name] = dataclasses.replace(value, base=guarded[name].view)
+        else:
+            call[name] = value
+    checker, error = None, None
+    if check_accesses:
+        from triton.runtime import interpreter as interp
+        checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
+        interp._interpreter = checker
+    try:
+        with _deadline(MAX_SECONDS if check_accesses else None):
+            kernel[grid](**call)
+        if not check_accesses and torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as exc:  # noqa: BLE001 - a learner's kernel may raise anything; it is reported
+        error = exc
+    finally:
+        if checker is not None:
+            interp._interpreter = checker._real
+    return guarded, checker, error
+
+
+class _Deadline(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def _deadline(seconds: Optional[float]):
+    """Stop an interpreted launch after `seconds` even where it touches no memory (a loop of arithmetic
+    only never reaches the access checker's clock): a SIGALRM timer, where there is one (the main thread
+    of a Unix process, as a Jupyter kernel runs cells); elsewhere nothing."""
+    usable = (seconds is not None and hasattr(signal, "setitimer")
+              and threading.current_thread() is threading.main_thread())
+    if not usable:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise _Deadline(f"stopped after {seconds:.0f} s, far more than this exercise needs: does a loop never end "
+                        "(a while loop without a step, a bound that is far too large)?")
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _is_descriptor(value) -> bool:
+    return type(value).__name__ == "TensorDescriptor" and hasattr(value, "base")
+
+
+@interpreter_serialized
+def run_guarded(kernel, grid, **args) -> GuardedRun:
+    """Launch `kernel[grid](**args)` once on guarded copies of its tensor arguments (see the module doc).
+
+    kernel: a `@triton.jit` function. grid: a tuple of ints (or a callable, as Triton takes). args: every
+    kernel argument by its parameter name; torch tensors (any dtype, shape and non-negative strides, on
+    the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
+    caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
+    if `kernel` is not a Triton kernel or an argument name is not one of its parameters.
+    """
+    names = getattr(kernel, "arg_names", None)
+    if names is None or not hasattr(kernel, "__getitem__"):
+        raise KernelMismatch(_not_a_kernel(kernel))
+    unknown = [name for name in args if name not in names]
+    if unknown:
+        raise KernelMismatch(f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
+                             f"exercise passes {', '.join(args)}. Keep the stub's parameter names.")
+    from triton.runtime.jit import JITFunction
+    if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1
+        return _interpreted_run(kernel, grid, args)
+    # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
+    # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
+    with _interpreting_beside_a_gpu():
+        first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
+    if not first.clean or interpreter_active() or not torch.cuda.is_available():
+        # (a compiled kernel with the interpreter on: defined before `import moe_lab` switched it on)
+        first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
+        return first
+    guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
+    tensors = {name: g.view.clone() for name, g in guarded.items()}
+    if error is not None:
+        return GuardedRun(tensors, [], error, "interpreter, then canaries", first.accesses)
+    reports = _written_guards(guarded)
+    control, _, error = _launch(kernel, grid, args, check_accesses=False)
+    if error is not None or any(not torch.equal(control[n].buffer, g.buffer) for n, g in guarded.items()):
+        # The same launch wrote something else (a race between programs): changing canaries proves nothing.
+        return GuardedRun(tensors, reports, error, "interpreter, then canaries (writes only: the kernel's "
+                          "results vary from launch to launch)", first.accesses)
+    for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
+        again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
+        if error is not None:
+            return GuardedRun(tensors, reports, error, "interpreter, then canaries", first.accesses)
+        moved = any(not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded
+                    if other != name) or not _same(again[name].view, tensors[name])
+        if moved:
+            reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
+    return GuardedRun(tensors, reports, None, "interpreter, then canaries", first.accesses)
+
+
+def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
+    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True)
+    tensors = {name: g.view.clone() for name, g in guarded.items()}
+    return GuardedRun(tensors, _findings_to_reports(checker.findings, guarded), error, "interpreter",
+                      checker.accesses)
+
+
+def _interpreted(kernel):
+    """The interpreter's version of a compiled `@triton.jit` kernel (same Python source)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return InterpretedFunction(kernel.fn)
+
+
+@contextlib.contextmanager
+def _interpreting_beside_a_gpu():
+    """Within, the interpreter runs a compiled kernel's source as it would with TRITON_INTERPRET=1:
+    - a call of a compiled `@triton.jit` function (a learner's helper, `tl.cdiv`, `tl.sum`) runs its
+      interpreted version (with TRITON_INTERPRET=1 every such function is interpreted from the start;
+      outside a kernel Triton refuses such calls);
+    - with Triton <= 3.6 and numpy >= 2.4, a loop's run-time bound is read as Triton 3.7 reads it
+      (`int()` of a one-element array fails under numpy 2.4; see runtime.interpreter_numpy_problem).
+    Everything is put back on the way out: the GPU compiles the same kernel next."""
+    import triton
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+
+    had_own_call = "__call__" in JITFunction.__dict__
+    original_call = JITFunction.__dict__.get("__call__")
+    original_patch_tensor = interpreter._patch_lang_tensor
+    interpreted = {}
+
+    def call(self, *args, **kwargs):
+        if self.fn not in interpreted:
+            interpreted[self.fn] = interpreter.InterpretedFunction(self.fn)
+        # As InterpretedFunction.__call__ does, but undoing its patches of triton.language afterwards (it
+        # leaves them, harmless when everything is interpreted; here the GPU compiles next).
+        scope = interpreter._patch_lang(self.fn)
+        try:
+            return interpreted[self.fn].rewrite()(*args, **kwargs)
+        finally:
+            scope.restore()
+
+    def patch_tensor(tensor, scope):
+        original_patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    JITFunction.__call__ = call
+    if interpreter_numpy_problem(triton.__version__, np.__version__):
+        interpreter._patch_lang_tensor = patch_tensor
+    try:
+        yield
+    finally:
+        interpreter._patch_lang_tensor = original_patch_tensor
+        if had_own_call:
+            JITFunction.__call__ = original_call
+        else:
+            del JITFunction.__call__
+
+
+def _device_of(value) -> torch.device:
+    return value.base.device if _is_descriptor(value) else value.device
+
+
+def _on_cpu(value):
+    """A CPU copy with the same strides (`.cpu()` makes a non-dense view contiguous)."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).copy_(value)
+    if _is_descriptor(value):
+        return dataclasses.replace(value, base=_on_cpu(value.base))
+    return value
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.element_size() == 1 and a.is_floating_point():  # float8: compare bytes (few float8 ops exist)
+        return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    if a.is_floating_point():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)

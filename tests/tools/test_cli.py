@@ -1,0 +1,160 @@
+from moe_lab.tools.cli import main
+
+
+def test_demo_small_runs_and_passes(capsys):
+    assert main(["demo", "--model", "qwen3-30b-a3b", "--tokens", "0", "3", "--scale", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "qwen3-30b-a3b" in out and "all results match" in out
+
+
+def test_info(capsys):
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert "triton" in out and "TMA path" in out
+
+
+def test_demo_edges(capsys):
+    # model names in any case; T = 0 prints no empty "Why these load paths"; --scale says when it rounds
+    assert main(["demo", "--model", "Qwen3-30B-A3B", "--tokens", "0", "--scale", "100"]) == 0
+    out = capsys.readouterr().out
+    assert "Why these load paths" not in out and "rounds H 2048/100 -> 32" in out
+    # the device's TMA note once, not in every reason
+    from moe_lab import tma_support
+    assert main(["demo", "--model", "olmoe-1b-7b", "--tokens", "3", "--scale", "128"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(tma_support().reason) == 1
+
+
+def test_demo_asks_before_minutes_of_interpreter(capsys):
+    import pytest
+
+    from moe_lab import interpreter_active
+    if not interpreter_active():
+        pytest.skip("a GPU runs large token counts without asking")
+    assert main(["demo", "--tokens", "100000"]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_demo_help_explains_every_option(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    out = capsys.readouterr().out
+    for option in ("--model", "--tokens", "--dtype", "--use-tma", "--scale", "--force"):
+        line = out[out.index(option):].split("\n--")[0]
+        assert len(line.split()) > 4, f"{option} has no help"
+
+
+def test_bench_help_says_what_it_times_and_where_results_go(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
+    description = out[:out.index("-h, --help")]
+    assert "JSON and CSV to the --out folder" in description and "fp8/ folder" in description
+    assert "Needs a CUDA GPU" in description
+
+
+def _demo_rows(out):
+    """(model, T, rel err, quant err) of each result line of `moe-lab demo --dtype fp8`."""
+    rows = []
+    for line in out.splitlines():
+        words = line.split()
+        if len(words) > 2 and words[-2] in ("ok", "FAIL"):
+            rows.append((words[0], int(words[1]), float(words[-3]), float(words[-1])))
+    return rows
+
+
+def test_demo_fp8_reports_kernel_and_quantization_errors(capsys):
+    # DeepSeek-V3's preset names its checkpoint's [128, 128] blocks; Mixtral takes the same by default
+    assert main(["demo", "--dtype", "fp8", "--model", "deepseek-v3", "mixtral-8x7b", "--tokens", "0", "2",
+                 "--scale", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "[128, 128] block" in out and "the checkpoint of deepseek-v3 ships its experts" in out
+    assert "quant err" in out and "rel err: the FP8 layer against the float32 PyTorch reference on the same FP8" in out
+    rows = _demo_rows(out)
+    assert [(m, t) for m, t, _, _ in rows] == [("deepseek-v3", 0), ("deepseek-v3", 2), ("mixtral-8x7b", 0),
+                                               ("mixtral-8x7b", 2)]
+    for model, tokens, kernel_err, quant_err in rows:
+        if tokens:  # the kernels: about bf16 rounding; FP8 itself: several times more
+            assert kernel_err < 1e-2 < quant_err < 0.2, (model, kernel_err, quant_err)
+    assert "all results match the float32 PyTorch reference on the same FP8 operands" in out
+
+
+def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
+    from moe_lab.tools import cli
+    from moe_lab.capability import Fp8Support
+    monkeypatch.setattr(cli, "fp8_support", lambda device: Fp8Support(False, "NVIDIA A100 has compute capability 8.0"))
+    assert main(["demo", "--dtype", "fp8", "--tokens", "1"]) == 2
+    captured = capsys.readouterr()
+    assert "--dtype fp8 refused" in captured.err and "compute capability 8.0" in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert main(["demo", "--model", "olmoe-1b-7b", "--tokens", "1", "--scale", "128"]) == 0  # bf16 unaffected
+
+
+def test_dtype_choices(capsys):
+    import pytest
+    for command in ("demo", "bench", "tune"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--dtype", "fp4"])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert "invalid choice: 'fp4'" in err and "'fp8'" in err
+    assert main(["tune", "--dtype", "fp8"]) == 2  # on a CPU: refused, like bf16 (no timing here)
+    err = capsys.readouterr().err
+    assert "moe-lab tune" in err and "Traceback" not in err
+
+
+def test_fp8_tune_candidates_step_whole_scale_blocks():
+    from moe_lab.tools.tune import candidates
+    for rows_per_expert in (1, 16, 1000):
+        space = candidates(rows_per_expert, 1, 227 * 1024)
+        configs = [c for ups, downs in space.values() for c in ups + downs]
+        # steps of one scale block, or at decode of two (one dot each: larger loads per step)
+        assert configs and all(c.BLOCK_SIZE_K in ((128, 256) if rows_per_expert <= 48 else (128,)) for c in configs)
+        assert all(c.BLOCK_SIZE_M * c.BLOCK_SIZE_N <= 64 * 256 for c in configs)
+        # an up GEMM whose 128 output columns are one activation group, quantized in its epilogue, competes
+        assert any(c.BLOCK_SIZE_N == 256 for ups, _ in space.values() for c in ups)
+
+
+def test_bench_refuses_without_a_gpu(capsys):
+    import pytest
+
+    from moe_lab import interpreter_active
+    if not interpreter_active():
+        pytest.skip("a GPU runs the benchmark")
+    for dtype in ("bf16", "fp8"):
+        assert main(["bench", "--dtype", dtype, "--tokens", "1"]) == 2
+        err = capsys.readouterr().err
+        assert "moe-lab bench refused" in err and "Traceback" not in err
+
+
+def test_deepseek_v3_preset_says_its_checkpoint_is_fp8():
+    import pytest
+    import torch
+
+    from moe_lab import PRESETS, get_preset
+    preset = get_preset("deepseek-v3")
+    assert (preset.quantization, preset.weight_block_size) == ("fp8", (128, 128))
+    assert preset.scaled(64).weight_block_size == (128, 128)
+    assert all(p.quantization is None for name, p in PRESETS.items() if name != "deepseek-v3")
+    assert list(PRESETS) == ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "olmoe-1b-7b", "qwen1.5-moe-a2.7b"]
+    with pytest.raises(ValueError, match="unknown model preset 'deepseek-v4'; choose one of mixtral-8x7b, "):
+        get_preset("deepseek-v4")
+    small = preset.scaled(64)  # H 112, I 32: partial blocks
+    _, w1, w2, _ = small.build(1)
+    w1_fp8, w2_fp8, scales = small.quantize_fp8(w1, w2)
+    assert w1_fp8.dtype == w2_fp8.dtype == torch.float8_e4m3fn and w1_fp8.shape == w1.shape
+    assert scales["block_shape"] == (128, 128)
+    assert scales["w1_scale"].shape == (256, 1, 1) and scales["w2_scale"].shape == (256, 1, 1)
+    assert small.quantize_fp8(w1, w2, (32, 64))[2]["w1_scale"].shape == (256, 2, 2)
+
+
+def test_bad_env_settings_are_said_before_any_launch(monkeypatch, capsys):
+    for var, value in (("MOE_LAB_TMA", "maybe"),):
+        monkeypatch.setenv(var, value)
+        for argv in (["demo", "--model", "qwen3-30b-a3b", "--tokens", "1", "--scale", "128"], ["info"]):
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"moe-lab: {var} must be") and repr(value) in err
+        monkeypatch.delenv(var)

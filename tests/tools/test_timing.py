@@ -1,0 +1,24 @@
+"""Timing helpers: refused where times would mean nothing; the cost model is plain arithmetic."""
+import pytest
+
+from moe_lab import get_preset
+from moe_lab.tools import timing
+
+from ..conftest import ON_GPU
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the refusal without a GPU")
+@pytest.mark.parametrize("call", [lambda: timing.median_ms(lambda: None), lambda: timing.graph_ms(lambda: None),
+                                  lambda: timing.measure_ceilings()])
+def test_timing_refuses_the_interpreter_with_the_bench_message(call):
+    with pytest.raises(RuntimeError, match="refused: no CUDA GPU is visible to PyTorch"):
+        call()
+
+
+def test_gemm_costs_count_flops_and_fewest_bytes():
+    p = get_preset("mixtral-8x7b")
+    up, down = timing.gemm_costs(p, 1, experts_used=2, itemsize=2)
+    assert up.flops == 2 * 2 * p.hidden_size * 2 * p.intermediate_size
+    assert down.flops * 2 == up.flops
+    assert up.bytes > 2 * 2 * 2 * p.intermediate_size * p.hidden_size  # both experts' w1 at least
+    assert up.roofline_ms({"bf16_matmul_tflops": 1e3, "copy_tbps": 1.0}) == pytest.approx(up.bytes / 1e9)

@@ -1,0 +1,54 @@
+"""moe_lab.workbook.viz.dataflow: stage shapes, the diagram, and its widget."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import moe_lab  # noqa: E402
+from moe_lab.workbook.viz import dataflow  # noqa: E402
+
+
+def test_layer_stages_shapes():
+    p = moe_lab.get_preset("mixtral-8x7b")
+    stages = dataflow.layer_stages(p, 64, 16)
+    by_name = {s.name: s for s in stages}
+    # T*k = 128 slots over 8 experts: bound (8 + 120 // 16) * 16 = 240 padded rows
+    assert "sorted_token_ids [240]" in by_name["align"].out
+    assert "gate_up [240, 28672]" in by_name["up GEMM (gather rows)"].out
+    assert "out [64, 4096]" in stages[-1].out
+
+
+def test_layer_stages_with_info_names_load_paths():
+    p = moe_lab.get_preset("mixtral-8x7b").scaled(64)
+    hs, w1, w2, (tw, ti) = p.build(4, dtype=torch.float32)
+    _, info = moe_lab.fused_moe(hs, w1, w2, tw, ti, return_info=True)
+    stages = dataflow.layer_stages(p, 4, info.config.block_size_m, info)
+    assert info.up_plan.swiglu and "SwiGLU epilogue" in stages[3].name  # the layer fused the activation
+    assert stages[3].note == f"load path {info.up_path.name}"
+    assert stages[4].note == f"load path {info.down_path.name}"
+    assert len(stages) == len(dataflow.layer_stages(p, 4, info.config.block_size_m)) - 1
+
+
+def test_plot_dataflow_returns_figure():
+    p = moe_lab.get_preset("qwen3-30b-a3b")
+    fig = dataflow.plot_dataflow(p, 8, 16)
+    assert isinstance(fig, Figure)
+    assert "qwen3-30b-a3b" in fig.axes[0].get_title()
+    ax = Figure().add_subplot()
+    assert dataflow.plot_dataflow(p, 8, ax=ax) is ax.figure
+
+
+def test_dataflow_widget_redraws_on_change():
+    w = dataflow.dataflow_widget("mixtral-8x7b", 64, 16)
+    name, tokens, bsm = w.children[0].children
+    assert tokens.continuous_update is False
+    before_fig, before_text = w.figure, w.summary.value
+    assert "128 routed slots" in before_text
+    name.value = "qwen3-30b-a3b"
+    assert w.figure is not before_fig
+    assert "512 routed slots" in w.summary.value
+    text = w.summary.value
+    bsm.value = 64
+    assert w.summary.value != text

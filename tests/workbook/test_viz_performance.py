@@ -1,0 +1,136 @@
+"""moe_lab.workbook.viz.performance: results loading, cost model, plots, and the guarded block-size widget."""
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import moe_lab  # noqa: E402
+from moe_lab.workbook.viz import performance as perf  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def results():
+    return perf.load_results()
+
+
+def test_load_results_reads_newest_committed_file(results):
+    assert os.path.dirname(results["path"]) == perf.results_dir()
+    assert {"copy_tbps", "bf16_matmul_tflops"} <= set(results["ceilings"])
+    assert results["rows"] and {"model", "T", "impl", "gemms_ms"} <= set(results["rows"][0])
+    assert "committed data" in perf.describe_results(results)
+
+
+def test_load_results_picks_newest_by_date(tmp_path, monkeypatch):
+    row = dict(model="m", T=1, impl="moe-lab pointer", gemms_ms=1.0)
+    for name, date in (("b-old.json", "2026-01-01"), ("a-new.json", "2026-12-31")):
+        (tmp_path / name).write_text(json.dumps(dict(environment=dict(date=date), ceilings={}, rows=[row])))
+    monkeypatch.setattr(perf, "results_dir", lambda: str(tmp_path))
+    assert perf.load_results()["path"].endswith("a-new.json")
+    monkeypatch.setattr(perf, "results_dir", lambda: str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError):
+        perf.load_results()
+
+
+def test_layer_cost_matches_preset_flops():
+    p = moe_lab.get_preset("mixtral-8x7b")
+    c = perf.layer_cost(p, 64, experts_used=8)
+    assert c["flops"] == p.flops(64)
+    assert c["bytes"] > 2 * 8 * 3 * p.hidden_size * p.intermediate_size
+    assert c["intensity"] == pytest.approx(c["flops"] / c["bytes"])
+    assert perf.expected_experts_used(8, 2, 1) == pytest.approx(2.0)
+    assert "MFLOP/token" in perf.cost_table(["mixtral-8x7b"], [1, 64])
+
+
+def test_plots_return_figures(results):
+    assert isinstance(perf.plot_roofline(results["ceilings"], results=results, presets=["qwen3-30b-a3b"]), Figure)
+    assert isinstance(perf.plot_roofline(results["ceilings"]), Figure)
+    fig = perf.plot_time_vs_tokens(results, "qwen3-30b-a3b", metric="layer_ms")
+    assert "whole layer time (ms)" == fig.axes[0].get_ylabel()
+    grid = perf.plot_time_grid(results)
+    assert len(grid.axes) == len({r["model"] for r in results["rows"]})
+    ax = Figure().add_subplot()
+    assert perf.plot_bars([("a", 1.0), ("b (live)", 2.0)], title="t", ax=ax) is ax.figure
+
+
+def test_compare_table_has_speedups(results):
+    text = perf.compare_table(results, models=["qwen3-30b-a3b"])
+    assert "speedup" in text and "qwen3-30b-a3b" in text and text.count("x") >= 3
+
+
+@pytest.mark.skipif(not moe_lab.interpreter_active(), reason="checks the refusal under the interpreter")
+def test_time_layer_refuses_under_interpreter():
+    with pytest.raises(RuntimeError, match="interpreter"):
+        perf.time_layer(moe_lab.get_preset("qwen3-30b-a3b"), 8, moe_lab.GemmConfig())
+
+
+@pytest.mark.skipif(not moe_lab.interpreter_active(), reason="checks the refusal under the interpreter")
+def test_block_size_widget_refuses_and_shows_committed(results):
+    w = perf.block_size_widget("qwen3-30b-a3b", 512, results=results)
+    assert "Not timing" in w.summary.value and "interpreter" in w.summary.value
+    assert "committed" in w.summary.value
+    assert w.timings == []
+    before_fig, before_text = w.figure, w.summary.value
+    model, tokens = w.children[0].children
+    bm, bn, bk = w.children[1].children
+    bm.value = 128
+    assert "M128" in w.summary.value and w.summary.value != before_text
+    tokens.value = 4096
+    assert w.figure is not before_fig
+    assert "T=4096" in w.summary.value
+    assert w.timings == []
+
+
+@pytest.mark.parametrize("bad, error", [(12.5, TypeError), (True, TypeError), ("64", TypeError), (None, TypeError),
+                                        (-3, ValueError), (0, ValueError)])
+def test_token_count_must_be_a_whole_number(bad, error, results):
+    p = moe_lab.get_preset("qwen3-30b-a3b")
+    calls = [lambda: perf.layer_cost(p, bad), lambda: perf.cost_table(["qwen3-30b-a3b"], [1, bad]),
+             lambda: perf.plot_roofline(results["ceilings"], presets=["qwen3-30b-a3b"], tokens=(1, bad)),
+             lambda: perf.block_size_widget("qwen3-30b-a3b", bad, results=results)]
+    for call in calls:
+        with pytest.raises(error, match=r"^T \(the token count\) must be"):
+            call()
+
+
+def test_token_count_accepts_integers():
+    import numpy as np
+    assert perf.check_token_count(64) == 64 and perf.check_token_count(np.int64(4)) == 4
+    p = moe_lab.get_preset("qwen3-30b-a3b")
+    assert perf.layer_cost(p, np.int32(64)) == perf.layer_cost(p, 64)
+
+
+def test_stage_sweep_cost_model():
+    rows = perf.stage_sweep([(128, 128, 64), (128, 256, 64)], [1, 4, 5], limit=perf.H200_SHARED_MEMORY_BYTES)
+    by = {(r["block_n"], r["num_stages"]): r for r in rows}
+    assert by[(128, 1)]["smem_bytes"] == (128 * 64 + 64 * 128) * 2 == 32 * 1024
+    assert by[(256, 4)]["smem_bytes"] == 192 * 1024 and by[(256, 4)]["fits"]
+    assert by[(256, 5)]["smem_bytes"] == 240 * 1024 and not by[(256, 5)]["fits"]   # past 227 KiB
+    assert by[(128, 1)]["intensity"] == pytest.approx(64.0)                       # 2*128*128 / (256 * 2)
+    assert all("ms" not in r for r in rows)                                        # nothing timed
+    text = perf.stage_sweep_table(rows)
+    assert "fits 227 KiB" in text and "NO" in text and "TFLOP/s" not in text
+    assert isinstance(perf.plot_stage_sweep(rows), Figure)
+
+
+@pytest.mark.skipif(not moe_lab.interpreter_active(), reason="checks the refusal under the interpreter")
+def test_stage_sweep_refuses_to_time_under_interpreter():
+    from tests.notebook_source import notebook_kernel
+    kernel = notebook_kernel("07_performance", "matmul_kernel_solution")
+    with pytest.raises(RuntimeError, match="interpreter"):
+        perf.stage_sweep([(64, 64, 32)], [2], kernel=kernel)
+
+
+def test_stage_sweep_table_and_plot_with_times():
+    """Rows as a GPU sweep returns them (one launch failed): the table and the figure show the times."""
+    rows = perf.stage_sweep([(128, 256, 64)], [4, 5], limit=perf.H200_SHARED_MEMORY_BYTES)
+    rows[0].update(ms=0.25, tflops=2 * 4096 ** 3 / 0.25 / 1e9)
+    rows[1].update(ms=None, tflops=None, error="OutOfResources: out of resource: shared memory")
+    text = perf.stage_sweep_table(rows)
+    assert "TFLOP/s" in text and "0.250" in text and "failed: OutOfResources" in text
+    fig = perf.plot_stage_sweep(rows, title="t")
+    assert len(fig.axes) == 2 and "TFLOP/s" in fig.axes[1].get_ylabel()

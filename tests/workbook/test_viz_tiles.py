@@ -1,0 +1,62 @@
+"""moe_lab.workbook.viz.tiles: GROUP_SIZE_M ordering, the tile map and its widget."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import moe_lab  # noqa: E402
+from moe_lab.workbook.viz import tiles as vt  # noqa: E402
+
+
+@pytest.mark.parametrize("num_m,num_n,group", [(1, 1, 1), (5, 3, 1), (7, 4, 4), (11, 4, 8), (3, 5, 8)])
+def test_tile_order_is_a_permutation(num_m, num_n, group):
+    order = vt.tile_order(num_m, num_n, group)
+    assert sorted(order.ravel().tolist()) == list(range(num_m * num_n))
+
+
+def test_group_size_one_is_row_major_by_column():
+    assert vt.tile_order(2, 3, 1).tolist() == [[0, 1, 2], [3, 4, 5]]
+    assert vt.tile_order(4, 2, 2).tolist() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+
+
+def routing(bm=16):
+    ids = torch.randint(0, 4, (16, 2), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    return moe_lab.moe_align_reference(ids, 4, bm)
+
+
+def test_tile_map_plot():
+    r = routing()
+    fig = vt.plot_tile_map(r, n=96, block_size_n=32, group_size_m=2)
+    assert isinstance(fig, Figure)
+    shown = np.ma.filled(fig.axes[0].images[0].get_array(), np.nan)
+    assert shown.shape == (r.max_num_m_blocks, 3)
+    idle = (r.expert_ids < 0).numpy()
+    assert np.isnan(shown[idle]).all() and not np.isnan(shown[~idle]).any()
+    fig2 = Figure()
+    assert vt.plot_tile_map(r, 96, 32, 2, ax=fig2.add_subplot()) is fig2
+
+
+def test_tile_report_counts_programs():
+    r = routing()
+    text = vt.tile_report(r, n=96, k=64, block_size_n=32, block_size_k=16)
+    used = int((r.expert_ids >= 0).sum())
+    assert f"= {r.max_num_m_blocks * 3} programs" in text and f"{used * 3} compute a tile" in text
+    assert "4 K step(s)" in text
+
+
+def test_widget_redraws_on_each_slider():
+    ids = torch.randint(0, 4, (16, 2), dtype=torch.int32)
+    box = vt.tiles_explorer(ids, 4, n=128, k=64, align=moe_lab.moe_align_reference)
+    assert all(c.continuous_update is False for c in box.controls.values())
+    for name, value in [("BLOCK_SIZE_M", 32), ("BLOCK_SIZE_N", 64), ("BLOCK_SIZE_K", 16), ("GROUP_SIZE_M", 1)]:
+        fig, text = box.figure, box.summary.value
+        box.controls[name].value = value
+        assert box.figure is not fig
+        if name != "GROUP_SIZE_M":
+            assert box.summary.value != text, name
+    assert box.routing.block_size_m == 32
+    assert "4 K step(s) of BLOCK_SIZE_K=16" in box.summary.value

@@ -1,0 +1,69 @@
+"""moe_lab.workbook.viz.tma: every plot function returns a Figure; the widgets redraw when driven."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from moe_lab.workbook.viz import tma  # noqa: E402
+
+
+def test_box_overlap_counts_inside_and_outside():
+    assert tma.box_overlap((12, 20), (8, 8), (0, 0)) == (64, 0)
+    assert tma.box_overlap((12, 20), (8, 8), (8, 16)) == (16, 48)
+    assert tma.box_overlap((4, 4, 4), (1, 4, 4), (3, 2, 0)) == (8, 8)
+
+
+def test_plot_descriptor_box_returns_figure_and_uses_given_axes():
+    fig = tma.plot_descriptor_box((12, 20), (8, 8), [(8, 16)], values=torch.arange(64).reshape(8, 8))
+    assert isinstance(fig, Figure)
+    assert "48 element(s) out of bounds" in fig.axes[0].get_title()
+    ax = Figure().add_subplot()
+    assert tma.plot_descriptor_box((4, 8), (2, 4), [(0, 0), (2, 4)], ax=ax) is ax.figure
+
+
+def test_plot_expert_weights_box():
+    fig = tma.plot_expert_weights_box(4, 32, 16, (1, 16, 16), (2, 16, 0))
+    assert isinstance(fig, Figure)
+    assert "[2, 16, 0]" in fig.axes[0].get_title()
+
+
+def test_sorted_rows_and_crossing_tiles():
+    counts = [5, 0, 13, 3, 9]
+    padded = tma.sorted_row_experts(counts, 4)
+    assert len(padded) == 8 + 16 + 4 + 12 and (padded >= 0).sum() == 30
+    assert tma.crossing_tiles(counts, 4) == []
+    assert tma.crossing_tiles(counts, 4, packed=True) == [1, 4, 5]
+    packed = tma.sorted_row_experts(counts, 4, packed=True)
+    assert len(packed) == 32 and np.array_equal(packed[:6], [0, 0, 0, 0, 0, 2])
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_plot_expert_tiles(packed):
+    fig = tma.plot_expert_tiles([5, 0, 13, 3, 9], 4, packed=packed)
+    assert isinstance(fig, Figure)
+    assert ("3 tile(s) span" if packed else "0 tile(s) span") in fig.axes[0].get_title()
+
+
+def test_box_widget_redraws_on_change():
+    w = tma.box_widget((12, 20), (8, 8), itemsize=4)
+    first_fig, first_text = w.figure, w.summary.value
+    assert "0 zero-filled" in first_text
+    row_slider, col_slider = w.children[0].children
+    assert row_slider.continuous_update is False
+    row_slider.value = 8
+    col_slider.value = 16
+    assert w.figure is not first_fig
+    assert "48 zero-filled" in w.summary.value
+
+
+def test_expert_tiles_widget_redraws_on_change():
+    w = tma.expert_tiles_widget([5, 0, 13, 3, 9], 4)
+    assert "0 tile(s) span" in w.summary.value
+    before = w.figure
+    w.children[0].children[1].value = "packed"
+    assert w.figure is not before
+    assert "3 tile(s) span" in w.summary.value

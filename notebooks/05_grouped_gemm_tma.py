@@ -373,10 +373,9 @@ check_padding_rows(padding_rows_solution, strict=True)
 #   Look for `TAIL_SPLITS` in `moe_lab/_kernels/grouped_matmul.py`. On the H200 it made the down GEMM
 #   3–8 % faster at 64–4096 rows per expert; less than the padding share, because a half tile still reads
 #   the whole weight tile.
-# - **`prepermute`**: the up projection copies its gathered rows into expert order once
-#   (`moe_lab.permute.permute_tokens`), then reads them through a descriptor like the down projection.
-#   The copy pays where N is wide and each A tile is read once per N-tile: Mixtral's up GEMM got 6–8 %
-#   faster, Qwen3's (N = 1536) slower.
+# - **A permuted copy** (`moe_lab.permute_tokens`): the up projection could copy its gathered rows into
+#   expert order once and read them through a descriptor like the down projection. The tuner chose that for
+#   no entry of the H200 table, so the layer no longer offers it (docs/experiments.md, "prepermute").
 
 # %% [markdown]
 # ## 7. Look inside: print, step, and read the compiled code
@@ -484,7 +483,7 @@ print(f"PASS look inside: {tma_copies[('tma', 90)]} TMA copies on sm_90's TMA pa
 # - Padding each expert to BLOCK_SIZE_M keeps every box inside one expert; a packed layout would need tiles
 #   per expert and masked stores.
 # - Both paths give the same numbers; on the H200 TMA pays off once tiles are full (T ≥ a few hundred).
-# - Tail tiles and prepermute win back part of the padding and gather costs; the tuner decides per shape.
+# - Tail tiles win back part of the padding cost; the tuner decides per shape.
 # - To look inside a kernel: `tl.static_print` (compile time), `tl.device_print` (run time), `breakpoint()`
 #   under the interpreter, and the PTX, which shows the TMA copies (`cp.async.bulk.tensor`) on sm_90's TMA
 #   path only, compiled here without a GPU (`moe_lab.tools.look_inside`).

@@ -310,8 +310,8 @@ exercises.check_quantize_rows(quantize_rows_kernel_solution, strict=True)
 #
 # `C[m, n] = Σ_k x[m, k] w[n, k] ≈ Σ_g a_s[m, g] * w_s[n // 128, g] * Σ_{k in group g} q_x[m, k] q_w[n, k]`
 #
-# The inner sums are what FP8 tensor cores compute. The grouped GEMM's K loop (`_tile` in
-# `moe_lab/_kernels/grouped_matmul.py`, the `SCALES == "block"` branch) does exactly this, one BLOCK_SIZE_K
+# The inner sums are what FP8 tensor cores compute. The grouped GEMM's K loop for block scales
+# (`_k_loop_block_scaled` in `moe_lab/_kernels/grouped_matmul.py`) does exactly this, one BLOCK_SIZE_K
 # step at a time:
 #
 # ```python

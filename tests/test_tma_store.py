@@ -12,6 +12,8 @@ from moe_lab.quantize import quantize_activations_fp8, quantize_weights_fp8
 from .conftest import DEVICE, TOL, random_topk_ids
 from .test_grouped_matmul import per_expert_reference
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 gm = sys.modules["moe_lab.grouped_matmul"]
 
 CONFIGS = {

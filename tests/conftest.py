@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-import moe_lab
+import moe_lab  # noqa: F401 - first, before any kernel is defined (the interpreter switch)
 from moe_lab.runtime import default_device
 
 DEVICE = default_device()

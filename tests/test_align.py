@@ -6,6 +6,8 @@ from moe_lab.align import max_num_tokens_padded
 
 from .conftest import DEVICE, random_topk_ids
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 FIELDS = ("counts", "sorted_token_ids", "expert_ids", "num_tokens_post_padded")
 
 

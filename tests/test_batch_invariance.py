@@ -9,6 +9,8 @@ from moe_lab import GemmConfig, MoEConfig, fused_moe, get_preset, quantize_weigh
 
 from .conftest import DEVICE
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def _token_in_batches(hidden, inter, num_experts, top_k, batch_sizes, dtype, device, block_shape=None,
                       config=None, last=False):

@@ -6,6 +6,8 @@ import torch
 
 from moe_lab import capability, descriptor_problem, fp8_support, tma_support
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @pytest.fixture
 def on_gpu_world(monkeypatch):

@@ -11,6 +11,8 @@ from moe_lab.align import slot_order_routing
 from .conftest import DEVICE, TOL
 from .test_grouped_matmul import PATHS, per_expert_reference
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def _routing(block_m, fold):
     # Last blocks of fold - 1, fold and fold + 1 valid rows after full blocks (the first two fold, the third

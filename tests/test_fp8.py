@@ -15,6 +15,8 @@ from .conftest import DEVICE, random_topk_ids
 from .test_grouped_matmul import PATHS, per_expert_reference
 from .test_swiglu_epilogue import swiglu_reference
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 FP8 = torch.float8_e4m3fn
 # (weight layout, block_shape): activations follow (per token group, per token, per tensor)
 SCHEMES = {

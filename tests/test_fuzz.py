@@ -9,6 +9,8 @@ from moe_lab import GemmConfig, fused_moe, fused_moe_reference, relative_error
 
 from .conftest import DEVICE, TOL, random_topk_ids
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 

@@ -5,6 +5,8 @@ from moe_lab import GemmConfig, grouped_matmul, moe_align, relative_error, selec
 
 from .conftest import DEVICE, TOL, random_topk_ids
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 CFG = GemmConfig(16, 32, 32, 2, 4, 1)
 PATHS = [False, "auto"]  # pointer loads; TMA where it applies (emulated under the interpreter)
 

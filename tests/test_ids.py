@@ -6,6 +6,8 @@ from moe_lab import GemmConfig, fused_moe, fused_moe_reference, relative_error
 
 from .conftest import DEVICE, TOL, random_layer, small_layer
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def test_ids_outside_range_raise_on_cpu_and_when_asked():
     hs, w1, w2, tw, ti = random_layer(6, 4, 2, 32, 16, torch.float32)

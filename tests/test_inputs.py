@@ -8,6 +8,8 @@ from moe_lab.configs import fit_to_shared_memory
 
 from .conftest import DEVICE, ON_GPU, TOL, random_layer, random_topk_ids, small_layer
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def test_mixed_devices_are_named():
     if DEVICE.type != "cuda":

@@ -11,6 +11,8 @@ from moe_lab import (
 
 from .conftest import DEVICE, TOL, random_layer
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @pytest.mark.parametrize("use_tma", [False, "auto"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

@@ -14,6 +14,8 @@ from .test_grouped_matmul import PATHS
 from moe_lab import plan as gm
 BASE = GemmConfig(16, 32, 32, 2, 4, 1, tail_tiles=False)
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @pytest.mark.parametrize("use_tma", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

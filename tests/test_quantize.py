@@ -18,6 +18,8 @@ from moe_lab import (
 
 from .conftest import DEVICE
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def over_448(amax):
     """amax / 448 as an IEEE division. Not `amax / 448.0`: on CUDA torch divides by a Python number as a

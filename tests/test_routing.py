@@ -3,6 +3,8 @@ import torch
 
 from moe_lab import topk_routing
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def test_softmax_topk_renormalized():
     logits = torch.randn(10, 8)

@@ -5,6 +5,8 @@ import pytest
 from moe_lab import runtime
 from moe_lab.runtime import interpreter_numpy_problem
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @pytest.mark.parametrize("triton_version, numpy_version, broken", [
     ("3.6.0", "2.4.6", True), ("3.5.1", "2.4.0rc1", True), ("3.6.0+git1a2b3c", "2.5.0", True),

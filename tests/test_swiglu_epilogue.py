@@ -9,6 +9,8 @@ from moe_lab import GemmConfig, fused_moe, fused_moe_reference, grouped_matmul, 
 from .conftest import DEVICE, TOL, random_topk_ids, small_layer
 from .test_grouped_matmul import PATHS, per_expert_reference
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def swiglu_reference(a, w1, routing):
     """Row r of the padded sorted order -> silu(gate) * up in float64; padding rows zero."""

@@ -6,6 +6,8 @@ from moe_lab import FusedMoE, fused_moe_reference, relative_error
 
 from .conftest import TOL, random_layer, small_layer
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def test_custom_op_and_module_under_torch_compile():
     hs, w1, w2, tw, ti = random_layer(8, 4, 2, 32, 16, torch.float32)

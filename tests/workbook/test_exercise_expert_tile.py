@@ -10,6 +10,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 def notebook_function(name):
     """A plain function of notebook 05, with the names its cell has in scope."""

@@ -1,10 +1,13 @@
 """Exercise 08 (persistent_copy_kernel): the notebook's solution passes; the stub and typical wrong tile
 walks get NOT YET with their diagnosis, and FAIL with strict=True."""
+import pytest
 import triton
 import triton.language as tl
 
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
+
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
 
 
 @triton.jit

@@ -7,6 +7,8 @@ import triton.language as tl
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @triton.jit
 def _matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,

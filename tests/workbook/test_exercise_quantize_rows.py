@@ -1,11 +1,14 @@
 """Exercise 09 (quantize_rows_kernel): the notebook's solution passes; the stub and typical wrong FP8
 quantization kernels get NOT YET with their diagnosis, and FAIL with strict=True."""
+import pytest
 import triton
 import triton.language as tl
 
 from moe_lab.workbook import exercises
 from moe_lab._kernels.common import round_to_e4m3_grid
 from tests.notebook_source import assert_not_yet, notebook_kernel
+
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
 
 
 @triton.jit

@@ -7,6 +7,8 @@ import triton.language as tl
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @triton.jit
 def unmasked(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k, BLOCK_K: tl.constexpr):

@@ -13,6 +13,8 @@ import triton.language as tl
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @triton.jit
 def unmasked(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):

@@ -7,6 +7,8 @@ import triton.language as tl
 from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @triton.jit
 def _reduce(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,

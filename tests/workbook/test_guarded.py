@@ -12,6 +12,8 @@ from moe_lab.runtime import interpreter_active
 
 from ..conftest import ON_GPU
 
+pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
+
 
 @triton.jit
 def copy_kernel(x_ptr, out_ptr, n, stride, BLOCK: tl.constexpr, MASK: tl.constexpr):

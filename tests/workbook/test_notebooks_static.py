@@ -94,3 +94,14 @@ def test_html_export_draws_widgets(path):
     for _, out in views:
         text = "".join(out["data"].get("text/plain", ""))
         assert html.escape(text) not in body and text not in body, f"widget shown as text: {text[:80]}"
+
+
+def test_the_makefile_lists_the_notebooks_with_widgets():
+    """`make test-widgets7` runs only the notebooks of WIDGET_NOTEBOOKS under ipywidgets 7: exactly those whose
+    stored outputs show a widget."""
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        makefile = f.read()
+    listed = re.search(r"^WIDGET_NOTEBOOKS := \$\(addprefix notebooks/,(.*?)\)$", makefile, flags=re.M | re.S)
+    assert listed, "no WIDGET_NOTEBOOKS in the Makefile"
+    with_widgets = [os.path.basename(p) for p in NOTEBOOKS if widget_views(read(p))]
+    assert sorted(listed.group(1).replace("\\", " ").split()) == with_widgets

@@ -37,6 +37,7 @@ accesses (a descriptor offset breaking the 16-byte rule compiles fine and faults
 speed, a cubin the real driver refuses; and launches it does not make: shapes and configs beyond those
 listed, tuned tables added at run time, notebook launches on a GPU with sizes other than the CPU run's.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,18 +54,28 @@ OPTIONAL_TARGETS = {100}  # Blackwell: checked with the Tritons that compile for
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--targets", type=int, nargs="+", default=list(DEFAULT_TARGETS),
-                   help="compute capabilities to compile for (default: 80 90 100). sm_100 is skipped, with a SKIP "
-                        "line, where this Triton cannot compile for it; sm_80 or sm_90 failing so is a failure")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--targets",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_TARGETS),
+        help="compute capabilities to compile for (default: 80 90 100). sm_100 is skipped, with a SKIP "
+        "line, where this Triton cannot compile for it; sm_80 or sm_90 failing so is a failure",
+    )
     p.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, help="compile processes (default: all cores)")
     p.add_argument("--only", choices=("package", "notebooks"), help="check only the package or only the notebooks")
     p.add_argument("--filter", default="", help="only package workloads whose label contains this text")
     p.add_argument("--notebooks", nargs="*", help="notebook scripts (default: notebooks/[0-9]*.py)")
-    p.add_argument("--launch-errors", choices=("fail", "warn"), default="fail",
-                   help="a launcher that raises on a fake GPU (not a compile error, but a crash a run on that GPU "
-                        "would meet): fail the check (default) or only warn")
+    p.add_argument(
+        "--launch-errors",
+        choices=("fail", "warn"),
+        default="fail",
+        help="a launcher that raises on a fake GPU (not a compile error, but a crash a run on that GPU "
+        "would meet): fail the check (default) or only warn",
+    )
     p.add_argument("--all", action="store_true", help="compile every variant, also those an equivalent one stands for")
     p.add_argument("--list", action="store_true", help="list the variants and what launches them; compile nothing")
     p.add_argument("--verbose", "-v", action="store_true", help="a line per compiled variant, with its time")
@@ -88,11 +99,11 @@ def main(argv=None) -> int:
     warnings.filterwarnings("ignore", message="TRITON_DEFAULT_FP_FUSION is unset")
     sys.path.insert(0, HERE)
     os.environ["TRITON_INTERPRET"] = "0"  # before moe_lab defines its kernels: real JITFunctions
+    import notebook_kernels as nbk
+    import package_variants
     import triton
 
     from moe_lab.tools import compile_only as co
-    import notebook_kernels as nbk
-    import package_variants
 
     co.patch_moe_lab()
     version = f"triton {triton.__version__}"
@@ -103,14 +114,14 @@ def main(argv=None) -> int:
 
     # Notebook launches are recorded by running the scripts under the interpreter in child processes
     # (cached by content); they run while this process records the package's launches.
-    recording = nbk.start_recordings([] if args.only == "package" else nbk.notebook_scripts(args.notebooks),
-                                     jobs=args.jobs)
+    recording = nbk.start_recordings(
+        [] if args.only == "package" else nbk.notebook_scripts(args.notebooks), jobs=args.jobs
+    )
 
     # 1. Record: every launch, per target, bound and specialized by Triton but not compiled (seconds).
     t0 = time.perf_counter()
     session = co.Session(equivalent=not args.all)
-    workloads = [] if args.only == "notebooks" else \
-        [w for w in package_variants.all_workloads() if args.filter in w[0]]
+    workloads = [] if args.only == "notebooks" else [w for w in package_variants.all_workloads() if args.filter in w[0]]
     errors: list = []
     run_all(co, session, args.targets, workloads, errors)
     notebook_runs = recording.wait()
@@ -120,8 +131,12 @@ def main(argv=None) -> int:
     if args.list:
         for v in session.order:
             rep = session.representatives[v.group]
-            print(f"#{v.index} sm_{v.cc} {v.describe()}" + ("" if rep is v else f"  (stood for by #{rep.index})")
-                  + f"\n      launched by: {'; '.join(v.launched_by[:3])}" + (" ..." if len(v.launched_by) > 3 else ""))
+            print(
+                f"#{v.index} sm_{v.cc} {v.describe()}"
+                + ("" if rep is v else f"  (stood for by #{rep.index})")
+                + f"\n      launched by: {'; '.join(v.launched_by[:3])}"
+                + (" ..." if len(v.launched_by) > 3 else "")
+            )
         for cc, label, error in errors:
             print(f"FAIL {version} sm_{cc} {label}: {error}")
         print(f"{len(session.order)} variants, {len(session.representatives)} to compile")
@@ -138,12 +153,17 @@ def main(argv=None) -> int:
         for cc, problem in zip(args.targets, pool.map(co.target_supported, args.targets)):
             if problem:
                 unsupported[cc] = problem
-        todo = sorted((i for i, v in enumerate(_VARIANTS) if v.cc not in unsupported), key=lambda i: -_VARIANTS[i].cost())
+        todo = sorted(
+            (i for i, v in enumerate(_VARIANTS) if v.cc not in unsupported), key=lambda i: -_VARIANTS[i].cost()
+        )
         for i, outcome in pool.imap_unordered(_compile_one, todo):
             outcomes[_VARIANTS[i].group] = outcome
             if args.verbose:
                 status = "ok" if not outcome["error"] else "FAILED"
-                print(f"  {outcome['seconds']:6.1f} s  sm_{_VARIANTS[i].cc} {_VARIANTS[i].describe()}  {status}", flush=True)
+                print(
+                    f"  {outcome['seconds']:6.1f} s  sm_{_VARIANTS[i].cc} {_VARIANTS[i].describe()}  {status}",
+                    flush=True,
+                )
     compile_s = time.perf_counter() - t1
 
     # 3. Check: run everything again, acting on the outcomes: a kernel too big for the GPU raises
@@ -158,9 +178,11 @@ def main(argv=None) -> int:
     for line in nbk.report(notebook_runs):  # warnings: what could not be checked
         print(line)
     compiled_there = sum(1 for g in check.outcomes if g not in outcomes)
-    print(f"{version}: {'FAILED' if failed else 'ok'}, {failed} failure(s); wall {time.perf_counter() - wall:.1f} s "
-          f"(record {record_s:.1f} s, compile {compile_s:.1f} s on {args.jobs} processes, check {check_s:.1f} s"
-          f"{f', {compiled_there} compiled there' if compiled_there else ''}); Triton cache {triton.knobs.cache.dir}")
+    print(
+        f"{version}: {'FAILED' if failed else 'ok'}, {failed} failure(s); wall {time.perf_counter() - wall:.1f} s "
+        f"(record {record_s:.1f} s, compile {compile_s:.1f} s on {args.jobs} processes, check {check_s:.1f} s"
+        f"{f', {compiled_there} compiled there' if compiled_there else ''}); Triton cache {triton.knobs.cache.dir}"
+    )
     return 1 if failed else 0
 
 
@@ -171,16 +193,22 @@ def report(args, version, check, unsupported, errors) -> int:
     for cc in args.targets:
         if cc in unsupported:
             failed += cc not in OPTIONAL_TARGETS
-            print(f"{version}  sm_{cc:<3}  {'SKIP' if cc in OPTIONAL_TARGETS else 'FAIL'}: this Triton does not "
-                  f"compile for sm_{cc}: {unsupported[cc]}")
+            print(
+                f"{version}  sm_{cc:<3}  {'SKIP' if cc in OPTIONAL_TARGETS else 'FAIL'}: this Triton does not "
+                f"compile for sm_{cc}: {unsupported[cc]}"
+            )
             continue
         variants = [v for v in check.order if v.cc == cc]
         groups = {v.group for v in variants}
         bad = [g for g in groups if check.outcomes.get(g, {}).get("error")]
-        notebook = sum(1 for v in variants if v.launched_by and all(lbl.startswith("notebook ") for lbl in v.launched_by))
-        print(f"{version}  sm_{cc:<3}  {len(variants):4d} kernel variants ({len(groups)} compiled, "
-              f"{len(variants) - len(groups)} stood for by an equivalent; package {len(variants) - notebook}, "
-              f"notebooks {notebook}), {len(bad)} failed")
+        notebook = sum(
+            1 for v in variants if v.launched_by and all(lbl.startswith("notebook ") for lbl in v.launched_by)
+        )
+        print(
+            f"{version}  sm_{cc:<3}  {len(variants):4d} kernel variants ({len(groups)} compiled, "
+            f"{len(variants) - len(groups)} stood for by an equivalent; package {len(variants) - notebook}, "
+            f"notebooks {notebook}), {len(bad)} failed"
+        )
         if args.verbose:
             kinds = collections.Counter(v.name for v in variants)
             print("          " + ", ".join(f"{k} {n}" for k, n in sorted(kinds.items())))
@@ -192,7 +220,10 @@ def report(args, version, check, unsupported, errors) -> int:
         launched = sorted({lbl for u in check.order if u.group == group for lbl in u.launched_by})
         print(f"FAIL {version} sm_{v.cc} {v.describe()}")
         print(f"     signature: {', '.join(f'{k}: {t}' for k, t in v.signature.items())}")
-        print(f"     launched by: {'; '.join(launched[:4])}" + (f" and {len(launched) - 4} more" if len(launched) > 4 else ""))
+        print(
+            f"     launched by: {'; '.join(launched[:4])}"
+            + (f" and {len(launched) - 4} more" if len(launched) > 4 else "")
+        )
         for line in outcome["error"].splitlines():
             print(f"     | {line}")
     by_error = collections.defaultdict(list)  # one block per distinct error, however many launches meet it
@@ -204,7 +235,9 @@ def report(args, version, check, unsupported, errors) -> int:
         labels = list(dict.fromkeys(label for _, label in where))
         print(f"{'FAIL' if args.launch_errors == 'fail' else 'WARN'} {version} {targets} {labels[0]}: {error}")
         if len(labels) > 1:
-            print(f"     also in {len(labels) - 1} more: {'; '.join(labels[1:4])}" + (" ..." if len(labels) > 4 else ""))
+            print(
+                f"     also in {len(labels) - 1} more: {'; '.join(labels[1:4])}" + (" ..." if len(labels) > 4 else "")
+            )
     return failed
 
 
@@ -213,6 +246,7 @@ _VARIANTS: list = []  # the variants to compile, inherited by the forked workers
 
 def _compile_one(i):
     from moe_lab.tools import compile_only as co
+
     return i, co.compile_variant(_VARIANTS[i])
 
 

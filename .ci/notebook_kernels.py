@@ -20,6 +20,7 @@ found.
 
 Run as a script, it records one notebook: `python notebook_kernels.py record SCRIPT OUT.json`.
 """
+
 from __future__ import annotations
 
 import ast
@@ -44,10 +45,11 @@ JIT_DECORATOR = re.compile(r"^(triton\.)?jit\b")
 
 # --- finding the kernels -----------------------------------------------------------------------------
 
+
 @dataclass
 class KernelDef:
     name: str
-    line: int        # of the first decorator: what the function's code object reports as its first line
+    line: int  # of the first decorator: what the function's code object reports as its first line
     end_line: int
 
 
@@ -65,9 +67,11 @@ def _is_jit(decorator: ast.expr) -> bool:
 def find_kernels(path: str) -> List[KernelDef]:
     with open(path) as f:
         tree = ast.parse(f.read(), filename=path)
-    return [KernelDef(node.name, node.decorator_list[0].lineno, node.end_lineno)
-            for node in tree.body
-            if isinstance(node, ast.FunctionDef) and node.decorator_list and any(map(_is_jit, node.decorator_list))]
+    return [
+        KernelDef(node.name, node.decorator_list[0].lineno, node.end_lineno)
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.decorator_list and any(map(_is_jit, node.decorator_list))
+    ]
 
 
 def _bound_names(node: ast.stmt) -> set:
@@ -85,19 +89,23 @@ def load_kernels(path: str) -> Dict[Tuple[str, int], object]:
     """Define the script's kernels as JITFunctions (TRITON_INTERPRET must be 0 by now), keyed by
     (name, line). Also defined: the imports and top-level constants the kernels use."""
     from triton.runtime.jit import JITFunction
+
     with open(path) as f:
         source = f.read()
     tree = ast.parse(source, filename=path)
     lines = source.splitlines(keepends=True)
-    kernels = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.decorator_list
-               and any(map(_is_jit, n.decorator_list))]
+    kernels = [
+        n
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.decorator_list and any(map(_is_jit, n.decorator_list))
+    ]
     used = {n.id for k in kernels for n in ast.walk(k) if isinstance(n, ast.Name)}
     stem = os.path.splitext(os.path.basename(path))[0]
     ns = {"__name__": f"notebook_{re.sub(r'[^0-9a-zA-Z_]', '_', stem)}", "__file__": path}
 
     def run(node):
         start = node.decorator_list[0].lineno if getattr(node, "decorator_list", None) else node.lineno
-        code = "\n" * (start - 1) + "".join(lines[start - 1:node.end_lineno])
+        code = "\n" * (start - 1) + "".join(lines[start - 1 : node.end_lineno])
         exec(compile(code, path, "exec"), ns)
 
     defined = set(dir(builtins)) | {k.name for k in kernels}
@@ -124,10 +132,12 @@ def load_kernels(path: str) -> Dict[Tuple[str, int], object]:
 
 # --- recording launches (in a child process, under the interpreter) --------------------------------
 
+
 def encode(value):
     """A launch argument as JSON: what Triton's specialization looks at, and nothing else."""
     import torch
     import triton.language as tl
+
     try:
         from triton.tools.tensor_descriptor import TensorDescriptor
     except ImportError:
@@ -135,8 +145,12 @@ def encode(value):
     if isinstance(value, tl.constexpr):
         value = value.value
     if isinstance(value, torch.Tensor):
-        return {"tensor": str(value.dtype).replace("torch.", ""), "shape": list(value.shape),
-                "stride": list(value.stride()), "align": value.data_ptr() % 16}
+        return {
+            "tensor": str(value.dtype).replace("torch.", ""),
+            "shape": list(value.shape),
+            "stride": list(value.stride()),
+            "align": value.data_ptr() % 16,
+        }
     if TensorDescriptor and isinstance(value, TensorDescriptor):
         names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else list(vars(value))
         return {"descriptor": {n: encode(getattr(value, n)) for n in names}}
@@ -153,6 +167,7 @@ def decode(spec):
     """The inverse of `encode`, with meta tensors (a CPU tensor where the address was not 16-byte aligned)."""
     import torch
     import triton.language as tl
+
     if "tensor" in spec:
         dtype = getattr(torch, spec["tensor"])
         shape, stride, align = spec["shape"], spec["stride"], spec["align"]
@@ -164,6 +179,7 @@ def decode(spec):
         return torch.empty(size, dtype=dtype).as_strided(shape, stride, offset)
     if "descriptor" in spec:
         from triton.tools.tensor_descriptor import TensorDescriptor
+
         return TensorDescriptor(**{k: decode(v) for k, v in spec["descriptor"].items()})
     if "tl_dtype" in spec:
         return tl.dtype(spec["tl_dtype"])
@@ -197,9 +213,12 @@ def record(script: str, out_path: str) -> None:
             params = list(inspect.signature(fn).parameters)
             named = dict(zip(params, args))
             named.update({k: v for k, v in kwargs.items() if k in params})
-            launch = {"name": fn.__name__, "line": code.co_firstlineno,
-                      "args": {k: encode(v) for k, v in named.items()},
-                      "options": {k: encode(v) for k, v in kwargs.items() if k not in params}}
+            launch = {
+                "name": fn.__name__,
+                "line": code.co_firstlineno,
+                "args": {k: encode(v) for k, v in named.items()},
+                "options": {k: encode(v) for k, v in kwargs.items() if k not in params},
+            }
             text = json.dumps(launch, sort_keys=True)
             if text not in seen:
                 seen.add(text)
@@ -210,6 +229,7 @@ def record(script: str, out_path: str) -> None:
     if not hasattr(builtins, "display"):  # Jupyter's display(), which a notebook may call without importing it
         try:
             from IPython.display import display
+
             builtins.display = display
         except ImportError:
             pass
@@ -223,11 +243,14 @@ def record(script: str, out_path: str) -> None:
         where = f" at line {frames[-1].lineno}" if frames else ""
         error = f"{type(exc).__name__}{where}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
     with open(out_path, "w") as f:
-        json.dump({"script": script, "launches": launches, "error": error,
-                   "seconds": round(time.perf_counter() - start, 2)}, f)
+        json.dump(
+            {"script": script, "launches": launches, "error": error, "seconds": round(time.perf_counter() - start, 2)},
+            f,
+        )
 
 
 # --- driving the recordings from the check ---------------------------------------------------------
+
 
 @dataclass
 class NotebookRun:
@@ -240,15 +263,21 @@ class NotebookRun:
 
 def cache_dir() -> str:
     import triton
-    path = os.environ.get("MOE_LAB_COMPILE_CHECK_CACHE") or os.path.join(triton.knobs.cache.dir, "moe_lab_compile_check")
+
+    path = os.environ.get("MOE_LAB_COMPILE_CHECK_CACHE") or os.path.join(
+        triton.knobs.cache.dir, "moe_lab_compile_check"
+    )
     return os.path.abspath(path)  # the recording child runs in the notebook's folder
 
 
 def _recording_key(script: str) -> str:
     import torch
     import triton
+
     h = hashlib.sha256(f"{triton.__version__} {torch.__version__}".encode())
-    files = [script, os.path.abspath(__file__)] + sorted(glob.glob(os.path.join(ROOT, "moe_lab", "**", "*.py"), recursive=True))
+    files = [script, os.path.abspath(__file__)] + sorted(
+        glob.glob(os.path.join(ROOT, "moe_lab", "**", "*.py"), recursive=True)
+    )
     for path in files:
         with open(path, "rb") as f:
             h.update(path.encode() + b"\0" + f.read())
@@ -277,8 +306,13 @@ class Recordings:
             script, path = self.pending.pop(0)
             tmp = f"{path}.{os.getpid()}.tmp"
             env = dict(os.environ, TRITON_INTERPRET="1", MPLBACKEND="Agg")
-            proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "record", script, tmp], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "record", script, tmp],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             self.running.append((script, path, tmp, proc))
 
     @staticmethod
@@ -322,12 +356,13 @@ def _raise(error: Exception):
 
 def _uses_float8(args: dict) -> bool:
     import torch
-    return any(isinstance(v, torch.Tensor) and v.element_size() == 1 and v.is_floating_point()
-               for v in args.values())
+
+    return any(isinstance(v, torch.Tensor) and v.element_size() == 1 and v.is_floating_point() for v in args.values())
 
 
 def _fake_gpu_has_fp8() -> bool:
     import moe_lab  # its fp8_support answers for the fake GPU (moe_lab.tools.compile_only.patch_moe_lab)
+
     return bool(moe_lab.fp8_support())
 
 
@@ -354,6 +389,7 @@ def replays(runs: List[NotebookRun]):
                 if _uses_float8(args) and not _fake_gpu_has_fp8():
                     return  # below sm_89 Triton has no e4m3 type; the notebook's FP8 cells need such a GPU
                 kernel[(1,)](**args, **options)
+
             out.append((f"notebook {name}:{launch['line']} {launch['name']}", go))
     return out
 
@@ -364,15 +400,21 @@ def report(runs: List[NotebookRun]) -> List[str]:
     for run in runs:
         name = os.path.basename(run.script)
         if run.error:
-            lines.append(f"WARN notebook {name} stopped under the interpreter ({run.error}); kernels it launches "
-                         "after that point are not checked (make test shows the notebook's own failure)")
+            lines.append(
+                f"WARN notebook {name} stopped under the interpreter ({run.error}); kernels it launches "
+                "after that point are not checked (make test shows the notebook's own failure)"
+            )
         replayed = {id(_kernel_for(run.kernels, launch)) for launch in run.launches}
         for (kname, line), kernel in sorted(run.kernels.items(), key=lambda kv: kv[0][1]):
             if id(kernel) not in replayed:
                 lines.append(f"WARN notebook {name}:{line} {kname} was not launched by the notebook run: not compiled")
-        for kname, line in sorted({(l["name"], l["line"]) for l in run.launches if _kernel_for(run.kernels, l) is None}):
-            lines.append(f"WARN notebook {name}:{line} {kname} is launched but is not a top-level @triton.jit "
-                         "function of the script: not compiled")
+        for kname, line in sorted(
+            {(l["name"], l["line"]) for l in run.launches if _kernel_for(run.kernels, l) is None}
+        ):
+            lines.append(
+                f"WARN notebook {name}:{line} {kname} is launched but is not a top-level @triton.jit "
+                "function of the script: not compiled"
+            )
     return lines
 
 

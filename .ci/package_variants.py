@@ -13,7 +13,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - at T = 1 and 16384 (the smallest and the largest tile of the rules): bf16 with use_tma=False (pointer
   loads where TMA is available), bf16 with the activation unfused (`fuse_swiglu=False`), bf16 through the
   persistent kernel (`persistent=True`), bf16 with folded tails of half a block (`fold_tail_rows`, where
-  BLOCK_SIZE_M >= 32; the tuned tables' folds are covered below too), fp16, fp32 at full precision (matmul precision "highest", the default:
+  BLOCK_SIZE_M >= 32; the tuned tables' folds are covered below too),
+  fp16, fp32 at full precision (matmul precision "highest", the default:
   FMA dots, with tiles of their own) and fp32 with TF32 tensor cores ("high");
 - an odd shape (H = 511: rows not 16-byte aligned so w1 goes by pointer, ragged K, N = 511), bf16 and
   fp32 at T = 1 and 4096;
@@ -35,6 +36,7 @@ dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
 - the odd shape and the int64/expert_map runs at fewer token counts (their point is masks, strides and
   index dtypes, not tiles); no fp16 odd shape (it masks and aligns like bf16).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -79,9 +81,22 @@ def heuristic(num_tokens, num_experts, top_k, hidden, inter, dtype, precision="h
         return moe_lab.default_config(num_tokens, num_experts, top_k, hidden, inter, dtype, tuned=False)
 
 
-def layer_call(num_tokens, num_experts, top_k, hidden, inter, dtype, config, *, use_tma="auto",
-               expert_map_experts=None, ids_dtype=torch.int32, precision="highest") -> Callable[[], object]:
+def layer_call(
+    num_tokens,
+    num_experts,
+    top_k,
+    hidden,
+    inter,
+    dtype,
+    config,
+    *,
+    use_tma="auto",
+    expert_map_experts=None,
+    ids_dtype=torch.int32,
+    precision="highest",
+) -> Callable[[], object]:
     """fused_moe on meta tensors of this shape. `expert_map_experts`: E_global, with E = num_experts local."""
+
     def run():
         hs = _empty(num_tokens, hidden, dtype=dtype)
         w1 = _empty(num_experts, 2 * inter, hidden, dtype=dtype)
@@ -91,6 +106,7 @@ def layer_call(num_tokens, num_experts, top_k, hidden, inter, dtype, config, *, 
         emap = _empty(expert_map_experts, dtype=torch.int32) if expert_map_experts else None
         with matmul_precision(precision):
             moe_lab.fused_moe(hs, w1, w2, weights, ids, config=config, use_tma=use_tma, expert_map=emap)
+
     return run
 
 
@@ -106,7 +122,8 @@ def _dedupe(workloads: List[Tuple[tuple, str, Callable]]) -> List[Workload]:
 
 def heuristic_workloads() -> List[Workload]:
     """bf16 (TMA where available): every preset and token count, so every rule of the heuristic. The
-    rest at T = 1 and 16384, the smallest and the largest tile of the rules: bf16 with pointer loads (use_tma=False), fp16, and fp32 both at full precision (the
+    rest at T = 1 and 16384, the smallest and the largest tile of the rules: bf16 with pointer loads (use_tma=False),
+    fp16, and fp32 both at full precision (the
     default "highest": FMA dots, tiles of their own) and with TF32 tensor cores ("high")."""
     wl = []
     for p in moe_lab.PRESETS.values():
@@ -116,33 +133,54 @@ def heuristic_workloads() -> List[Workload]:
                 runs = [("auto", "highest")] if dtype == torch.bfloat16 else []
                 if t in (TOKENS[0], TOKENS[-1]) and (dtype == torch.bfloat16 or p.top_k in (2, 8)):
                     # top_k only sets an integer divide: k = 2 and 8 stand for k = 4 beyond bf16
-                    runs += {torch.bfloat16: [(False, "highest")], torch.float16: [("auto", "highest")],
-                             torch.float32: [("auto", "highest"), ("auto", "high")]}[dtype]
+                    runs += {
+                        torch.bfloat16: [(False, "highest")],
+                        torch.float16: [("auto", "highest")],
+                        torch.float32: [("auto", "highest"), ("auto", "high")],
+                    }[dtype]
                 for use_tma, precision in runs:
                     cfg = heuristic(t, *shape, dtype, precision)
-                    label = f"heuristic {p.name} {dname} T={t}" \
-                        + (f" matmul precision {precision}" if dtype == torch.float32 else "") \
+                    label = (
+                        f"heuristic {p.name} {dname} T={t}"
+                        + (f" matmul precision {precision}" if dtype == torch.float32 else "")
                         + ("" if use_tma == "auto" else " use_tma=False")
-                    wl.append(((p.name, dname, cfg, precision, use_tma), label,
-                               layer_call(t, *shape, dtype, cfg, use_tma=use_tma, precision=precision)))
+                    )
+                    wl.append(
+                        (
+                            (p.name, dname, cfg, precision, use_tma),
+                            label,
+                            layer_call(t, *shape, dtype, cfg, use_tma=use_tma, precision=precision),
+                        )
+                    )
             if t in (TOKENS[0], TOKENS[-1]):  # the up GEMM without its SwiGLU epilogue; the persistent kernel
                 base = heuristic(t, *shape, torch.bfloat16)
-                switches = [("fuse_swiglu=False", MoEConfig(replace(base.up, fuse_swiglu=False), base.down)),
-                            ("persistent", MoEConfig(replace(base.up, persistent=True),
-                                                     replace(base.down, persistent=True)))]
+                switches = [
+                    ("fuse_swiglu=False", MoEConfig(replace(base.up, fuse_swiglu=False), base.down)),
+                    ("persistent", MoEConfig(replace(base.up, persistent=True), replace(base.down, persistent=True))),
+                ]
                 if base.block_size_m >= 32:  # folded tails of half a block (not below 16 rows)
                     half = base.block_size_m // 2
-                    switches.append((f"fold_tail_rows={half}", MoEConfig(replace(base.up, fold_tail_rows=half),
-                                                                         replace(base.down, fold_tail_rows=half))))
+                    switches.append(
+                        (
+                            f"fold_tail_rows={half}",
+                            MoEConfig(replace(base.up, fold_tail_rows=half), replace(base.down, fold_tail_rows=half)),
+                        )
+                    )
                 for switch, cfg in switches:
-                    wl.append(((p.name, "bfloat16", cfg), f"heuristic {p.name} bfloat16 T={t} {switch}",
-                               layer_call(t, *shape, torch.bfloat16, cfg)))
+                    wl.append(
+                        (
+                            (p.name, "bfloat16", cfg),
+                            f"heuristic {p.name} bfloat16 T={t} {switch}",
+                            layer_call(t, *shape, torch.bfloat16, cfg),
+                        )
+                    )
     return _dedupe(wl)
 
 
 def _failing(error: Exception) -> Callable[[], object]:
     def run():
         raise error
+
     return run
 
 
@@ -186,7 +224,9 @@ def odd_shape_workloads() -> List[Workload]:
     for dname, dtype in DTYPES.items():
         for t in {"bfloat16": (1, 4096), "float16": (), "float32": (1, 4096)}[dname]:  # fp16 masks like bf16
             cfg = heuristic(t, 8, 2, 511, 200, dtype)
-            wl.append(((dname, cfg), f"odd E=8,k=2,H=511,I=200 {dname} T={t}", layer_call(t, 8, 2, 511, 200, dtype, cfg)))
+            wl.append(
+                ((dname, cfg), f"odd E=8,k=2,H=511,I=200 {dname} T={t}", layer_call(t, 8, 2, 511, 200, dtype, cfg))
+            )
     return _dedupe(wl)
 
 
@@ -198,11 +238,21 @@ def parallel_workloads() -> List[Workload]:
     for (e, k, h, i), name in shapes.items():
         for t in (1, 4096):
             cfg = heuristic(t, e, k, h, i, torch.bfloat16)
-            wl.append((("ep", name, cfg), f"expert_map {name} {e} of {2 * e} experts local T={t}",
-                       layer_call(t, e, k, h, i, torch.bfloat16, cfg, expert_map_experts=2 * e)))
+            wl.append(
+                (
+                    ("ep", name, cfg),
+                    f"expert_map {name} {e} of {2 * e} experts local T={t}",
+                    layer_call(t, e, k, h, i, torch.bfloat16, cfg, expert_map_experts=2 * e),
+                )
+            )
         cfg = heuristic(1, e, k, h, i, torch.bfloat16)
-        wl.append((("i64", name, cfg), f"int64 topk_ids {name} T=1",
-                   layer_call(1, e, k, h, i, torch.bfloat16, cfg, ids_dtype=torch.int64)))
+        wl.append(
+            (
+                ("i64", name, cfg),
+                f"int64 topk_ids {name} T=1",
+                layer_call(1, e, k, h, i, torch.bfloat16, cfg, ids_dtype=torch.int64),
+            )
+        )
     return _dedupe(wl)
 
 
@@ -210,11 +260,17 @@ def kernel_workloads() -> List[Workload]:
     """Launchers called on their own, as the notebooks and other callers do."""
     wl: List[Workload] = []
     from moe_lab.align import MAX_EXPERTS
+
     for e, block_sizes in ((1, (16, 32, 64, 128)), (MAX_EXPERTS, (16, 128))):
         for bm in block_sizes:  # 8192 bins make the scatter kernel slow to compile: two block sizes
-            wl.append((f"moe_align E={e} BLOCK_SIZE_M={bm}",
-                       lambda e=e, bm=bm: moe_lab.moe_align(_empty(64, 2, dtype=torch.int32), e, bm)))
+            wl.append(
+                (
+                    f"moe_align E={e} BLOCK_SIZE_M={bm}",
+                    lambda e=e, bm=bm: moe_lab.moe_align(_empty(64, 2, dtype=torch.int32), e, bm),
+                )
+            )
     for dname, dtype in DTYPES.items():
+
         def activation(dtype=dtype):
             x = _empty(4096, 2 * 1024, dtype=dtype)
             moe_lab.silu_and_mul(x)
@@ -223,6 +279,7 @@ def kernel_workloads() -> List[Workload]:
             routing = moe_lab.moe_align(_empty(512, 8, dtype=torch.int32), 128, 64)
             moe_lab.permute_tokens(_empty(512, 2048, dtype=dtype), routing)
             moe_lab.topk_reduce(_empty(512 * 8, 2048, dtype=dtype), _empty(512, 8, dtype=torch.int32), 128)
+
         wl.append((f"silu_and_mul {dname}", activation))
         wl.append((f"permute_tokens, topk_reduce {dname}", permute_and_reduce))
     return wl + quantize_workloads()
@@ -231,6 +288,7 @@ def kernel_workloads() -> List[Workload]:
 def _fp8_launches(launches: Callable[[], None]) -> Callable[[], object]:
     """Run `launches` where the fake GPU has FP8 (sm_89 and up); below, check the launcher refuses instead
     (Triton has no float8e4nv there: the kernel cannot compile)."""
+
     def run():
         if moe_lab.fp8_support():
             return launches()
@@ -241,6 +299,7 @@ def _fp8_launches(launches: Callable[[], None]) -> Callable[[], object]:
                 return None
             raise
         raise AssertionError("quantize_activations_fp8 launched on a GPU without FP8 (fp8_support said no)")
+
     return run
 
 
@@ -254,6 +313,7 @@ def quantize_workloads() -> List[Workload]:
         def per_group(dtype=dtype, ks=ks):
             for k in ks:
                 moe_lab.quantize_activations_fp8(_empty(4096, k, dtype=dtype), group_size=128)
+
         wl.append((f"quantize_activations_fp8 {dname} group 128, K={','.join(map(str, ks))}", _fp8_launches(per_group)))
 
     def other_modes():
@@ -265,13 +325,19 @@ def quantize_workloads() -> List[Workload]:
         moe_lab.quantize_activations_fp8(x, num_rows=num_rows)
         moe_lab.quantize_activations_fp8(x, scale=_empty(1, dtype=torch.float32), num_rows=num_rows)
         moe_lab.quantize_activations_fp8(_empty(7168, 4096, dtype=torch.bfloat16).t())
-    wl.append(("quantize_activations_fp8 bfloat16 per token, static, per tensor, num_rows, transposed",
-               _fp8_launches(other_modes)))
+
+    wl.append(
+        (
+            "quantize_activations_fp8 bfloat16 per token, static, per tensor, num_rows, transposed",
+            _fp8_launches(other_modes),
+        )
+    )
     return wl
 
 
-def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme="block", *,
-                   use_tma="auto", block_shape=(128, 128)) -> Callable[[], object]:
+def fp8_layer_call(
+    num_tokens, num_experts, top_k, hidden, inter, config, scheme="block", *, use_tma="auto", block_shape=(128, 128)
+) -> Callable[[], object]:
     """One FP8 w8a8 layer call (bf16 hidden states, float8_e4m3fn weights) with `scheme`'s scales: "block"
     (`block_shape` weight blocks, per-token-group activations), "channel" (per-channel weights, per-token
     activations) or "tensor" (per-tensor weights and static activation scales). Below sm_89 the call
@@ -280,19 +346,32 @@ def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme
     e, h, i = num_experts, hidden, inter
     if scheme == "block":
         bn, bk = block_shape
-        scales = dict(w1_scale=_empty(e, -(-2 * i // bn), -(-h // bk), dtype=f32),
-                      w2_scale=_empty(e, -(-h // bn), -(-i // bk), dtype=f32), block_shape=block_shape)
+        scales = dict(
+            w1_scale=_empty(e, -(-2 * i // bn), -(-h // bk), dtype=f32),
+            w2_scale=_empty(e, -(-h // bn), -(-i // bk), dtype=f32),
+            block_shape=block_shape,
+        )
     elif scheme == "channel":
         scales = dict(w1_scale=_empty(e, 2 * i, dtype=f32), w2_scale=_empty(e, h, dtype=f32))
     else:
-        scales = dict(w1_scale=_empty(e, dtype=f32), w2_scale=_empty(e, dtype=f32),
-                      a1_scale=_empty(1, dtype=f32), a2_scale=_empty(1, dtype=f32))
+        scales = dict(
+            w1_scale=_empty(e, dtype=f32),
+            w2_scale=_empty(e, dtype=f32),
+            a1_scale=_empty(1, dtype=f32),
+            a2_scale=_empty(1, dtype=f32),
+        )
 
     def run():
         call = lambda: moe_lab.fused_moe(  # noqa: E731
-            _empty(num_tokens, h, dtype=torch.bfloat16), _empty(e, 2 * i, h, dtype=fp8), _empty(e, h, i, dtype=fp8),
-            _empty(num_tokens, top_k, dtype=f32), _empty(num_tokens, top_k, dtype=torch.int32), use_tma=use_tma,
-            config=config, **scales)
+            _empty(num_tokens, h, dtype=torch.bfloat16),
+            _empty(e, 2 * i, h, dtype=fp8),
+            _empty(e, h, i, dtype=fp8),
+            _empty(num_tokens, top_k, dtype=f32),
+            _empty(num_tokens, top_k, dtype=torch.int32),
+            use_tma=use_tma,
+            config=config,
+            **scales,
+        )
         if moe_lab.fp8_support():
             return call()
         try:
@@ -302,6 +381,7 @@ def fp8_layer_call(num_tokens, num_experts, top_k, hidden, inter, config, scheme
                 raise
         else:
             raise AssertionError("fused_moe ran float8 weights on a GPU without FP8 (fp8_support said no)")
+
     return run
 
 
@@ -313,13 +393,15 @@ def fp8_layer_workloads() -> List[Workload]:
     tile); Qwen3 per-channel with per-token activations; Mixtral per-tensor with static activation scales.
     (The tuned table's FP8 entries are block-scaled layers of `tuned_workloads`.)"""
     wl: List[Workload] = []
-    for name, tokens, scheme, use_tma in (("deepseek-v3", (1, 64, 4096), "block", "auto"),
-                                          ("deepseek-v3", (4096,), "block", False),
-                                          ("deepseek-v3", (64, 4096), "block, quantized by the epilogue", "auto"),
-                                          ("deepseek-v3", (4096,), "block, persistent", "auto"),
-                                          ("deepseek-v3", (64, 4096), "block, [64, 128] weight blocks", "auto"),
-                                          ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
-                                          ("mixtral-8x7b", (4096,), "tensor", "auto")):
+    for name, tokens, scheme, use_tma in (
+        ("deepseek-v3", (1, 64, 4096), "block", "auto"),
+        ("deepseek-v3", (4096,), "block", False),
+        ("deepseek-v3", (64, 4096), "block, quantized by the epilogue", "auto"),
+        ("deepseek-v3", (4096,), "block, persistent", "auto"),
+        ("deepseek-v3", (64, 4096), "block, [64, 128] weight blocks", "auto"),
+        ("qwen3-30b-a3b", (1, 4096), "channel", "auto"),
+        ("mixtral-8x7b", (4096,), "tensor", "auto"),
+    ):
         p = moe_lab.PRESETS[name]
         shape = (p.num_experts, p.top_k, p.hidden_size, p.intermediate_size)
         calls = []
@@ -331,12 +413,20 @@ def fp8_layer_workloads() -> List[Workload]:
             elif "persistent" in scheme:
                 config = MoEConfig(replace(base.up, persistent=True), replace(base.down, persistent=True))
             block_shape = (64, 128) if "[64, 128]" in scheme else (128, 128)
-            calls.append(fp8_layer_call(t, *shape, config, scheme.split(",")[0], use_tma=use_tma,
-                                        block_shape=block_shape))
+            calls.append(
+                fp8_layer_call(t, *shape, config, scheme.split(",")[0], use_tma=use_tma, block_shape=block_shape)
+            )
         label = f"fp8 {name} {scheme} T={','.join(map(str, tokens))}" + ("" if use_tma == "auto" else " use_tma=False")
         wl.append((label, lambda calls=calls: [call() for call in calls]))
     return wl
 
+
 def all_workloads() -> List[Workload]:
-    return (heuristic_workloads() + tuned_workloads() + odd_shape_workloads() + parallel_workloads()
-            + kernel_workloads() + fp8_layer_workloads())
+    return (
+        heuristic_workloads()
+        + tuned_workloads()
+        + odd_shape_workloads()
+        + parallel_workloads()
+        + kernel_workloads()
+        + fp8_layer_workloads()
+    )

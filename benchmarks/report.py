@@ -6,6 +6,7 @@ Prints markdown tables (moe-lab vs the target times in targets.json; pointer vs 
 layer vs torch._grouped_mm with its glue) and writes time_vs_tokens.png and roofline.png next to the
 results. Runs anywhere (no GPU needed): it only reads data.
 """
+
 import json
 import os
 import sys
@@ -52,23 +53,34 @@ def main(path=None):
         for tokens in targets["tokens"]:
             p, t = row(results, model, tokens, "moe-lab pointer"), row(results, model, tokens, "moe-lab tma")
             if p and t and p.get("gemms_ms") and t.get("gemms_ms"):
-                print(f"| {model} | {tokens} | {p['up_ms']:.3f} | {t['up_ms']:.3f} | {p['down_ms']:.3f} | "
-                      f"{t['down_ms']:.3f} | {p['gemms_ms']:.3f} | {t['gemms_ms']:.3f} | {t['gemms_ms'] / p['gemms_ms']:.2f} |")
+                print(
+                    f"| {model} | {tokens} | {p['up_ms']:.3f} | {t['up_ms']:.3f} | {p['down_ms']:.3f} | "
+                    f"{t['down_ms']:.3f} | {p['gemms_ms']:.3f} | {t['gemms_ms']:.3f} | "
+                    f"{t['gemms_ms'] / p['gemms_ms']:.2f} |"
+                )
 
     print("\n### The whole layer (align, activation and reduce included) vs torch._grouped_mm with its glue (ms)\n")
     print("| model | T | moe-lab (best path) | torch._grouped_mm + glue | ratio |")
     print("|---|---|---|---|---|")
     for model in targets["ms"]:
         for tokens in targets["tokens"]:
-            ours = [r["layer_ms"] for r in (row(results, model, tokens, i) for i in ("moe-lab pointer", "moe-lab tma"))
-                    if r and r.get("layer_ms")]
+            ours = [
+                r["layer_ms"]
+                for r in (row(results, model, tokens, i) for i in ("moe-lab pointer", "moe-lab tma"))
+                if r and r.get("layer_ms")
+            ]
             peer = row(results, model, tokens, "torch._grouped_mm")
             if ours and peer and peer.get("layer_ms"):
-                print(f"| {model} | {tokens} | {min(ours):.3f} | {peer['layer_ms']:.3f} | {min(ours) / peer['layer_ms']:.2f} |")
+                print(
+                    f"| {model} | {tokens} | {min(ours):.3f} | {peer['layer_ms']:.3f} | "
+                    f"{min(ours) / peer['layer_ms']:.2f} |"
+                )
 
     out_dir = os.path.dirname(results["path"])
     performance.plot_time_grid(results).savefig(os.path.join(out_dir, "time_vs_tokens.png"), dpi=110)
-    performance.plot_roofline(results["ceilings"], results=results).savefig(os.path.join(out_dir, "roofline.png"), dpi=110)
+    performance.plot_roofline(results["ceilings"], results=results).savefig(
+        os.path.join(out_dir, "roofline.png"), dpi=110
+    )
     print(f"\nwrote {out_dir}/time_vs_tokens.png and roofline.png")
 
 

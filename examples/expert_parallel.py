@@ -7,6 +7,7 @@ one GPU and against the float32 reference.
 
     torchrun --nproc_per_node 2 examples/expert_parallel.py [--model qwen3-30b-a3b] [--tokens 512]
 """
+
 import argparse
 import os
 
@@ -53,8 +54,11 @@ def main() -> int:
         err_single = relative_error(out, single)
         err_ref = relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti))
         ok = err_single < 1e-2 and err_ref < 1e-2
-        print(f"{preset.name}, T={args.tokens}, {world} GPUs x {hi - lo} experts: relative error vs one GPU "
-              f"{err_single:.2e}, vs float32 reference {err_ref:.2e}: {'ok' if ok else 'FAIL'}", flush=True)
+        print(
+            f"{preset.name}, T={args.tokens}, {world} GPUs x {hi - lo} experts: relative error vs one GPU "
+            f"{err_single:.2e}, vs float32 reference {err_ref:.2e}: {'ok' if ok else 'FAIL'}",
+            flush=True,
+        )
         status = 0 if ok else 1
     flag = torch.tensor([status], device=device)
     dist.broadcast(flag, src=0)

@@ -1,4 +1,5 @@
 """Input checks shared by the launchers: each error names the argument, what it got and what it expects."""
+
 from __future__ import annotations
 
 import operator
@@ -16,16 +17,25 @@ def _dtype_names(dtypes: Iterable[torch.dtype]) -> str:
     return " or ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
-def check_tensor(name: str, t, *, ndim: int, dtypes: Sequence[torch.dtype],
-                 shape: Optional[Sequence[Optional[int]]] = None, layout: str = "", dtype_of: str = "") -> None:
+def check_tensor(
+    name: str,
+    t,
+    *,
+    ndim: int,
+    dtypes: Sequence[torch.dtype],
+    shape: Optional[Sequence[Optional[int]]] = None,
+    layout: str = "",
+    dtype_of: str = "",
+) -> None:
     """Raise TypeError/ValueError unless `t` is a tensor of rank `ndim`, one of `dtypes`, and `shape`
     (None entries are free). `layout` names the dimensions for the message, e.g. "[T, H]"; `dtype_of`
     names the tensor whose dtype `t` must match, if any."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
     if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dimension{'s' if ndim != 1 else ''} {layout}, got shape "
-                         f"{tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must have {ndim} dimension{'s' if ndim != 1 else ''} {layout}, got shape {tuple(t.shape)}"
+        )
     if t.dtype not in dtypes:
         same = f" (the dtype of {dtype_of})" if dtype_of else ""
         raise TypeError(f"{name} must be {_dtype_names(dtypes)}{same}, got {str(t.dtype).replace('torch.', '')}")
@@ -51,8 +61,10 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
     first = check_one_device(**tensors)
     devices = [name for name, t in tensors.items() if t is not None]
     if first.type == "meta" and interpreter_active():  # (compile-only checks launch on meta tensors: no data read)
-        raise ValueError(f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
-                         "compute with: move them to the CPU or a GPU")
+        raise ValueError(
+            f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
+            "compute with: move them to the CPU or a GPU"
+        )
     return first
 
 
@@ -112,19 +124,27 @@ def check_not_aliased(written: torch.Tensor, name: str = "out", **inputs: Option
             continue
         other_start, other_end = _byte_span(tensor)
         if start < other_end and other_start < end:
-            raise ValueError(f"{name} shares memory with {other} (their byte ranges overlap): values could be read "
-                             "after being overwritten; pass a separate buffer")
+            raise ValueError(
+                f"{name} shares memory with {other} (their byte ranges overlap): values could be read "
+                "after being overwritten; pass a separate buffer"
+            )
 
 
 def same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether `a` and `b` are the same elements of memory in the same order (an in-place call). A stride
     of a dimension of size 1 is never used, so it may differ."""
-    return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
-            and all(x == y for x, y, size in zip(a.stride(), b.stride(), a.shape) if size > 1))
+    return (
+        a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.dtype == b.dtype
+        and a.device == b.device
+        and all(x == y for x, y, size in zip(a.stride(), b.stride(), a.shape) if size > 1)
+    )
 
 
-def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device,
-                  layout: str) -> torch.Tensor:
+def output_buffer(
+    out: Optional[torch.Tensor], shape: Sequence[int], dtype: torch.dtype, device: torch.device, layout: str
+) -> torch.Tensor:
     """`out` after checking its shape, dtype and last stride (1), or a new empty tensor when it is None."""
     if out is None:
         return torch.empty(tuple(shape), dtype=dtype, device=device)
@@ -132,6 +152,8 @@ def output_buffer(out: Optional[torch.Tensor], shape: Sequence[int], dtype: torc
     if out.stride(-1) != 1:
         raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
     if out.dim() == 2 and out.shape[0] > 1 and out.stride(0) < out.shape[1]:
-        raise ValueError(f"out rows overlap in memory (strides {tuple(out.stride())} for shape "
-                         f"{tuple(out.shape)}): pass a buffer where each row has its own memory")
+        raise ValueError(
+            f"out rows overlap in memory (strides {tuple(out.stride())} for shape "
+            f"{tuple(out.shape)}): pass a buffer where each row has its own memory"
+        )
     return out

@@ -4,6 +4,7 @@ out[r, :] = silu(x[r, :I]) * x[r, I:], computed in float32 and stored in x's dty
 first, matching w1 = [gate; up] stacked along N (the layout of vLLM and of Hugging Face's Mixtral
 w1/w3 once concatenated). Source: Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -20,8 +21,9 @@ BLOCK_SIZE = 1024
 
 
 @interpreter_serialized
-def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
-                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def silu_and_mul(
+    x: torch.Tensor, *, routing: Optional[AlignedRouting] = None, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """x [R, 2I] float16/bfloat16/float32 (any strides; copied first if the last is not 1) -> [R, I] in
     x's dtype. Source: Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202.
 
@@ -37,8 +39,14 @@ def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
     if routing is not None:
         if not isinstance(routing, AlignedRouting):
             raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
-        check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.max_num_tokens_padded, None),
-                     layout="[max_num_tokens_padded, 2I]")
+        check_tensor(
+            "x",
+            x,
+            ndim=2,
+            dtypes=FLOAT_DTYPES,
+            shape=(routing.max_num_tokens_padded, None),
+            layout="[max_num_tokens_padded, 2I]",
+        )
     rows, two_inter = x.shape
     if two_inter % 2:
         raise ValueError(f"x must have an even last dimension [R, 2I], got {tuple(x.shape)}")
@@ -47,14 +55,28 @@ def silu_and_mul(x: torch.Tensor, *, routing: Optional[AlignedRouting] = None,
     inter = two_inter // 2
     out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
     check_same_device(x=x, out=out, sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
-    check_not_aliased(out, x=x, **({} if routing is None else dict(
-        sorted_token_ids=routing.sorted_token_ids, num_tokens_post_padded=routing.num_tokens_post_padded)))
+    check_not_aliased(
+        out,
+        x=x,
+        **(
+            {}
+            if routing is None
+            else dict(sorted_token_ids=routing.sorted_token_ids, num_tokens_post_padded=routing.num_tokens_post_padded)
+        ),
+    )
     if rows == 0 or inter == 0:
         return out
     silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](
-        x, out, routing.num_tokens_post_padded if routing is not None else None,
+        x,
+        out,
+        routing.num_tokens_post_padded if routing is not None else None,
         routing.sorted_token_ids if routing is not None else None,
-        routing.num_slots if routing is not None else 0, inter, x.stride(0), out.stride(0),
-        ROUTED=routing is not None, EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
-        BLOCK_SIZE=BLOCK_SIZE)
+        routing.num_slots if routing is not None else 0,
+        inter,
+        x.stride(0),
+        out.stride(0),
+        ROUTED=routing is not None,
+        EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
     return out

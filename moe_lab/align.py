@@ -16,6 +16,7 @@ launches (count, prefix, scatter), or one for few slots (`align_in_one_program`)
 `moe_lab/_kernels/align.py`. A single token needs no sort: `slot_order_routing` gives the layer its
 schedule without a launch.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,9 +29,9 @@ from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kern
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 from .runtime import interpreter_serialized
 
-CHUNK = 128               # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
-MAX_EXPERTS = 4096        # the block map holds one row of all experts per program
-BLOCKS_PER_PROGRAM = 16   # M-blocks per program in the block map
+CHUNK = 128  # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
+MAX_EXPERTS = 4096  # the block map holds one row of all experts per program
+BLOCKS_PER_PROGRAM = 16  # M-blocks per program in the block map
 # Few slots (decode) take one program that works in registers (`align_in_registers_kernel`): one launch instead of
 # three. Its comparisons cost slots x (slots + M-blocks), so it runs up to ONE_PROGRAM_MAX_SLOTS slots where the
 # schedule's bound on M-blocks (`max_num_tokens_padded` / BLOCK_SIZE_M) is at most ONE_PROGRAM_MAX_M_BLOCKS. On an H200
@@ -61,6 +62,7 @@ class AlignedRouting:
                             in slot order, num_tokens_post_padded k * BLOCK_SIZE_M), expert_ids is
                             topk_ids' own flat view, ids outside [0, E) included (the GEMMs skip such blocks).
     """
+
     counts: Optional[torch.Tensor]
     sorted_token_ids: torch.Tensor
     expert_ids: torch.Tensor
@@ -99,8 +101,11 @@ def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -
 
 def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) -> bool:
     """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than three launches."""
-    return (0 < num_slots <= ONE_PROGRAM_MAX_SLOTS and num_experts <= ONE_PROGRAM_MAX_EXPERTS
-            and max_num_tokens_padded(num_slots, num_experts, block_size_m) // block_size_m <= ONE_PROGRAM_MAX_M_BLOCKS)
+    return (
+        0 < num_slots <= ONE_PROGRAM_MAX_SLOTS
+        and num_experts <= ONE_PROGRAM_MAX_EXPERTS
+        and max_num_tokens_padded(num_slots, num_experts, block_size_m) // block_size_m <= ONE_PROGRAM_MAX_M_BLOCKS
+    )
 
 
 def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> Tuple[int, int]:
@@ -120,8 +125,9 @@ def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> Tuple[i
 
 
 @interpreter_serialized
-def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
-              expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
+def moe_align(
+    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, expert_map: Optional[torch.Tensor] = None
+) -> AlignedRouting:
     """Sort (token, k) slots by expert and pad each expert to a multiple of `block_size_m`.
 
     Args:
@@ -165,43 +171,92 @@ def moe_align(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
-    num_bins = triton.next_power_of_2(num_experts + 1)   # bin E collects padding lanes and dropped slots
+    num_bins = triton.next_power_of_2(num_experts + 1)  # bin E collects padding lanes and dropped slots
     has_map = expert_map is not None
 
     emap = expert_map.contiguous() if has_map else flat_ids  # a placeholder pointer when there is no map
-    result = AlignedRouting(counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens,
-                            top_k, num_experts)
+    result = AlignedRouting(
+        counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens, top_k, num_experts
+    )
     if align_in_one_program(num_slots, num_experts, block_size_m):
         slots = triton.next_power_of_2(num_slots)
-        align_in_registers_kernel[(1,)](flat_ids, emap, counts, num_tokens_post_padded, sorted_token_ids, expert_ids,
-                                        num_slots, num_ids, num_experts, num_m_blocks, HAS_EXPERT_MAP=has_map,
-                                        SLOTS=slots, SLOTS_PER_STEP=min(slots, 32), NUM_BINS=num_bins,
-                                        BLOCK_SIZE_M=block_size_m,
-                                        BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
-                                        num_warps=ONE_PROGRAM_NUM_WARPS)
+        align_in_registers_kernel[(1,)](
+            flat_ids,
+            emap,
+            counts,
+            num_tokens_post_padded,
+            sorted_token_ids,
+            expert_ids,
+            num_slots,
+            num_ids,
+            num_experts,
+            num_m_blocks,
+            HAS_EXPERT_MAP=has_map,
+            SLOTS=slots,
+            SLOTS_PER_STEP=min(slots, 32),
+            NUM_BINS=num_bins,
+            BLOCK_SIZE_M=block_size_m,
+            BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
+            num_warps=ONE_PROGRAM_NUM_WARPS,
+        )
         return result
     num_chunks = triton.cdiv(num_slots, CHUNK)
     chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
     chunk_offsets = torch.empty_like(chunk_counts)
     expert_start = torch.empty(num_experts, **i32)
     if num_chunks:
-        count_kernel[(num_chunks,)](flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts,
-                                    HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins)
-    prefix_kernel[(1,)](chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded,
-                        num_chunks, num_experts, BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins,
-                        CHUNK_TILE=max(1, 8192 // num_bins))
+        count_kernel[(num_chunks,)](
+            flat_ids,
+            emap,
+            chunk_counts,
+            num_slots,
+            num_ids,
+            num_experts,
+            HAS_EXPERT_MAP=has_map,
+            CHUNK=CHUNK,
+            NUM_BINS=num_bins,
+        )
+    prefix_kernel[(1,)](
+        chunk_counts,
+        chunk_offsets,
+        counts,
+        expert_start,
+        num_tokens_post_padded,
+        num_chunks,
+        num_experts,
+        BLOCK_SIZE_M=block_size_m,
+        NUM_BINS=num_bins,
+        CHUNK_TILE=max(1, 8192 // num_bins),
+    )
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
-        scatter_kernel[(grid,)](flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded,
-                                sorted_token_ids, expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
-                                HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins,
-                                BLOCK_SIZE_M=block_size_m, BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM)
+        scatter_kernel[(grid,)](
+            flat_ids,
+            emap,
+            chunk_offsets,
+            counts,
+            expert_start,
+            num_tokens_post_padded,
+            sorted_token_ids,
+            expert_ids,
+            num_slots,
+            num_ids,
+            num_experts,
+            num_chunks,
+            num_m_blocks,
+            HAS_EXPERT_MAP=has_map,
+            CHUNK=CHUNK,
+            NUM_BINS=num_bins,
+            BLOCK_SIZE_M=block_size_m,
+            BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
+        )
     return result
 
 
 class _SlotOrderRows(NamedTuple):
     """The id-independent part of a slot-order schedule."""
-    sorted_token_ids: torch.Tensor        # [k * BLOCK_SIZE_M]: slot j at row j * BLOCK_SIZE_M, padding k elsewhere
+
+    sorted_token_ids: torch.Tensor  # [k * BLOCK_SIZE_M]: slot j at row j * BLOCK_SIZE_M, padding k elsewhere
     num_tokens_post_padded: torch.Tensor  # [1]: k * BLOCK_SIZE_M
 
 
@@ -209,8 +264,9 @@ class _SlotOrderRows(NamedTuple):
 _SLOT_ORDER_ROWS: Dict[tuple, _SlotOrderRows] = {}
 
 
-def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
-                       expert_map: Optional[torch.Tensor] = None) -> Optional[AlignedRouting]:
+def slot_order_routing(
+    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, expert_map: Optional[torch.Tensor] = None
+) -> Optional[AlignedRouting]:
     """The schedule of a single token without an align launch, or None where it does not apply.
 
     M-block j is slot j (row j * BLOCK_SIZE_M, the rest padding) and its expert is topk_ids[0, j], read by
@@ -228,8 +284,14 @@ def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: i
     no host sync; while a CUDA graph is being captured they cannot be made, so a first call then returns
     None (the layer takes the align).
     """
-    if not (isinstance(topk_ids, torch.Tensor) and topk_ids.dim() == 2 and topk_ids.shape[0] == 1
-            and topk_ids.dtype == torch.int32 and topk_ids.is_contiguous() and expert_map is None):
+    if not (
+        isinstance(topk_ids, torch.Tensor)
+        and topk_ids.dim() == 2
+        and topk_ids.shape[0] == 1
+        and topk_ids.dtype == torch.int32
+        and topk_ids.is_contiguous()
+        and expert_map is None
+    ):
         return None
     num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
     top_k, device = topk_ids.shape[1], topk_ids.device
@@ -243,7 +305,16 @@ def slot_order_routing(topk_ids: torch.Tensor, num_experts: int, block_size_m: i
         i32 = dict(dtype=torch.int32, device=device)
         sorted_token_ids = torch.full((top_k, block_size_m), top_k, **i32)
         sorted_token_ids[:, 0] = torch.arange(top_k, **i32)
-        rows = _SLOT_ORDER_ROWS[key] = _SlotOrderRows(sorted_token_ids.reshape(-1),
-                                                      torch.full((1,), top_k * block_size_m, **i32))
-    return AlignedRouting(None, rows.sorted_token_ids, topk_ids.reshape(-1), rows.num_tokens_post_padded,
-                          block_size_m, 1, top_k, num_experts)
+        rows = _SLOT_ORDER_ROWS[key] = _SlotOrderRows(
+            sorted_token_ids.reshape(-1), torch.full((1,), top_k * block_size_m, **i32)
+        )
+    return AlignedRouting(
+        None,
+        rows.sorted_token_ids,
+        topk_ids.reshape(-1),
+        rows.num_tokens_post_padded,
+        block_size_m,
+        1,
+        top_k,
+        num_experts,
+    )

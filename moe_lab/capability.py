@@ -20,6 +20,7 @@ interpreter on (e4m3 emulated on the CPU)?
 Source: Triton's `TensorDescriptor` checks (python/triton/tools/tensor_descriptor.py) and the CUDA
 driver's `cuTensorMapEncodeTiled` requirements.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,6 +39,7 @@ ENV_VAR = "MOE_LAB_TMA"
 class TmaSupport:
     """`available`: the TMA path may be used on this device. `reason`: why, or why not, in words.
     `emulated`: descriptors run under the interpreter (correctness only)."""
+
     available: bool
     reason: str
     emulated: bool = False
@@ -66,8 +68,11 @@ def _device_key(device) -> str:
     """The device asked about, as a cache key: the current CUDA device by default (the CPU under the
     interpreter or without a GPU), "cuda" made "cuda:<current index>"."""
     if device is None:
-        device = torch.device("cuda", torch.cuda.current_device()) if (
-            torch.cuda.is_available() and not interpreter_active()) else torch.device("cpu")
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if (torch.cuda.is_available() and not interpreter_active())
+            else torch.device("cpu")
+        )
     device = torch.device(device)
     if device.type == "cuda" and device.index is None and torch.cuda.is_available():
         device = torch.device("cuda", torch.cuda.current_device())
@@ -100,19 +105,27 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
     if override == "0":
         return TmaSupport(False, f"disabled by {ENV_VAR}=0")
     if not _has_tensor_descriptor():
-        return TmaSupport(False, f"Triton {triton.__version__} has no triton.tools.tensor_descriptor."
-                                 "TensorDescriptor (needs Triton >= 3.4)")
+        return TmaSupport(
+            False,
+            f"Triton {triton.__version__} has no triton.tools.tensor_descriptor.TensorDescriptor (needs Triton >= 3.4)",
+        )
     if interpreted:
-        return TmaSupport(True, "Triton interpreter: tensor descriptors are emulated on the CPU "
-                                "(checks correctness, says nothing about speed)", emulated=True)
+        return TmaSupport(
+            True,
+            "Triton interpreter: tensor descriptors are emulated on the CPU "
+            "(checks correctness, says nothing about speed)",
+            emulated=True,
+        )
     problem = _not_a_cuda_gpu(device_key)
     if problem:
         return TmaSupport(False, problem.replace("an NVIDIA feature", "TMA is an NVIDIA Hopper feature"))
     name, (major, minor) = _name_and_capability(device_key)
     if (major, minor) < (9, 0):
         if override == "1":
-            return TmaSupport(True, f"{name} is sm_{major}{minor} (< 9.0) but {ENV_VAR}=1: Triton lowers "
-                                    "descriptor loads to plain loads")
+            return TmaSupport(
+                True,
+                f"{name} is sm_{major}{minor} (< 9.0) but {ENV_VAR}=1: Triton lowers descriptor loads to plain loads",
+            )
         return TmaSupport(False, f"{name} has compute capability {major}.{minor}; TMA needs >= 9.0 (Hopper)")
     return TmaSupport(True, f"{name}, compute capability {major}.{minor}, Triton {triton.__version__}")
 
@@ -127,6 +140,7 @@ def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
 class Fp8Support:
     """`available`: FP8 (float8_e4m3fn) kernels may run on this device. `reason`: why, or why not, in
     words. `emulated`: e4m3 is emulated under the interpreter (correctness only)."""
+
     available: bool
     reason: str
     emulated: bool = False
@@ -140,16 +154,25 @@ def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
     import triton
 
     if interpreted:
-        return Fp8Support(True, "Triton interpreter: float8 e4m3 is emulated on the CPU (checks correctness, "
-                                "says nothing about speed)", emulated=True)
+        return Fp8Support(
+            True,
+            "Triton interpreter: float8 e4m3 is emulated on the CPU (checks correctness, says nothing about speed)",
+            emulated=True,
+        )
     problem = _not_a_cuda_gpu(device_key)
     if problem:
-        return Fp8Support(False, problem.replace("an NVIDIA feature", "moe-lab's FP8 path targets NVIDIA's "
-                                                 "float8_e4m3fn tensor cores (compute capability >= 8.9)"))
+        return Fp8Support(
+            False,
+            problem.replace(
+                "an NVIDIA feature",
+                "moe-lab's FP8 path targets NVIDIA's float8_e4m3fn tensor cores (compute capability >= 8.9)",
+            ),
+        )
     name, (major, minor) = _name_and_capability(device_key)
     if (major, minor) < (8, 9):
-        return Fp8Support(False, f"{name} has compute capability {major}.{minor}; FP8 tensor cores need >= 8.9 "
-                                 "(Ada, Hopper)")
+        return Fp8Support(
+            False, f"{name} has compute capability {major}.{minor}; FP8 tensor cores need >= 8.9 (Ada, Hopper)"
+        )
     return Fp8Support(True, f"{name}, compute capability {major}.{minor}, Triton {triton.__version__}")
 
 
@@ -188,6 +211,7 @@ def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Opti
 def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
     """Bytes of shared memory one program may use on a CUDA device (default: the current one)."""
     import triton
+
     device = torch.device(device if device is not None else "cuda")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
@@ -197,6 +221,7 @@ def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
 def multiprocessor_count(device: Optional[torch.device | str] = None) -> int:
     """Streaming multiprocessors of a CUDA device (132 on an H200): the grid of a persistent kernel."""
     import triton
+
     device = torch.device(device if device is not None else "cuda")
     index = device.index if device.index is not None else torch.cuda.current_device()
     return int(triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"])

@@ -10,6 +10,7 @@ tiles. What a layer runs with, a tuned table's entry or else this heuristic, is 
 `moe_lab.tuned` (`choose_config`, `default_config`), which builds on this module; this module knows
 nothing of tuned tables.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
@@ -19,7 +20,6 @@ import torch
 
 from ._validate import check_positive_int, check_power_of_two
 from .runtime import interpreter_active
-
 
 MAX_STAGES = 16
 
@@ -47,6 +47,7 @@ class GemmConfig:
     0 (off) or a power of two from 16 to BLOCK_SIZE_M/2; float operands and one program per tile only
     (the launch plan turns it off elsewhere, `LaunchPlan.config` then shows 0). A dict config that changes
     BLOCK_SIZE_M alone drops a default's fold (it was for that default's block). Same results, bit for bit."""
+
     BLOCK_SIZE_M: int = 64
     BLOCK_SIZE_N: int = 64
     BLOCK_SIZE_K: int = 64
@@ -62,8 +63,10 @@ class GemmConfig:
     def __post_init__(self):
         # Block dims of at most 256: the TMA box limit, and far past what fits in shared memory anyway.
         # Stored as Python ints (numpy integers are taken too): the kernels specialize on them.
-        checked = {name: check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
-                   for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")}
+        checked = {
+            name: check_power_of_two(f"config.{name}", getattr(self, name), minimum=16, maximum=256)
+            for name in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K")
+        }
         # GROUP_SIZE_M x N-tiles is an int32 in the kernel; no pipeline deeper than 16 stages fits shared memory.
         checked["GROUP_SIZE_M"] = check_power_of_two("config.GROUP_SIZE_M", self.GROUP_SIZE_M, minimum=1, maximum=1024)
         checked["num_warps"] = check_power_of_two("config.num_warps", self.num_warps, minimum=1, maximum=32)
@@ -73,11 +76,15 @@ class GemmConfig:
         if isinstance(self.fold_tail_rows, bool) or self.fold_tail_rows != 0:  # 0 is off; bools are refused
             checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
             if checked["BLOCK_SIZE_M"] < 32:
-                raise ValueError(f"config.fold_tail_rows needs BLOCK_SIZE_M >= 32 (folded rows are 16 at least and "
-                                 f"half a block at most), got BLOCK_SIZE_M={checked['BLOCK_SIZE_M']}")
+                raise ValueError(
+                    f"config.fold_tail_rows needs BLOCK_SIZE_M >= 32 (folded rows are 16 at least and "
+                    f"half a block at most), got BLOCK_SIZE_M={checked['BLOCK_SIZE_M']}"
+                )
             if checked["fold_tail_rows"] > checked["BLOCK_SIZE_M"] // 2:
-                raise ValueError(f"config.fold_tail_rows must be 0 or at most BLOCK_SIZE_M/2 = "
-                                 f"{checked['BLOCK_SIZE_M'] // 2}, got {checked['fold_tail_rows']}")
+                raise ValueError(
+                    f"config.fold_tail_rows must be 0 or at most BLOCK_SIZE_M/2 = "
+                    f"{checked['BLOCK_SIZE_M'] // 2}, got {checked['fold_tail_rows']}"
+                )
         else:
             checked["fold_tail_rows"] = 0
         for name, value in checked.items():
@@ -111,6 +118,7 @@ class GemmConfig:
 @dataclass(frozen=True)
 class MoEConfig:
     """The two GEMMs of a layer; they must share BLOCK_SIZE_M (one alignment serves both)."""
+
     up: GemmConfig
     down: GemmConfig
 
@@ -119,8 +127,9 @@ class MoEConfig:
             if not isinstance(getattr(self, name), GemmConfig):
                 raise TypeError(f"MoEConfig.{name} must be a GemmConfig, got {type(getattr(self, name)).__name__}")
         if self.up.BLOCK_SIZE_M != self.down.BLOCK_SIZE_M:
-            raise ValueError("config: up and down must share BLOCK_SIZE_M, got "
-                             f"{self.up.BLOCK_SIZE_M} and {self.down.BLOCK_SIZE_M}")
+            raise ValueError(
+                f"config: up and down must share BLOCK_SIZE_M, got {self.up.BLOCK_SIZE_M} and {self.down.BLOCK_SIZE_M}"
+            )
 
     @property
     def block_size_m(self) -> int:
@@ -133,8 +142,10 @@ def fit_to_shared_memory(config: GemmConfig, itemsize: int, limit: int) -> GemmC
     while config.shared_memory_bytes(itemsize) > limit and config.num_stages > 1:
         config = replace(config, num_stages=config.num_stages - 1)
     if config.shared_memory_bytes(itemsize) > limit:
-        raise ValueError(f"config {config} needs {config.shared_memory_bytes(itemsize)} bytes of shared memory "
-                         f"even with one stage; the device allows {limit}: use smaller BLOCK_SIZE_M/N/K")
+        raise ValueError(
+            f"config {config} needs {config.shared_memory_bytes(itemsize)} bytes of shared memory "
+            f"even with one stage; the device allows {limit}: use smaller BLOCK_SIZE_M/N/K"
+        )
     return config
 
 
@@ -149,7 +160,9 @@ def _merged(base: GemmConfig, changes, where: str) -> GemmConfig:
         raise TypeError(f"{where} must be a GemmConfig or a dict, got {type(changes).__name__}")
     unknown = sorted(set(changes) - set(GemmConfig.__dataclass_fields__))
     if unknown:
-        raise TypeError(f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}")
+        raise TypeError(
+            f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}"
+        )
     if "BLOCK_SIZE_M" in changes and "fold_tail_rows" not in changes:  # the default's fold was for its own block
         changes = dict(changes, fold_tail_rows=0)
     return replace(base, **changes)
@@ -170,8 +183,10 @@ def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
             extra = sorted(set(config) - {"up", "down"})
             if extra:
                 raise TypeError(f"config with 'up'/'down' entries takes no other keys, got {extra}")
-            return MoEConfig(_merged(default.up, config.get("up", {}), "config['up']"),
-                             _merged(default.down, config.get("down", {}), "config['down']"))
+            return MoEConfig(
+                _merged(default.up, config.get("up", {}), "config['up']"),
+                _merged(default.down, config.get("down", {}), "config['down']"),
+            )
         return MoEConfig(_merged(default.up, config, "config"), _merged(default.down, config, "config"))
     raise TypeError(f"config must be a MoEConfig, GemmConfig, dict or None, got {type(config).__name__}")
 
@@ -182,8 +197,14 @@ def full_precision_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
 
 
-def heuristic_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
-                     intermediate_size: int, dtype: torch.dtype = torch.bfloat16) -> MoEConfig:
+def heuristic_config(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> MoEConfig:
     """Rules by expected rows per expert (T*k/E), no table: the config where no tuned entry applies.
     Under Triton's interpreter: one small config for every shape. `dtype` matters for float32 at full
     precision (`full_precision_fp32`), whose dots need smaller tiles."""

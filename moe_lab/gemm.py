@@ -22,6 +22,7 @@ tensor cores after `torch.set_float32_matmul_precision("high")`.
 The kernel follows Triton's grouped-ordering matmul tutorial (python/tutorials/03-matrix-multiplication.py)
 and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fused_moe).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -39,14 +40,27 @@ from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select
 from .quantize import FP8_DTYPE, check_gemm_block_shape, check_static_scale
 from .runtime import interpreter_serialized
 
-__all__ = ["Fp8Scales", "LaunchPlan", "LoadPath", "UseTma", "check_activation_scale", "check_use_tma",
-           "check_weight_scale", "grouped_matmul", "plan_gemm", "run_gemm", "select_load_path"]
+__all__ = [
+    "Fp8Scales",
+    "LaunchPlan",
+    "LoadPath",
+    "UseTma",
+    "check_activation_scale",
+    "check_use_tma",
+    "check_weight_scale",
+    "grouped_matmul",
+    "plan_gemm",
+    "run_gemm",
+    "select_load_path",
+]
+
 
 @dataclass(frozen=True)
 class Fp8Scales:
     """The scales of a float8 GEMM as the kernel reads them: a_scale [rows, K groups] and w_scale
     [E, N groups, K groups], float32, size-1 layouts expanded with stride 0. `mode` is "outer" (constant
     along K: per tensor, per channel, per token) or "block" (`block_shape` [group_n, group_k])."""
+
     mode: str
     a_scale: torch.Tensor
     w_scale: torch.Tensor
@@ -60,15 +74,21 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
     (per channel); float32. `name` is the argument's name in messages (w_scale, w1_scale, ...)."""
     num_experts, n, k = w.shape
     if block_shape is not None:
-        check_tensor(name, w_scale, ndim=3, dtypes=(torch.float32,),
-                     shape=(num_experts, triton.cdiv(n, block_shape[0]), triton.cdiv(k, block_shape[1])),
-                     layout="[E, ceil(N/block_n), ceil(K/block_k)]")
+        check_tensor(
+            name,
+            w_scale,
+            ndim=3,
+            dtypes=(torch.float32,),
+            shape=(num_experts, triton.cdiv(n, block_shape[0]), triton.cdiv(k, block_shape[1])),
+            layout="[E, ceil(N/block_n), ceil(K/block_k)]",
+        )
         return w_scale
     layout = "[E] (per expert) or [E, N] (per channel)"
     if isinstance(w_scale, torch.Tensor) and w_scale.dim() not in (1, 2):
         hint = ": a 3-D scale is one per weight block, pass block_shape (e.g. (128, 128))" if w_scale.dim() == 3 else ""
-        raise ValueError(f"{name} must have 1 or 2 dimensions {layout} without block_shape, got shape "
-                         f"{tuple(w_scale.shape)}{hint}")
+        raise ValueError(
+            f"{name} must have 1 or 2 dimensions {layout} without block_shape, got shape {tuple(w_scale.shape)}{hint}"
+        )
     if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 1:
         check_tensor(name, w_scale, ndim=1, dtypes=(torch.float32,), shape=(num_experts,), layout=layout)
         return w_scale[:, None, None].expand(num_experts, n, 1)
@@ -80,8 +100,14 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
     """a_scale of float8 a [rows, K] as [rows, K groups] (size-1 layouts expanded, stride 0), after checking
     it, float32: [rows, ceil(K/block_k)] with block_shape, else [1] or [] (per tensor) or [rows, 1] (per token)."""
     if block_shape is not None:
-        check_tensor(name, a_scale, ndim=2, dtypes=(torch.float32,), shape=(rows, triton.cdiv(k, block_shape[1])),
-                     layout="[rows, ceil(K/block_k)]")
+        check_tensor(
+            name,
+            a_scale,
+            ndim=2,
+            dtypes=(torch.float32,),
+            shape=(rows, triton.cdiv(k, block_shape[1])),
+            layout="[rows, ceil(K/block_k)]",
+        )
         return a_scale
     layout = "[1] or [] (per tensor) or [rows, 1] (per token)"
     if isinstance(a_scale, torch.Tensor) and a_scale.dim() <= 1:
@@ -90,8 +116,9 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
     return a_scale
 
 
-def kernel_scales(a_scale: torch.Tensor, w_scale: torch.Tensor, w: torch.Tensor, block_shape: Optional[tuple],
-                  rows: int) -> Fp8Scales:
+def kernel_scales(
+    a_scale: torch.Tensor, w_scale: torch.Tensor, w: torch.Tensor, block_shape: Optional[tuple], rows: int
+) -> Fp8Scales:
     """Checked float8 scales (as `fused_moe` checks them) in the layout the kernel reads, without checking
     them again: size-1 layouts expanded with stride 0 (see `check_weight_scale`, `check_activation_scale`)."""
     if block_shape is not None:
@@ -112,8 +139,10 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
                 raise ValueError(f"{name} is for float8_e4m3fn operands; a and w are {str(w.dtype)[6:]}")
         return None
     if a_scale is None or w_scale is None:
-        raise ValueError("float8_e4m3fn a and w need a_scale and w_scale (moe_lab.quantize_weights_fp8 and "
-                         "quantize_activations_fp8 make them)")
+        raise ValueError(
+            "float8_e4m3fn a and w need a_scale and w_scale (moe_lab.quantize_weights_fp8 and "
+            "quantize_activations_fp8 make them)"
+        )
     support = fp8_support(a.device)
     if not support.available:
         raise RuntimeError(f"float8_e4m3fn operands cannot run here: {support.reason}")
@@ -125,11 +154,24 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
 
 
 @interpreter_serialized
-def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
-                   gather_a: bool, scatter: bool = False, topk_weights: Optional[torch.Tensor] = None,
-                   swiglu: bool = False, out: Optional[torch.Tensor] = None, use_tma: UseTma = "auto",
-                   a_scale: Optional[torch.Tensor] = None, w_scale: Optional[torch.Tensor] = None,
-                   block_shape=None, out_dtype: Optional[torch.dtype] = None, return_plan: bool = False):
+def grouped_matmul(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    routing: AlignedRouting,
+    config: GemmConfig,
+    *,
+    gather_a: bool,
+    scatter: bool = False,
+    topk_weights: Optional[torch.Tensor] = None,
+    swiglu: bool = False,
+    out: Optional[torch.Tensor] = None,
+    use_tma: UseTma = "auto",
+    a_scale: Optional[torch.Tensor] = None,
+    w_scale: Optional[torch.Tensor] = None,
+    block_shape=None,
+    out_dtype: Optional[torch.dtype] = None,
+    return_plan: bool = False,
+):
     """Run every expert's GEMM of one projection in one launch.
 
     Args:
@@ -185,35 +227,55 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
     # Every program reads its block's schedule words before it knows whether its block is in use.
     if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
-        raise ValueError(f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
-                         f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
-                         f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)")
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("swiglu", swiglu),
-                       ("return_plan", return_plan)):
+        raise ValueError(
+            f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
+            f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
+            f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
+        )
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("swiglu", swiglu), ("return_plan", return_plan)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
-    check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES + (FP8_DTYPE,), shape=(routing.num_experts, None, None),
-                 layout="[E, N, K]")
+    check_tensor(
+        "w", w, ndim=3, dtypes=FLOAT_DTYPES + (FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]"
+    )
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
-    check_tensor("a", a, ndim=2, dtypes=(w.dtype,), shape=(rows, k),
-                 layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]", dtype_of="w")
+    check_tensor(
+        "a",
+        a,
+        ndim=2,
+        dtypes=(w.dtype,),
+        shape=(rows, k),
+        layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]",
+        dtype_of="w",
+    )
     scales = _fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     if config.BLOCK_SIZE_M != routing.block_size_m:
-        raise ValueError(f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m="
-                         f"{routing.block_size_m}")
+        raise ValueError(
+            f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
+        )
     if topk_weights is not None:
-        check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES,
-                     shape=(routing.num_tokens, routing.top_k), layout="[T, k]")
+        check_tensor(
+            "topk_weights",
+            topk_weights,
+            ndim=2,
+            dtypes=FLOAT_DTYPES,
+            shape=(routing.num_tokens, routing.top_k),
+            layout="[T, k]",
+        )
     if swiglu:
         if n % 2 or n == 0:
             raise ValueError(f"swiglu=True needs w [E, 2I, K] with an even, non-zero 2I, got {tuple(w.shape)}")
         if config.BLOCK_SIZE_N < 32:
-            raise ValueError(f"swiglu=True needs config.BLOCK_SIZE_N >= 32 (half for the gate rows, half for the "
-                             f"up rows, each at least 16 for tl.dot), got {config.BLOCK_SIZE_N}")
+            raise ValueError(
+                f"swiglu=True needs config.BLOCK_SIZE_N >= 32 (half for the gate rows, half for the "
+                f"up rows, each at least 16 for tl.dot), got {config.BLOCK_SIZE_N}"
+            )
         if scatter:
-            raise ValueError("swiglu=True with scatter=True is not supported: the SwiGLU epilogue belongs to the "
-                             "up projection, which writes sorted rows")
+            raise ValueError(
+                "swiglu=True with scatter=True is not supported: the SwiGLU epilogue belongs to the "
+                "up projection, which writes sorted rows"
+            )
     out_cols = n // 2 if swiglu else n
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
     dtype_name = "out_dtype"
@@ -231,34 +293,74 @@ def grouped_matmul(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, co
     if quant_group:
         tile_n = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
         if scatter or tile_n % quant_group:
-            raise ValueError(f"out_dtype=float8_e4m3fn quantizes whole groups of block_k={quant_group} output columns "
-                             f"per program into sorted rows: needs scatter=False and the {tile_n} columns a program "
-                             f"writes (config.BLOCK_SIZE_N{'/2 with swiglu' if swiglu else ''}) to be a multiple of "
-                             f"{quant_group}")
+            raise ValueError(
+                f"out_dtype=float8_e4m3fn quantizes whole groups of block_k={quant_group} output columns "
+                f"per program into sorted rows: needs scatter=False and the {tile_n} columns a program "
+                f"writes (config.BLOCK_SIZE_N{'/2 with swiglu' if swiglu else ''}) to be a multiple of "
+                f"{quant_group}"
+            )
     out = output_buffer(out, (out_rows, out_cols), out_dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
-    out_scale = (torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
-                 if quant_group else None)
-    check_same_device(a=a, w=w, sorted_token_ids=routing.sorted_token_ids, out=out, topk_weights=topk_weights,
-                      a_scale=a_scale, w_scale=w_scale)
-    check_not_aliased(out, a=a, w=w, topk_weights=topk_weights, a_scale=a_scale, w_scale=w_scale,
-                      sorted_token_ids=routing.sorted_token_ids, expert_ids=routing.expert_ids,
-                      num_tokens_post_padded=routing.num_tokens_post_padded)
+    out_scale = (
+        torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
+        if quant_group
+        else None
+    )
+    check_same_device(
+        a=a,
+        w=w,
+        sorted_token_ids=routing.sorted_token_ids,
+        out=out,
+        topk_weights=topk_weights,
+        a_scale=a_scale,
+        w_scale=w_scale,
+    )
+    check_not_aliased(
+        out,
+        a=a,
+        w=w,
+        topk_weights=topk_weights,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        sorted_token_ids=routing.sorted_token_ids,
+        expert_ids=routing.expert_ids,
+        num_tokens_post_padded=routing.num_tokens_post_padded,
+    )
 
     if gather_a and scatter:
-        raise ValueError("gather_a=True with scatter=True is not a supported combination (the up projection "
-                         "writes sorted rows; the down projection reads them and scatters)")
+        raise ValueError(
+            "gather_a=True with scatter=True is not a supported combination (the up projection "
+            "writes sorted rows; the down projection reads them and scatters)"
+        )
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
-    plan = plan_gemm(a, w, routing, config, gather_a=gather_a, scatter=scatter, swiglu=swiglu, use_tma=use_tma,
-                     scales=scales, out_quant_group=quant_group)
+    plan = plan_gemm(
+        a,
+        w,
+        routing,
+        config,
+        gather_a=gather_a,
+        scatter=scatter,
+        swiglu=swiglu,
+        use_tma=use_tma,
+        scales=scales,
+        out_quant_group=quant_group,
+    )
     plan = run_gemm(plan, a, w, routing, out, out_scale=out_scale, topk_weights=topk_weights, scales=scales)
     result = (out, out_scale) if quant_group else out
     return (result, plan) if return_plan else result
 
 
-def run_gemm(plan: LaunchPlan, a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, out: torch.Tensor, *,
-             out_scale: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
-             scales: Optional[Fp8Scales] = None) -> LaunchPlan:
+def run_gemm(
+    plan: LaunchPlan,
+    a: torch.Tensor,
+    w: torch.Tensor,
+    routing: AlignedRouting,
+    out: torch.Tensor,
+    *,
+    out_scale: Optional[torch.Tensor] = None,
+    topk_weights: Optional[torch.Tensor] = None,
+    scales: Optional[Fp8Scales] = None,
+) -> LaunchPlan:
     """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
     check here. Returns the plan as launched: where the compiler needed more shared memory than the plan's
     estimate, with fewer pipeline stages (ValueError if even one stage does not fit)."""
@@ -267,6 +369,7 @@ def run_gemm(plan: LaunchPlan, a: torch.Tensor, w: torch.Tensor, routing: Aligne
     a_desc = w_desc = None
     if plan.path.a_tma or plan.path.w_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
+
         if plan.path.a_tma:
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
         if plan.path.w_tma:
@@ -285,21 +388,48 @@ def run_gemm(plan: LaunchPlan, a: torch.Tensor, w: torch.Tensor, routing: Aligne
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
-def _launch(plan: LaunchPlan, a, a_desc, w, w_desc, out, weights, routing, scales: Optional[Fp8Scales],
-            out_scale: Optional[torch.Tensor]):
+def _launch(
+    plan: LaunchPlan,
+    a,
+    a_desc,
+    w,
+    w_desc,
+    out,
+    weights,
+    routing,
+    scales: Optional[Fp8Scales],
+    out_scale: Optional[torch.Tensor],
+):
     """Launch the plan's kernel: operands as the kernels' tuples (see moe_lab/_kernels/grouped_matmul.py)."""
     _, n, k = w.shape
     if plan.swiglu:
         n //= 2  # the output width I; the up rows start at row I of w
     operands = (
-        (a, a.stride(0), a.stride(1)), a_desc, (w, *w.stride()), w_desc,
+        (a, a.stride(0), a.stride(1)),
+        a_desc,
+        (w, *w.stride()),
+        w_desc,
         (out, out_scale, *out.stride(), *(out_scale.stride() if out_scale is not None else (0, 0))),
-        (None, None, 0, 0, 0, 0, 0, 1) if scales is None else
-        (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),
-        weights, routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded)
+        (None, None, 0, 0, 0, 0, 0, 1)
+        if scales is None
+        else (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),
+        weights,
+        routing.sorted_token_ids,
+        routing.expert_ids,
+        routing.num_tokens_post_padded,
+    )
     if plan.persistent:
-        grouped_matmul_persistent_kernel[(plan.grid,)](*operands, n, k, routing.num_slots, routing.top_k,
-                                                       **plan.constexprs)
+        grouped_matmul_persistent_kernel[(plan.grid,)](
+            *operands, n, k, routing.num_slots, routing.top_k, **plan.constexprs
+        )
     else:
-        grouped_matmul_kernel[(plan.grid,)](*operands, n, k, routing.num_slots, routing.max_num_m_blocks,
-                                            routing.num_experts, routing.top_k, **plan.constexprs)
+        grouped_matmul_kernel[(plan.grid,)](
+            *operands,
+            n,
+            k,
+            routing.num_slots,
+            routing.max_num_m_blocks,
+            routing.num_experts,
+            routing.top_k,
+            **plan.constexprs,
+        )

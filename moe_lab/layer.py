@@ -11,6 +11,7 @@ No stage asks the host for a size, so the layer can be captured in a CUDA graph.
 same function as vLLM's `fused_experts` (vllm-project/vllm, model_executor/layers/fused_moe), with its
 own kernels.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,17 @@ from typing import List, Optional
 
 import torch
 
-from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_one_device, check_positive_int,
-                        check_same_device, check_tensor, output_buffer, same_view)
+from ._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_not_aliased,
+    check_one_device,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    output_buffer,
+    same_view,
+)
 from .activation import silu_and_mul
 from .align import AlignedRouting, moe_align, slot_order_routing
 from .capability import fp8_support
@@ -40,9 +50,11 @@ class FusedMoEInfo:
     "tuned: NVIDIA H200, Triton 3.6.0 (exact), T bucket 64"; `moe_lab.tuned.table_for_device()` says
     why that table), "heuristic (no tuned table for this device)" or "heuristic (no tuned entry for
     this shape: ...)". `routing` is the schedule (at T = 1 in slot order: `moe_lab.align.slot_order_routing`,
-    whose expert_ids is topk_ids' own view). `config` is the config chosen; `up_plan` / `down_plan` are what each GEMM launched
+    whose expert_ids is topk_ids' own view). `config` is the config chosen;
+    `up_plan` / `down_plan` are what each GEMM launched
     (`moe_lab.gemm.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
     memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0."""
+
     config: MoEConfig
     up_path: Optional[LoadPath]
     down_path: Optional[LoadPath]
@@ -54,8 +66,7 @@ class FusedMoEInfo:
 
 def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
     """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE)."""
-    check_tensor("w1", w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]",
-                 dtype_of=dtype_of)
+    check_tensor("w1", w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]", dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
     if num_experts == 0:
         raise ValueError(f"w1 must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
@@ -63,11 +74,20 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
         raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
     if isinstance(w2, torch.Tensor) and tuple(w2.shape) == (num_experts, hidden, two_inter):
         # I is read from w1's rows: a w1 of I rows (its up half missing) would read as a wrong w2
-        raise ValueError(f"w1 must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
-                         f"{2 * two_inter}, {hidden}] for w2 [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
-                         f"only one of the gate and up projections?")
-    check_tensor("w2", w2, ndim=3, dtypes=(w1.dtype,), shape=(num_experts, hidden, two_inter // 2),
-                 layout="[E, H, I]", dtype_of="w1")
+        raise ValueError(
+            f"w1 must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
+            f"{2 * two_inter}, {hidden}] for w2 [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
+            f"only one of the gate and up projections?"
+        )
+    check_tensor(
+        "w2",
+        w2,
+        ndim=3,
+        dtypes=(w1.dtype,),
+        shape=(num_experts, hidden, two_inter // 2),
+        layout="[E, H, I]",
+        dtype_of="w1",
+    )
 
 
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
@@ -76,25 +96,36 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     _check_weights(w1, w2, (hidden_states.dtype, FP8_DTYPE), hidden, "hidden_states, or float8_e4m3fn")
     num_experts = w1.shape[0]
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")
-    check_tensor("topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape),
-                 layout="[T, k] (same as topk_ids)")
+    check_tensor(
+        "topk_weights",
+        topk_weights,
+        ndim=2,
+        dtypes=FLOAT_DTYPES,
+        shape=tuple(topk_ids.shape),
+        layout="[T, k] (same as topk_ids)",
+    )
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
         if expert_map.numel() == 0:
-            raise ValueError("expert_map must have one entry per global expert [E_global], E_global >= 1, "
-                             "got shape (0,)")
+            raise ValueError(
+                "expert_map must have one entry per global expert [E_global], E_global >= 1, got shape (0,)"
+            )
     num_global = expert_map.numel() if expert_map is not None else num_experts
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
     if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, w1, w2, topk_weights)):
-        raise ValueError("fused_moe is inference-only (no backward): call it under torch.no_grad() or "
-                         "torch.inference_mode(), or pass tensors that do not require grad")
-    check_same_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights,
-                      topk_ids=topk_ids, expert_map=expert_map)
+        raise ValueError(
+            "fused_moe is inference-only (no backward): call it under torch.no_grad() or "
+            "torch.inference_mode(), or pass tensors that do not require grad"
+        )
+    check_same_device(
+        hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map
+    )
 
 
-def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int,
-               check_ids: Optional[bool]) -> None:
+def _check_ids(
+    topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int, check_ids: Optional[bool]
+) -> None:
     """Raise ValueError for experts outside [0, E) (or E_global), and for expert_map entries outside
     [-1, E). On a GPU this reads min and max back to the host (a sync that CUDA-graph capture forbids),
     so there it runs only when asked (check_ids=True)."""
@@ -108,14 +139,16 @@ def _check_ids(topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_e
     if expert_map is not None and expert_map.numel():
         low, high = int(expert_map.min()), int(expert_map.max())
         if low < -1 or high >= num_experts:
-            raise ValueError(f"expert_map must hold local experts in [0, {num_experts}) or -1, got values "
-                             f"from {low} to {high}")
+            raise ValueError(
+                f"expert_map must hold local experts in [0, {num_experts}) or -1, got values from {low} to {high}"
+            )
 
 
 @dataclass(frozen=True)
 class Fp8Weights:
     """The float8 side of a layer call, checked once: the weight scales, block_shape, and the static
     activation scales as [1] (None: dynamic)."""
+
     w1_scale: torch.Tensor
     w2_scale: torch.Tensor
     block_shape: Optional[tuple]
@@ -126,8 +159,7 @@ class Fp8Weights:
         """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32
         buffer, no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold
         whole groups of block_k. Bit for bit the same as quantizing afterwards."""
-        return (self.block_shape is not None and up.swiglu_epilogue
-                and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0)
+        return self.block_shape is not None and up.swiglu_epilogue and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0
 
     def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
@@ -145,8 +177,10 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     if w1.dtype != FP8_DTYPE:
         extra = [name for name, value in given.items() if value is not None]
         if extra:
-            raise ValueError(f"{', '.join(extra)} given, but w1 and w2 are {str(w1.dtype)[6:]}: scales are for "
-                             "float8_e4m3fn weights (moe_lab.quantize_weights_fp8)")
+            raise ValueError(
+                f"{', '.join(extra)} given, but w1 and w2 are {str(w1.dtype)[6:]}: scales are for "
+                "float8_e4m3fn weights (moe_lab.quantize_weights_fp8)"
+            )
         return None
     for name in ("w1_scale", "w2_scale"):
         if given[name] is None:
@@ -156,17 +190,22 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     if block_shape is not None:
         for name in ("a1_scale", "a2_scale"):
             if given[name] is not None:
-                raise ValueError(f"{name} must be None with block_shape: block-scaled activations are quantized "
-                                 "per token per block_k channels as they come (dynamic)")
+                raise ValueError(
+                    f"{name} must be None with block_shape: block-scaled activations are quantized "
+                    "per token per block_k channels as they come (dynamic)"
+                )
     if a1_scale is not None:
         a1_scale = check_static_scale("a1_scale", a1_scale)
     if a2_scale is not None:
         a2_scale = check_static_scale("a2_scale", a2_scale)
     check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale,
-                                                                                  a2_scale)):
-        raise ValueError("a scale requires grad: fused_moe is inference-only (no backward); call it under "
-                         "torch.no_grad() or torch.inference_mode()")
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale, a2_scale)
+    ):
+        raise ValueError(
+            "a scale requires grad: fused_moe is inference-only (no backward); call it under "
+            "torch.no_grad() or torch.inference_mode()"
+        )
     support = fp8_support(w1.device)
     if not support.available:
         raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
@@ -174,13 +213,26 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
 
 
 @interpreter_serialized
-def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-              topk_weights: torch.Tensor, topk_ids: torch.Tensor, *, config: ConfigLike = None,
-              use_tma: UseTma = "auto", expert_map: Optional[torch.Tensor] = None,
-              out: Optional[torch.Tensor] = None, chunk_size: Optional[int] = None,
-              check_ids: Optional[bool] = None, w1_scale: Optional[torch.Tensor] = None,
-              w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
-              a2_scale: Optional[torch.Tensor] = None, block_shape=None, return_info: bool = False):
+def fused_moe(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    config: ConfigLike = None,
+    use_tma: UseTma = "auto",
+    expert_map: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    chunk_size: Optional[int] = None,
+    check_ids: Optional[bool] = None,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    block_shape=None,
+    return_info: bool = False,
+):
     """A Mixture-of-Experts feed-forward layer with SwiGLU experts, through moe-lab's Triton kernels.
 
     out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e, :I] @ x_t) * (w1[e, I:] @ x_t)), e = topk_ids[t, j]
@@ -243,8 +295,17 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
     # Each chunk reads its hidden states before it writes its output rows, so out=hidden_states (the same
     # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
-    inputs = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map,
-                  w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    inputs = dict(
+        w1=w1,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        expert_map=expert_map,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        a1_scale=a1_scale,
+        a2_scale=a2_scale,
+    )
     if not same_view(out, hidden_states):
         inputs["hidden_states"] = hidden_states
     check_same_device(hidden_states=hidden_states, out=out)
@@ -255,32 +316,62 @@ def fused_moe(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
     info = None
     for t0 in range(0, max(num_tokens, 1), step):
         rows = slice(t0, min(t0 + step, num_tokens))
-        info = _fused_moe_chunk(hidden_states[rows], w1, w2, topk_weights[rows], topk_ids[rows], out[rows],
-                                config, use_tma, expert_map, return_info, fp8)
+        info = _fused_moe_chunk(
+            hidden_states[rows],
+            w1,
+            w2,
+            topk_weights[rows],
+            topk_ids[rows],
+            out[rows],
+            config,
+            use_tma,
+            expert_map,
+            return_info,
+            fp8,
+        )
     return (out, info) if return_info else out
 
 
-def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config, use_tma, expert_map,
-                     with_info: bool, fp8: Optional[Fp8Weights] = None) -> Optional[FusedMoEInfo]:
+def _fused_moe_chunk(
+    hidden_states,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    out,
+    config,
+    use_tma,
+    expert_map,
+    with_info: bool,
+    fp8: Optional[Fp8Weights] = None,
+) -> Optional[FusedMoEInfo]:
     num_tokens, hidden = hidden_states.shape
     num_experts, two_inter, _ = w1.shape
     top_k = topk_ids.shape[1]
-    choice = choose_config(num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype,
-                           config=config, device=hidden_states.device)
+    choice = choose_config(
+        num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype, config=config, device=hidden_states.device
+    )
     cfg = choice.config
     # An idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing): nothing to launch, but
     # use_tma=True holds to its rules as when there is work.
     if num_tokens == 0 or hidden == 0:
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
             select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True, swiglu=cfg.up.swiglu_epilogue)
-            select_load_path(hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down,
-                             gather_a=False, use_tma=True)
+            select_load_path(
+                hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down, gather_a=False, use_tma=True
+            )
         return FusedMoEInfo(cfg, None, None, None, choice.source)
     # One token: its slots in order, no align launch (the same blocks as the align's for distinct experts).
-    routing = (slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map)
-               or moe_align(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map))
+    routing = slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map) or moe_align(
+        topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map
+    )
     # The inputs were checked once (fused_moe): each GEMM is planned and launched without checks.
-    swiglu, inter, device, rows = cfg.up.swiglu_epilogue, two_inter // 2, hidden_states.device, routing.max_num_tokens_padded
+    swiglu, inter, device, rows = (
+        cfg.up.swiglu_epilogue,
+        two_inter // 2,
+        hidden_states.device,
+        routing.max_num_tokens_padded,
+    )
     x, up_scales, out_scale = hidden_states, None, None
     fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
     act_dtype = hidden_states.dtype
@@ -290,8 +381,17 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
         # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
         # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
         act_dtype = FP8_DTYPE if fused_quant else torch.float32
-    up_plan = plan_gemm(x, w1, routing, cfg.up, gather_a=True, swiglu=swiglu, use_tma=use_tma, scales=up_scales,
-                        out_quant_group=fp8.block_shape[1] if fused_quant else 0)
+    up_plan = plan_gemm(
+        x,
+        w1,
+        routing,
+        cfg.up,
+        gather_a=True,
+        swiglu=swiglu,
+        use_tma=use_tma,
+        scales=up_scales,
+        out_quant_group=fp8.block_shape[1] if fused_quant else 0,
+    )
     act = torch.empty((rows, inter if swiglu else two_inter), dtype=act_dtype, device=device)
     if fused_quant:
         out_scale = torch.empty((rows, -(-inter // fp8.block_shape[1])), dtype=torch.float32, device=device)
@@ -306,8 +406,7 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, rows)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
-    down_plan = plan_gemm(act, w2, routing, cfg.down, gather_a=False, scatter=True, use_tma=use_tma,
-                          scales=down_scales)
+    down_plan = plan_gemm(act, w2, routing, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=down_scales)
     down_plan = run_gemm(down_plan, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales)
     topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
     if not with_info:
@@ -317,27 +416,63 @@ def _fused_moe_chunk(hidden_states, w1, w2, topk_weights, topk_ids, out, config,
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---
 
+
 @torch.library.custom_op("moe_lab::fused_moe", mutates_args=())
-def fused_moe_op(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-                 topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
-                 use_tma: Optional[bool] = None, w1_scale: Optional[torch.Tensor] = None,
-                 w2_scale: Optional[torch.Tensor] = None, block_shape: Optional[List[int]] = None) -> torch.Tensor:
+def fused_moe_op(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_map: Optional[torch.Tensor] = None,
+    use_tma: Optional[bool] = None,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    block_shape: Optional[List[int]] = None,
+) -> torch.Tensor:
     """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op. use_tma: True or False as in
     `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
     other values). w1_scale, w2_scale, block_shape: for float8_e4m3fn weights, as in `fused_moe`
     (activations quantized dynamically)."""
-    return fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=expert_map,
-                     use_tma="auto" if use_tma is None else use_tma, w1_scale=w1_scale, w2_scale=w2_scale,
-                     block_shape=block_shape)
+    return fused_moe(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        expert_map=expert_map,
+        use_tma="auto" if use_tma is None else use_tma,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+        block_shape=block_shape,
+    )
 
 
 @fused_moe_op.register_fake
-def _(hidden_states, w1, w2, topk_weights, topk_ids, expert_map=None, use_tma=None, w1_scale=None, w2_scale=None,
-      block_shape=None):
+def _(
+    hidden_states,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    expert_map=None,
+    use_tma=None,
+    w1_scale=None,
+    w2_scale=None,
+    block_shape=None,
+):
     # PyTorch also picks this for a real call with one input on the meta device: refuse mixed devices, as
     # fused_moe does, rather than return an empty tensor as if it were the result
-    check_one_device(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids,
-                     expert_map=expert_map, w1_scale=w1_scale, w2_scale=w2_scale)
+    check_one_device(
+        hidden_states=hidden_states,
+        w1=w1,
+        w2=w2,
+        topk_weights=topk_weights,
+        topk_ids=topk_ids,
+        expert_map=expert_map,
+        w1_scale=w1_scale,
+        w2_scale=w2_scale,
+    )
     return hidden_states.new_empty(hidden_states.shape)
 
 
@@ -349,9 +484,17 @@ class FusedMoE(torch.nn.Module):
     FP8: float8_e4m3fn w1 and w2 with w1_scale, w2_scale and block_shape as `fused_moe` takes them (kept as
     buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically."""
 
-    def __init__(self, w1: torch.Tensor, w2: torch.Tensor, expert_map: Optional[torch.Tensor] = None,
-                 use_tma: UseTma = "auto", *, w1_scale: Optional[torch.Tensor] = None,
-                 w2_scale: Optional[torch.Tensor] = None, block_shape=None):
+    def __init__(
+        self,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        expert_map: Optional[torch.Tensor] = None,
+        use_tma: UseTma = "auto",
+        *,
+        w1_scale: Optional[torch.Tensor] = None,
+        w2_scale: Optional[torch.Tensor] = None,
+        block_shape=None,
+    ):
         super().__init__()
         _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,))
         fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, None, None, block_shape)
@@ -368,8 +511,19 @@ class FusedMoE(torch.nn.Module):
 
     def forward(self, hidden_states, topk_weights, topk_ids):
         if self.w1_scale is not None and self.w1.dtype != FP8_DTYPE:
-            raise TypeError(f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
-                            "cast them (and their float32 scales); move the module with .to(device) only")
-        return torch.ops.moe_lab.fused_moe(hidden_states, self.w1, self.w2, topk_weights, topk_ids,
-                                           self.expert_map, self.use_tma, self.w1_scale, self.w2_scale,
-                                           self.block_shape)
+            raise TypeError(
+                f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
+                "cast them (and their float32 scales); move the module with .to(device) only"
+            )
+        return torch.ops.moe_lab.fused_moe(
+            hidden_states,
+            self.w1,
+            self.w2,
+            topk_weights,
+            topk_ids,
+            self.expert_map,
+            self.use_tma,
+            self.w1_scale,
+            self.w2_scale,
+            self.block_shape,
+        )

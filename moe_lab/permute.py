@@ -6,6 +6,7 @@ once per N-tile; copying the rows into expert order once (T*k*H elements written
 through a tensor descriptor. The layer does not: on an H200 the copy cost what the descriptor saved
 (docs/experiments.md). Kept as an op of its own, as engines use it.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -23,8 +24,9 @@ BLOCK_K = 256
 
 
 @interpreter_serialized
-def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
-                   out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def permute_tokens(
+    hidden_states: torch.Tensor, routing: AlignedRouting, *, out: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """hidden_states [T, K] (float16/bfloat16/float32, any strides) -> [routing.max_num_tokens_padded, K]
     in the routing's padded expert order: row r holds hidden_states[sorted_token_ids[r] // top_k], padding
     rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
@@ -32,17 +34,32 @@ def permute_tokens(hidden_states: torch.Tensor, routing: AlignedRouting, *,
     that shares memory with hidden_states. Source: vLLM's moe_permute (vllm-project/vllm, fused_moe)."""
     if not isinstance(routing, AlignedRouting):
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
-    check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None),
-                 layout="[T, K]")
+    check_tensor(
+        "hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None), layout="[T, K]"
+    )
     rows, k = routing.max_num_tokens_padded, hidden_states.shape[1]
     out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")
-    check_same_device(hidden_states=hidden_states, sorted_token_ids=routing.sorted_token_ids,
-                      num_tokens_post_padded=routing.num_tokens_post_padded, out=out)
+    check_same_device(
+        hidden_states=hidden_states,
+        sorted_token_ids=routing.sorted_token_ids,
+        num_tokens_post_padded=routing.num_tokens_post_padded,
+        out=out,
+    )
     check_not_aliased(out, hidden_states=hidden_states)
     if rows == 0 or k == 0:
         return out
     permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](
-        hidden_states, out, routing.sorted_token_ids, routing.num_tokens_post_padded, routing.num_slots,
-        k, hidden_states.stride(0), hidden_states.stride(1), out.stride(0),
-        TOP_K=routing.top_k, BLOCK_ROWS=BLOCK_ROWS, BLOCK_K=BLOCK_K)
+        hidden_states,
+        out,
+        routing.sorted_token_ids,
+        routing.num_tokens_post_padded,
+        routing.num_slots,
+        k,
+        hidden_states.stride(0),
+        hidden_states.stride(1),
+        out.stride(0),
+        TOP_K=routing.top_k,
+        BLOCK_ROWS=BLOCK_ROWS,
+        BLOCK_K=BLOCK_K,
+    )
     return out

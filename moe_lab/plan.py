@@ -10,6 +10,7 @@ device's facts come from `moe_lab.capability`. A plan depends only on its inputs
 and alignment, the device, the config and `use_tma`. `moe_lab.gemm.grouped_matmul` checks its arguments,
 plans and launches; `moe_lab.layer.fused_moe` plans both GEMMs of a layer and launches them unchecked.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,6 +40,7 @@ USE_TMA_WORDS = {"auto": "auto", "on": True, "off": False}
 @dataclass(frozen=True)
 class LoadPath:
     """How one grouped matmul loads its operands, and why."""
+
     a_tma: bool
     w_tma: bool
     reason: str
@@ -76,6 +78,7 @@ class LaunchPlan:
     dtype as is). scale_group_k: the scale blocks' K (block scales; 1 otherwise). even_k: K is a multiple of
     BLOCK_SIZE_K (no K mask). dot: "mma" (tensor cores), "ieee" (float32 at full precision,
     `moe_lab.configs.full_precision_fp32`) or "interpreter" (Triton's interpreter: exact products)."""
+
     config: GemmConfig
     path: LoadPath
     gather_a: bool
@@ -113,16 +116,25 @@ class LaunchPlan:
         num_stages: with `persistent` those of `grouped_matmul_persistent_kernel`, else of
         `grouped_matmul_kernel` (which also takes TAIL_SPLITS and FOLD_M)."""
         config = self.config
-        args = dict(ROWS="gather" if self.gather_a else "scatter" if self.scatter else "sorted", SWIGLU=self.swiglu,
-                    SCALES="block_tile" if self.w_scale_per_tile else self.scales, SCALE_GROUP_K=self.scale_group_k,
-                    EVEN_K=self.even_k, DOT=self.dot)
+        args = dict(
+            ROWS="gather" if self.gather_a else "scatter" if self.scatter else "sorted",
+            SWIGLU=self.swiglu,
+            SCALES="block_tile" if self.w_scale_per_tile else self.scales,
+            SCALE_GROUP_K=self.scale_group_k,
+            EVEN_K=self.even_k,
+            DOT=self.dot,
+        )
         if not self.persistent:
             args.update(TAIL_SPLITS=config.tail_splits, FOLD_M=self.fold_m)
-        return dict(args, BLOCK_SIZE_M=config.BLOCK_SIZE_M, BLOCK_SIZE_N=config.BLOCK_SIZE_N,
-                    BLOCK_SIZE_K=config.BLOCK_SIZE_K, GROUP_SIZE_M=config.GROUP_SIZE_M, num_warps=config.num_warps,
-                    num_stages=config.num_stages)
-
-
+        return dict(
+            args,
+            BLOCK_SIZE_M=config.BLOCK_SIZE_M,
+            BLOCK_SIZE_N=config.BLOCK_SIZE_N,
+            BLOCK_SIZE_K=config.BLOCK_SIZE_K,
+            GROUP_SIZE_M=config.GROUP_SIZE_M,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
 
 
 def check_use_tma(use_tma: UseTma) -> None:
@@ -131,8 +143,15 @@ def check_use_tma(use_tma: UseTma) -> None:
         raise ValueError(f"use_tma must be True, False or 'auto', got {use_tma!r}")
 
 
-def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, gather_a: bool,
-                     use_tma: UseTma = "auto", swiglu: bool = False) -> LoadPath:
+def select_load_path(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    config: GemmConfig,
+    *,
+    gather_a: bool,
+    use_tma: UseTma = "auto",
+    swiglu: bool = False,
+) -> LoadPath:
     """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
     other question, whether this device and Triton can). Precedence, first match wins:
     1. `use_tma=False`: pointer loads. 2. `MOE_LAB_TMA=0`, or a device/Triton without TMA: pointer loads
@@ -158,8 +177,10 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     w_problem = descriptor_problem(w_view, w_box)
     if w_problem and use_tma is True:
         viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
-        raise ValueError(f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
-                         f"descriptor: {w_problem}")
+        raise ValueError(
+            f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
+            f"descriptor: {w_problem}"
+        )
     if w_problem and swiglu:
         w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
@@ -168,8 +189,10 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     else:
         a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
         if a_problem and use_tma is True:
-            raise ValueError(f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
-                             f"tensor descriptor: {a_problem}")
+            raise ValueError(
+                f"use_tma=True but a {tuple(a.shape)} ({a.dtype}) cannot be read through a "
+                f"tensor descriptor: {a_problem}"
+            )
     reasons.append(f"a: {'pointer (' + a_problem + ')' if a_problem else 'tma'}")
     path = LoadPath(not a_problem, not w_problem, "; ".join(reasons) + f" [{support.reason}]")
     fallback = (w_problem, None if gather_a else a_problem)
@@ -179,9 +202,19 @@ def select_load_path(a: torch.Tensor, w: torch.Tensor, config: GemmConfig, *, ga
     return path
 
 
-def plan_gemm(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config: GemmConfig, *,
-              gather_a: bool, scatter: bool = False, swiglu: bool = False,
-              use_tma: UseTma = "auto", scales=None, out_quant_group: int = 0) -> LaunchPlan:
+def plan_gemm(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    routing: AlignedRouting,
+    config: GemmConfig,
+    *,
+    gather_a: bool,
+    scatter: bool = False,
+    swiglu: bool = False,
+    use_tma: UseTma = "auto",
+    scales=None,
+    out_quant_group: int = 0,
+) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, checked by the caller: the config
     fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale block), the
     load paths, the kernel and its grid. `a` may be a meta tensor of the operand's shape, dtype and strides
@@ -218,12 +251,30 @@ def plan_gemm(a: torch.Tensor, w: torch.Tensor, routing: AlignedRouting, config:
     # one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
     # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
     tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
-    w_scale_per_tile = (scales is not None and scales.mode == "block" and scales.group_n % tile_rows == 0
-                        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0) and w.shape[2] > 0)
+    w_scale_per_tile = (
+        scales is not None
+        and scales.mode == "block"
+        and scales.group_n % tile_rows == 0
+        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0)
+        and w.shape[2] > 0
+    )
     dot = "interpreter" if interpreter_active() else "ieee" if full_precision_fp32(w.dtype) else "mma"
-    return LaunchPlan(config, path, gather_a, scatter, grid, swiglu, config.persistent,
-                      scales.mode if scales is not None else "none", out_quant_group, w_scale_per_tile, dots_per_step,
-                      scales.group_k if scales is not None else 1, w.shape[2] % config.BLOCK_SIZE_K == 0, dot)
+    return LaunchPlan(
+        config,
+        path,
+        gather_a,
+        scatter,
+        grid,
+        swiglu,
+        config.persistent,
+        scales.mode if scales is not None else "none",
+        out_quant_group,
+        w_scale_per_tile,
+        dots_per_step,
+        scales.group_k if scales is not None else 1,
+        w.shape[2] % config.BLOCK_SIZE_K == 0,
+        dot,
+    )
 
 
 def weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):

@@ -9,6 +9,7 @@ block; DeepSeek-V3: [128, 128]). `build` makes weights in `dtype` (bfloat16 by d
 checkpoint's format; `quantize_fp8(w1, w2)` turns them into that format: float8_e4m3fn weights and their
 scales, as `fused_moe` and `fused_moe_reference` take them (`moe-lab demo --dtype fp8` runs it).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,6 +26,7 @@ DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names n
 @dataclass(frozen=True)
 class MoEPreset:
     """One MoE layer's shape. hidden_size H, moe_intermediate_size I, num_experts E, top_k k."""
+
     name: str
     num_experts: int
     top_k: int
@@ -44,8 +46,10 @@ class MoEPreset:
         Raises ValueError unless divisor is an int >= 1."""
         if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
             raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
+
         def shrink(x: int) -> int:
             return max(16, -(-(x // divisor) // 16) * 16)
+
         return replace(self, hidden_size=shrink(self.hidden_size), intermediate_size=shrink(self.intermediate_size))
 
     def flops(self, num_tokens: int) -> int:
@@ -68,10 +72,16 @@ class MoEPreset:
         w2 = uniform((e, h, i), i)
         router = uniform((e, h), h).float()
         bias = torch.rand(e, generator=gen, device=device) * 0.1 if self.scoring == "sigmoid" else None
-        routing = topk_routing(hidden_states.float() @ router.T, self.top_k, renormalize=self.renormalize,
-                               scoring=self.scoring, correction_bias=bias,
-                               num_expert_group=self.num_expert_group, topk_group=self.topk_group,
-                               routed_scaling_factor=self.routed_scaling_factor)
+        routing = topk_routing(
+            hidden_states.float() @ router.T,
+            self.top_k,
+            renormalize=self.renormalize,
+            scoring=self.scoring,
+            correction_bias=bias,
+            num_expert_group=self.num_expert_group,
+            topk_group=self.topk_group,
+            routed_scaling_factor=self.routed_scaling_factor,
+        )
         return hidden_states, w1, w2, routing
 
     def quantize_fp8(self, w1: torch.Tensor, w2: torch.Tensor, block_shape=None):
@@ -81,24 +91,46 @@ class MoEPreset:
         `block_shape`, else this preset's `weight_block_size`, else DeepSeek-V3's (128, 128)
         (`moe_lab.quantize_weights_fp8`; H and I need not be multiples of the block)."""
         from .quantize import quantize_weights_fp8
+
         block = tuple(block_shape or self.weight_block_size or DEFAULT_FP8_BLOCK)
         w1_fp8, w1_scale = quantize_weights_fp8(w1, block)
         w2_fp8, w2_scale = quantize_weights_fp8(w2, block)
         return w1_fp8, w2_fp8, dict(w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block)
 
 
-PRESETS = {p.name: p for p in (
-    MoEPreset("mixtral-8x7b", 8, 2, 4096, 14336, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
-    MoEPreset("qwen3-30b-a3b", 128, 8, 2048, 768, source="Qwen/Qwen3-30B-A3B config.json"),
-    # Its checkpoint's quantization_config: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-    # "weight_block_size": [128, 128]}.
-    MoEPreset("deepseek-v3", 256, 8, 7168, 2048, scoring="sigmoid", num_expert_group=8, topk_group=4,
-              routed_scaling_factor=2.5, quantization="fp8", weight_block_size=(128, 128),
-              source="deepseek-ai/DeepSeek-V3 config.json (routed experts)"),
-    MoEPreset("olmoe-1b-7b", 64, 8, 2048, 1024, renormalize=False, source="allenai/OLMoE-1B-7B-0924 config.json"),
-    MoEPreset("qwen1.5-moe-a2.7b", 60, 4, 2048, 1408, renormalize=False,
-              source="Qwen/Qwen1.5-MoE-A2.7B config.json (routed experts)"),
-)}
+PRESETS = {
+    p.name: p
+    for p in (
+        MoEPreset("mixtral-8x7b", 8, 2, 4096, 14336, source="mistralai/Mixtral-8x7B-v0.1 config.json"),
+        MoEPreset("qwen3-30b-a3b", 128, 8, 2048, 768, source="Qwen/Qwen3-30B-A3B config.json"),
+        # Its checkpoint's quantization_config: {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        # "weight_block_size": [128, 128]}.
+        MoEPreset(
+            "deepseek-v3",
+            256,
+            8,
+            7168,
+            2048,
+            scoring="sigmoid",
+            num_expert_group=8,
+            topk_group=4,
+            routed_scaling_factor=2.5,
+            quantization="fp8",
+            weight_block_size=(128, 128),
+            source="deepseek-ai/DeepSeek-V3 config.json (routed experts)",
+        ),
+        MoEPreset("olmoe-1b-7b", 64, 8, 2048, 1024, renormalize=False, source="allenai/OLMoE-1B-7B-0924 config.json"),
+        MoEPreset(
+            "qwen1.5-moe-a2.7b",
+            60,
+            4,
+            2048,
+            1408,
+            renormalize=False,
+            source="Qwen/Qwen1.5-MoE-A2.7B config.json (routed experts)",
+        ),
+    )
+}
 
 
 def get_preset(name: str) -> MoEPreset:

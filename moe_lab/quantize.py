@@ -20,6 +20,7 @@ Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3 "Fine-Grained Quan
 activations, 128x128 blocks for weights, online max-abs scaling); vLLM,
 `vllm/model_executor/layers/quantization/utils/fp8_utils.py` (`per_token_group_quant_fp8`).
 """
+
 from __future__ import annotations
 
 import operator
@@ -30,19 +31,28 @@ import torch.nn.functional as F
 import triton
 
 from ._kernels.quantize import per_token_group_quant_fp8_kernel
-from ._validate import FLOAT_DTYPES, check_not_aliased, check_positive_int, check_same_device, check_tensor, \
-    is_bool, output_buffer, type_name
+from ._validate import (
+    FLOAT_DTYPES,
+    check_not_aliased,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    is_bool,
+    output_buffer,
+    type_name,
+)
 from .capability import fp8_support
 from .runtime import interpreter_active, interpreter_serialized
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0          # the largest finite float8_e4m3fn value
-AMAX_FLOOR = 1e-10       # scale = max(amax, AMAX_FLOOR) / FP8_MAX: an all-zero block gets a tiny scale, q = 0
-TILE_ELEMENTS = 2048     # elements one program quantizes (more when a single group is larger)
-MAX_GROUP = 65536        # channels of one group (one program's tile; Triton's tiles hold at most 2^20 values)
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn value
+AMAX_FLOOR = 1e-10  # scale = max(amax, AMAX_FLOOR) / FP8_MAX: an all-zero block gets a tiny scale, q = 0
+TILE_ELEMENTS = 2048  # elements one program quantizes (more when a single group is larger)
+MAX_GROUP = 65536  # channels of one group (one program's tile; Triton's tiles hold at most 2^20 values)
 
 
 # --- checks ------------------------------------------------------------------------------------------
+
 
 def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     """None, or (bn, bk) from two positive ints (int-likes such as numpy integers too); TypeError/ValueError
@@ -52,8 +62,10 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     if isinstance(block_shape, torch.Tensor) or type(block_shape).__module__ == "numpy":  # a tensor or an array
         block_shape = block_shape.tolist() if getattr(block_shape, "ndim", 1) else block_shape
     if not isinstance(block_shape, (tuple, list)):
-        raise TypeError(f"block_shape must be a tuple or list of two ints [bn, bk] (e.g. (128, 128)) or None, got "
-                        f"{type(block_shape).__name__}")
+        raise TypeError(
+            f"block_shape must be a tuple or list of two ints [bn, bk] (e.g. (128, 128)) or None, got "
+            f"{type(block_shape).__name__}"
+        )
     if len(block_shape) != 2:
         raise ValueError(f"block_shape must hold two ints [bn, bk], got {len(block_shape)}: {list(block_shape)}")
     values = []
@@ -63,8 +75,10 @@ def check_block_shape(block_shape) -> Optional[Tuple[int, int]]:
                 raise TypeError
             values.append(operator.index(value))
         except TypeError:
-            raise TypeError(f"block_shape must hold two ints [bn, bk], got {list(block_shape)} "
-                            f"(an element of type {type(value).__name__})") from None
+            raise TypeError(
+                f"block_shape must hold two ints [bn, bk], got {list(block_shape)} "
+                f"(an element of type {type(value).__name__})"
+            ) from None
     if min(values) < 1:
         raise ValueError(f"block_shape entries must be >= 1, got {values}")
     return values[0], values[1]
@@ -82,9 +96,11 @@ def check_gemm_block_shape(block_shape) -> Optional[Tuple[int, int]]:
     below 2**31."""
     block_shape = check_block_shape(block_shape)
     if block_shape is not None and block_shape[1] % MIN_FP8_DOT_K:
-        raise ValueError(f"block_shape[1] (block_k) must be a multiple of {MIN_FP8_DOT_K} (float8 dots take K in "
-                         f"steps of {MIN_FP8_DOT_K}), got {block_shape[1]}")
-    if block_shape is not None and max(block_shape) >= 2 ** 31:  # the kernel divides int32 indices by them
+        raise ValueError(
+            f"block_shape[1] (block_k) must be a multiple of {MIN_FP8_DOT_K} (float8 dots take K in "
+            f"steps of {MIN_FP8_DOT_K}), got {block_shape[1]}"
+        )
+    if block_shape is not None and max(block_shape) >= 2**31:  # the kernel divides int32 indices by them
         raise ValueError(f"block_shape entries must be below 2**31, got {list(block_shape)}")
     return block_shape
 
@@ -137,8 +153,10 @@ def _to_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 # --- weights (offline, torch) ------------------------------------------------------------------------
 
-def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] = (128, 128), *,
-                         per_channel: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+
+def quantize_weights_fp8(
+    w: torch.Tensor, block_shape: Optional[Sequence[int]] = (128, 128), *, per_channel: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantize expert weights to FP8: w [E, N, K] float16/bfloat16/float32 (any strides) ->
     (w_fp8 [E, N, K] float8_e4m3fn, contiguous; w_scale float32), with w ~ w_fp8 * w_scale per block.
 
@@ -159,8 +177,10 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, N, K]")
     block = check_gemm_block_shape(block_shape)
     if _check_flag("per_channel", per_channel) and block is not None:
-        raise ValueError(f"per_channel=True gives one scale per output row and takes block_shape=None, got "
-                         f"block_shape={list(block)}; pass block_shape=None")
+        raise ValueError(
+            f"per_channel=True gives one scale per output row and takes block_shape=None, got "
+            f"block_shape={list(block)}; pass block_shape=None"
+        )
     experts, n, k = w.shape
     if n == 0 or k == 0:
         raise ValueError(f"w must have N >= 1 and K >= 1 [E, N, K], got shape {tuple(w.shape)}")
@@ -192,8 +212,8 @@ def quantize_weights_fp8(w: torch.Tensor, block_shape: Optional[Sequence[int]] =
 
 # --- dequantize (references and tests) ---------------------------------------------------------------
 
-def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor,
-                   block_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block_shape: Optional[Sequence[int]] = None) -> torch.Tensor:
     """q * scale in float32, the scale repeated over what it covers: the inverse of `quantize_weights_fp8`
     and `quantize_activations_fp8`, for references and tests. q float8_e4m3fn, [E, N, K] (weights) or
     [rows, K] (activations); scale float32, one of:
@@ -235,17 +255,22 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor,
         full = scale
     if full is None:
         if weights:
-            layouts = (f"[1] or [E] = [{q.shape[0]}] (per tensor), [E, N] = [{q.shape[0]}, {n}] (per channel), "
-                       f"[E, ceil(N/bn), ceil(K/bk)] with block_shape=(bn, bk)")
+            layouts = (
+                f"[1] or [E] = [{q.shape[0]}] (per tensor), [E, N] = [{q.shape[0]}, {n}] (per channel), "
+                f"[E, ceil(N/bn), ceil(K/bk)] with block_shape=(bn, bk)"
+            )
         else:
-            layouts = (f"[1] (per tensor), [rows, 1] = [{n}, 1] (per token), [rows, ceil(K/g)] with "
-                       "block_shape=(1, g) (per token group)")
+            layouts = (
+                f"[1] (per tensor), [rows, 1] = [{n}, 1] (per token), [rows, ceil(K/g)] with "
+                "block_shape=(1, g) (per token group)"
+            )
         given = f" with block_shape={list(block)}" if block is not None else " without block_shape"
         raise ValueError(f"scale of shape {shape}{given} fits no layout of q {tuple(q.shape)}; expected {layouts}")
     return q.float() * full
 
 
 # --- activations (run time, Triton) ------------------------------------------------------------------
+
 
 def _launch(x, q, scale, num_rows, group_size, static):
     """One launch of the quantization kernel over x [rows, K]: groups of group_size channels (static: the
@@ -261,17 +286,39 @@ def _launch(x, q, scale, num_rows, group_size, static):
     stride_sm, stride_sg = (0, 0) if static else (scale.stride(0), scale.stride(1))
     grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(groups, per_program))
     per_token_group_quant_fp8_kernel[grid](
-        x, q, scale, num_rows, rows, k, x.stride(0), x.stride(1), q.stride(0), stride_sm, stride_sg,
-        GROUP_SIZE=group_size, GROUP_BLOCK=group_block, GROUPS_PER_PROGRAM=per_program,
-        ROWS_PER_PROGRAM=rows_per_program, STATIC_SCALE=static, HAS_ROW_BOUND=num_rows is not None,
-        EMULATE_FP8=interpreter_active(), num_warps=num_warps)
+        x,
+        q,
+        scale,
+        num_rows,
+        rows,
+        k,
+        x.stride(0),
+        x.stride(1),
+        q.stride(0),
+        stride_sm,
+        stride_sg,
+        GROUP_SIZE=group_size,
+        GROUP_BLOCK=group_block,
+        GROUPS_PER_PROGRAM=per_program,
+        ROWS_PER_PROGRAM=rows_per_program,
+        STATIC_SCALE=static,
+        HAS_ROW_BOUND=num_rows is not None,
+        EMULATE_FP8=interpreter_active(),
+        num_warps=num_warps,
+    )
 
 
 @interpreter_serialized
-def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128,
-                             scale: Optional[torch.Tensor] = None, per_tensor: bool = False,
-                             num_rows: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None,
-                             out_scale: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_activations_fp8(
+    x: torch.Tensor,
+    *,
+    group_size: Optional[int] = 128,
+    scale: Optional[torch.Tensor] = None,
+    per_tensor: bool = False,
+    num_rows: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+    out_scale: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations to FP8 with a Triton kernel: x [rows, K] float16/bfloat16/float32 (any strides)
     -> (x_fp8 [rows, K] float8_e4m3fn, x_scale float32), with x ~ x_fp8 * x_scale per group. Each scale =
     max(amax of its group, 1e-10) / 448; x_fp8 = clamp(x / scale, -448, 448) rounded to the nearest e4m3
@@ -320,8 +367,10 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     static = scale is not None or per_tensor
     group = k if group_size is None or static else min(group_size, k)  # a group as wide as K: per token
     if not static and triton.next_power_of_2(group) > MAX_GROUP:
-        raise ValueError(f"a group of {group} channels is wider than the kernel's limit of {MAX_GROUP}: pass "
-                         f"group_size <= {MAX_GROUP} (x has K = {k})")
+        raise ValueError(
+            f"a group of {group} channels is wider than the kernel's limit of {MAX_GROUP}: pass "
+            f"group_size <= {MAX_GROUP} (x has K = {k})"
+        )
     scale_shape = (1,) if static else (rows, triton.cdiv(k, group))
     q = output_buffer(out, (rows, k), FP8_DTYPE, x.device, "[rows, K]")
     if out is not None:
@@ -329,11 +378,19 @@ def quantize_activations_fp8(x: torch.Tensor, *, group_size: Optional[int] = 128
     if out_scale is None:
         x_scale = scale if scale is not None else torch.empty(scale_shape, dtype=torch.float32, device=x.device)
     else:
-        check_tensor("out_scale", out_scale, ndim=len(scale_shape), dtypes=(torch.float32,), shape=scale_shape,
-                     layout="[1]" if static else "[rows, ceil(K/group_size)]")
+        check_tensor(
+            "out_scale",
+            out_scale,
+            ndim=len(scale_shape),
+            dtypes=(torch.float32,),
+            shape=scale_shape,
+            layout="[1]" if static else "[rows, ceil(K/group_size)]",
+        )
         if any(stride == 0 for size, stride in zip(out_scale.shape, out_scale.stride()) if size > 1):
-            raise ValueError(f"out_scale's entries overlap in memory (strides {tuple(out_scale.stride())} for shape "
-                             f"{tuple(out_scale.shape)}): pass a buffer where each scale has its own memory")
+            raise ValueError(
+                f"out_scale's entries overlap in memory (strides {tuple(out_scale.stride())} for shape "
+                f"{tuple(out_scale.shape)}): pass a buffer where each scale has its own memory"
+            )
         check_not_aliased(out_scale, x=x, out=out, name="out_scale")
         x_scale = out_scale
     device = check_same_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)

@@ -4,6 +4,7 @@ The down projection writes each routed (token, k) slot once, already multiplied 
 slots whose expert is not computed here (another rank's, under an `expert_map`) are never written, and
 the reduce skips them by looking at `topk_ids` again, so `out_k` needs no zero fill.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -12,16 +13,29 @@ import torch
 import triton
 
 from ._kernels.reduce import topk_reduce_kernel
-from ._validate import (FLOAT_DTYPES, INDEX_DTYPES, check_not_aliased, check_positive_int, check_same_device,
-                        check_tensor, output_buffer)
+from ._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_not_aliased,
+    check_positive_int,
+    check_same_device,
+    check_tensor,
+    output_buffer,
+)
 from .runtime import interpreter_active, interpreter_serialized
 
 BLOCK_SIZE = 1024
 
 
 @interpreter_serialized
-def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *,
-                expert_map: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+def topk_reduce(
+    out_k: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    *,
+    expert_map: Optional[torch.Tensor] = None,
+    out: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
     """out_k [T*k, H] float (last stride 1), topk_ids [T, k] int -> out [T, H] (float32 accumulation).
 
     Slots whose id lies outside [0, E_global) (E_global = len(expert_map), or num_experts without a map),
@@ -42,9 +56,20 @@ def topk_reduce(out_k: torch.Tensor, topk_ids: torch.Tensor, num_experts: int, *
     if num_tokens == 0 or hidden == 0:
         return out
     topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](
-        out_k, topk_ids, expert_map, out, hidden,
-        expert_map.numel() if expert_map is not None else num_experts, num_experts,
-        out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0),
-        TOP_K=top_k, HAS_EXPERT_MAP=expert_map is not None,
-        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16, BLOCK_SIZE=BLOCK_SIZE)
+        out_k,
+        topk_ids,
+        expert_map,
+        out,
+        hidden,
+        expert_map.numel() if expert_map is not None else num_experts,
+        num_experts,
+        out_k.stride(0),
+        topk_ids.stride(0),
+        topk_ids.stride(1),
+        out.stride(0),
+        TOP_K=top_k,
+        HAS_EXPERT_MAP=expert_map is not None,
+        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16,
+        BLOCK_SIZE=BLOCK_SIZE,
+    )
     return out

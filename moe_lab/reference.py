@@ -1,4 +1,5 @@
 """PyTorch references, written for clarity, in float32 (or float64) math. Tests compare against these."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -11,8 +12,9 @@ from .gemm import check_weight_scale
 from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
 
 
-def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *,
-                        expert_map: Optional[torch.Tensor] = None) -> AlignedRouting:
+def moe_align_reference(
+    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, expert_map: Optional[torch.Tensor] = None
+) -> AlignedRouting:
     """The same schedule as `moe_align`, built with a stable sort on the host. Slots whose expert is
     outside [0, E) (after `expert_map`) are dropped. Checks its arguments as `moe_align` does."""
     num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
@@ -31,17 +33,26 @@ def moe_align_reference(topk_ids: torch.Tensor, num_experts: int, block_size_m: 
     row = 0
     for e in range(num_experts):
         slots = torch.nonzero(ids == e).flatten()  # ascending: stable order
-        sorted_ids[row:row + slots.numel()] = slots
+        sorted_ids[row : row + slots.numel()] = slots
         blocks = -(-slots.numel() // block_size_m)
-        expert_ids[row // block_size_m: row // block_size_m + blocks] = e
+        expert_ids[row // block_size_m : row // block_size_m + blocks] = e
         row += blocks * block_size_m
     dev = dict(dtype=torch.int32, device=topk_ids.device)
-    return AlignedRouting(counts.to(**dev), sorted_ids.to(**dev), expert_ids.to(**dev),
-                          torch.tensor([row], **dev), block_size_m, num_tokens, top_k, num_experts)
+    return AlignedRouting(
+        counts.to(**dev),
+        sorted_ids.to(**dev),
+        expert_ids.to(**dev),
+        torch.tensor([row], **dev),
+        block_size_m,
+        num_tokens,
+        top_k,
+        num_experts,
+    )
 
 
-def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
-                              scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+def fake_quantize_activations(
+    x: torch.Tensor, group_size: Optional[int] = None, scale: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """x [rows, K] as the float8 GEMM sees it, back in float32: quantized to float8_e4m3fn and multiplied
     by its scale, with the static per-tensor `scale`, or scales amax/448 per `group_size` channels of a
     row (per row when None), as `moe_lab.quantize_activations_fp8` makes them."""
@@ -59,12 +70,21 @@ def fake_quantize_activations(x: torch.Tensor, group_size: Optional[int] = None,
     return q.reshape(rows, k + pad)[:, :k]
 
 
-def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                        topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-                        expert_map: Optional[torch.Tensor] = None,
-                        dtype: torch.dtype = torch.float32, w1_scale: Optional[torch.Tensor] = None,
-                        w2_scale: Optional[torch.Tensor] = None, a1_scale: Optional[torch.Tensor] = None,
-                        a2_scale: Optional[torch.Tensor] = None, block_shape=None) -> torch.Tensor:
+def fused_moe_reference(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    expert_map: Optional[torch.Tensor] = None,
+    dtype: torch.dtype = torch.float32,
+    w1_scale: Optional[torch.Tensor] = None,
+    w2_scale: Optional[torch.Tensor] = None,
+    a1_scale: Optional[torch.Tensor] = None,
+    a2_scale: Optional[torch.Tensor] = None,
+    block_shape=None,
+) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1g[e] x_t) * W1u[e] x_t), e = topk_ids[t, j].
 
     hidden_states [T, H], w1 [E, 2I, H] (gate rows first, then up), w2 [E, H, I]; math in `dtype`
@@ -81,8 +101,10 @@ def fused_moe_reference(hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch
         block_shape = check_gemm_block_shape(block_shape)
         check_weight_scale("w1_scale", w1_scale, w1, block_shape)
         check_weight_scale("w2_scale", w2_scale, w2, block_shape)
-        a1_scale, a2_scale = (None if s is None else check_static_scale(name, s)
-                              for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale)))
+        a1_scale, a2_scale = (
+            None if s is None else check_static_scale(name, s)
+            for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale))
+        )
         w1, w2 = dequantize_fp8(w1, w1_scale, block_shape), dequantize_fp8(w2, w2_scale, block_shape)
         group = block_shape[1] if block_shape is not None else None
         hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)

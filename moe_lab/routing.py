@@ -7,6 +7,7 @@
   best biased scores), then top-k inside them (DeepSeek-V3, arXiv:2412.19437, section 2.1.2).
 Routing is a few small PyTorch ops; the kernels of this package start at alignment.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ._validate import FLOAT_DTYPES, check_positive_int, check_tensor
 @dataclass(frozen=True)
 class TopKRouting:
     """`topk_weights` [T, k] float32: each token's routed weights. `topk_ids` [T, k] int32: its experts."""
+
     topk_weights: torch.Tensor
     topk_ids: torch.Tensor
 
@@ -27,10 +29,17 @@ class TopKRouting:
         return iter((self.topk_weights, self.topk_ids))
 
 
-def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool = True,
-                 scoring: str = "softmax", correction_bias: Optional[torch.Tensor] = None,
-                 num_expert_group: Optional[int] = None, topk_group: Optional[int] = None,
-                 routed_scaling_factor: float = 1.0) -> TopKRouting:
+def topk_routing(
+    router_logits: torch.Tensor,
+    top_k: int,
+    *,
+    renormalize: bool = True,
+    scoring: str = "softmax",
+    correction_bias: Optional[torch.Tensor] = None,
+    num_expert_group: Optional[int] = None,
+    topk_group: Optional[int] = None,
+    routed_scaling_factor: float = 1.0,
+) -> TopKRouting:
     """Pick `top_k` experts per token.
 
     Args:
@@ -57,14 +66,20 @@ def topk_routing(router_logits: torch.Tensor, top_k: int, *, renormalize: bool =
     if scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
     if correction_bias is not None:
-        check_tensor("correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES,
-                     shape=(num_experts,), layout="[E]")
-    if isinstance(routed_scaling_factor, bool) or not isinstance(routed_scaling_factor, (int, float)) \
-            or not routed_scaling_factor > 0:
+        check_tensor(
+            "correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_experts,), layout="[E]"
+        )
+    if (
+        isinstance(routed_scaling_factor, bool)
+        or not isinstance(routed_scaling_factor, (int, float))
+        or not routed_scaling_factor > 0
+    ):
         raise ValueError(f"routed_scaling_factor must be a number > 0, got {routed_scaling_factor!r}")
     if (num_expert_group is None) != (topk_group is None):
-        raise ValueError("num_expert_group and topk_group go together: give both or neither, got "
-                         f"num_expert_group={num_expert_group}, topk_group={topk_group}")
+        raise ValueError(
+            "num_expert_group and topk_group go together: give both or neither, got "
+            f"num_expert_group={num_expert_group}, topk_group={topk_group}"
+        )
 
     logits = router_logits.float()
     scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else torch.sigmoid(logits)

@@ -7,6 +7,7 @@ imported first, `@triton.jit` functions made until then (Triton's own helpers, `
 a learner's kernels) were made for a GPU; `select_backend` remakes triton.language's and `__main__`'s for the
 interpreter, and warns.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,13 @@ import torch
 
 def interpreter_active() -> bool:
     """True when Triton kernels run under the CPU interpreter (`TRITON_INTERPRET=1`)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes", "y")  # as Triton reads it
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in (
+        "1",
+        "true",
+        "on",
+        "yes",
+        "y",
+    )  # as Triton reads it
 
 
 def select_backend() -> None:
@@ -34,19 +41,23 @@ def select_backend() -> None:
     if interpreter_active():
         import numpy
         import triton
+
         problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
         if problem:
             raise RuntimeError(problem)
         remade = _remake_for_the_interpreter()
         if remade is not None:
-            yours = (f" Your @triton.jit functions in __main__ ({', '.join(remade)}) were remade too."
-                     if remade else "")
-            warnings.warn("triton was imported before Triton's interpreter was switched on (TRITON_INTERPRET=1; "
-                          "moe_lab sets it where no CUDA GPU is visible), so its @triton.jit functions were made "
-                          "for a GPU. moe_lab remade triton.language's helpers for the interpreter." + yours +
-                          " A @triton.jit kernel or helper defined elsewhere before `import moe_lab` cannot run "
-                          "here: define it again. Next time import moe_lab first, or set TRITON_INTERPRET=1 before "
-                          "importing triton.", stacklevel=3)
+            yours = f" Your @triton.jit functions in __main__ ({', '.join(remade)}) were remade too." if remade else ""
+            warnings.warn(
+                "triton was imported before Triton's interpreter was switched on (TRITON_INTERPRET=1; "
+                "moe_lab sets it where no CUDA GPU is visible), so its @triton.jit functions were made "
+                "for a GPU. moe_lab remade triton.language's helpers for the interpreter."
+                + yours
+                + " A @triton.jit kernel or helper defined elsewhere before `import moe_lab` cannot run "
+                "here: define it again. Next time import moe_lab first, or set TRITON_INTERPRET=1 before "
+                "importing triton.",
+                stacklevel=3,
+            )
 
 
 def _remake_for_the_interpreter() -> Optional[list]:
@@ -57,9 +68,12 @@ def _remake_for_the_interpreter() -> Optional[list]:
     to remake, else the names remade in `__main__`."""
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
+
     remade, yours = {}, []
     for name, module in list(sys.modules.items()):
-        if module is None or not (name == "__main__" or name == "triton.language" or name.startswith("triton.language.")):
+        if module is None or not (
+            name == "__main__" or name == "triton.language" or name.startswith("triton.language.")
+        ):
             continue
         for attr, value in list(vars(module).items()):
             if isinstance(value, JITFunction):  # one object is re-exported by several modules: remade once
@@ -70,7 +84,7 @@ def _remake_for_the_interpreter() -> Optional[list]:
 
 
 def version_tuple(text: str) -> tuple:
-    """"3.6.0+git1a2b" -> (3, 6, 0), "2.4.0rc1" -> (2, 4, 0): the leading numeric release parts."""
+    """ "3.6.0+git1a2b" -> (3, 6, 0), "2.4.0rc1" -> (2, 4, 0): the leading numeric release parts."""
     parts = []
     for piece in text.split("+")[0].split("."):
         digits = "".join(itertools.takewhile(str.isdigit, piece))
@@ -88,9 +102,11 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Option
     if not triton_release or not numpy_release:  # a version we cannot read ("dev"): let it run
         return None
     if triton_release[:2] <= (3, 6) and numpy_release[:2] >= (2, 4):
-        return (f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
-                f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
-                "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12).")
+        return (
+            f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
+            f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
+            "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12)."
+        )
     return None
 
 
@@ -103,17 +119,22 @@ def default_device() -> torch.device:
 
 def require_gpu_timing(what: str = "timing") -> None:
     """Raise `RuntimeError` where timings would mean nothing: with no GPU, or under the interpreter."""
-    committed = ("The H200 results are committed: benchmarks/README.md, benchmarks/results/, and the tuned "
-                 "tables in moe_lab/configs/.")
+    committed = (
+        "The H200 results are committed: benchmarks/README.md, benchmarks/results/, and the tuned "
+        "tables in moe_lab/configs/."
+    )
     if not torch.cuda.is_available():
-        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch. Timings need one: here kernels "
-                           f"run only under Triton's interpreter (on the CPU, one program at a time), whose timings "
-                           f"say nothing about a GPU. {committed}")
+        raise RuntimeError(
+            f"{what} refused: no CUDA GPU is visible to PyTorch. Timings need one: here kernels "
+            f"run only under Triton's interpreter (on the CPU, one program at a time), whose timings "
+            f"say nothing about a GPU. {committed}"
+        )
     if interpreter_active():
         raise RuntimeError(
             f"{what} refused: Triton's interpreter is on (TRITON_INTERPRET=1), which runs kernels on the CPU "
             "one program at a time; its timings say nothing about a GPU. Unset TRITON_INTERPRET (or set it to "
-            f"0) on this GPU machine. {committed}")
+            f"0) on this GPU machine. {committed}"
+        )
 
 
 _INTERPRETER_LOCK = threading.RLock()
@@ -123,10 +144,12 @@ def interpreter_serialized(fn):
     """Decorate a launcher: under Triton's interpreter its calls take one process-wide (re-entrant) lock.
     The interpreter is not thread-safe (concurrent launches from several threads raise interpreter errors);
     compiled kernels need no lock and take none."""
+
     @functools.wraps(fn)
     def serialized(*args, **kwargs):
         if not interpreter_active():
             return fn(*args, **kwargs)
         with _INTERPRETER_LOCK:
             return fn(*args, **kwargs)
+
     return serialized

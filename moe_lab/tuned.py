@@ -21,6 +21,7 @@ taken; without one, configs come from `moe_lab.configs.heuristic_config`.
 Everything is read once per process and device (cached); a lookup on the hot path touches no file.
 `clear_cache()` forgets it all (after writing a table, or in tests).
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,7 +66,7 @@ def nearest_bucket(num_tokens: int, buckets) -> str:
 
 
 def arch_name(capability: Optional[Capability]) -> str:
-    """"sm_90" for (9, 0); "unknown architecture" for None."""
+    """ "sm_90" for (9, 0); "unknown architecture" for None."""
     return f"sm_{capability[0]}{capability[1]}" if capability else "unknown architecture"
 
 
@@ -79,6 +80,7 @@ class TunedTable:
     on this very device name and Triton version. `reason`: the choice in words, naming this device.
     `summary`: a short description for one line ("NVIDIA H200, Triton 3.6.0 (exact)"). Truthy when a
     table serves."""
+
     path: Optional[str]
     device: Optional[str]
     triton: Optional[str]
@@ -99,6 +101,7 @@ def _none(reason: str) -> TunedTable:
 class ConfigChoice:
     """The config a layer runs with and where it came from (`source`): "user config", "user config
     (dict) over <default source>", "tuned: <table summary>, T bucket <n>", or "heuristic (...)"."""
+
     config: MoEConfig
     source: str
 
@@ -119,10 +122,13 @@ def _version(text: str) -> Tuple[int, int, int]:
 def _capability(value, path: str) -> Optional[Capability]:
     if value is None:
         return None
-    if (isinstance(value, (list, tuple)) and len(value) == 2
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
+    if (
+        isinstance(value, (list, tuple))
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    ):
         return int(value[0]), int(value[1])
-    raise ValueError(f"{path}: \"capability\" must be [major, minor] or null, got {value!r}")
+    raise ValueError(f'{path}: "capability" must be [major, minor] or null, got {value!r}')
 
 
 @functools.lru_cache(maxsize=None)
@@ -134,9 +140,13 @@ def _scan(config_dir: str) -> Tuple[_Header, ...]:
         try:
             with open(path) as f:
                 data = json.load(f)
-            if not (isinstance(data, dict) and isinstance(data.get("device"), str)
-                    and isinstance(data.get("triton"), str) and isinstance(data.get("shapes"), dict)):
-                raise ValueError("not a table: needs \"device\", \"triton\" (strings) and \"shapes\" (an object)")
+            if not (
+                isinstance(data, dict)
+                and isinstance(data.get("device"), str)
+                and isinstance(data.get("triton"), str)
+                and isinstance(data.get("shapes"), dict)
+            ):
+                raise ValueError('not a table: needs "device", "triton" (strings) and "shapes" (an object)')
             if data.get("format", 1) != FORMAT_VERSION:
                 raise ValueError(f"table format {data.get('format')!r}; this moe-lab reads format {FORMAT_VERSION}")
             headers.append(_Header(path, data["device"], data["triton"], _capability(data.get("capability"), path)))
@@ -145,8 +155,9 @@ def _scan(config_dir: str) -> Tuple[_Header, ...]:
     return tuple(headers)
 
 
-def select_table(device_name: str, capability: Optional[Capability], triton_version: str,
-                 config_dir: Optional[str] = None) -> TunedTable:
+def select_table(
+    device_name: str, capability: Optional[Capability], triton_version: str, config_dir: Optional[str] = None
+) -> TunedTable:
     """The table that serves a device named `device_name` of compute `capability` ((major, minor), or
     None where unknown, e.g. ROCm/HIP: then only tables of the same name qualify) under Triton
     `triton_version`, from the tables in `config_dir` (default: the package's `CONFIG_DIR`), by the rules
@@ -158,8 +169,9 @@ def select_table(device_name: str, capability: Optional[Capability], triton_vers
 
 
 @functools.lru_cache(maxsize=None)
-def _select_table(device_name: str, capability: Optional[Capability], triton_version: str,
-                  config_dir: str) -> TunedTable:
+def _select_table(
+    device_name: str, capability: Optional[Capability], triton_version: str, config_dir: str
+) -> TunedTable:
     want = _version(triton_version)
     ranked = []
     for h in _scan(config_dir):
@@ -177,23 +189,42 @@ def _select_table(device_name: str, capability: Optional[Capability], triton_ver
     this = f"{device_name} with Triton {triton_version}"
     if not ranked:
         known = "; ".join(f"{h.device} / Triton {h.triton} ({arch_name(h.capability)})" for h in _scan(config_dir))
-        return _none(f"no tuned table for {device_name} ({arch_name(capability)}) with Triton {triton_version} "
-                     f"in {config_dir}" + (f" (tables there: {known})" if known else "")
-                     + ": configs come from the heuristic")
+        return _none(
+            f"no tuned table for {device_name} ({arch_name(capability)}) with Triton {triton_version} "
+            f"in {config_dir}" + (f" (tables there: {known})" if known else "") + ": configs come from the heuristic"
+        )
     h = min(ranked, key=lambda r: r[0])[1]
     tuned_on = f"tuned on {h.device} with Triton {h.triton}"
     cap = h.capability if h.capability is not None else capability
     if h.device == device_name and h.triton == triton_version:
-        return TunedTable(h.path, h.device, h.triton, h.capability, True,
-                          f"{tuned_on}: this device and this Triton version (exact table)",
-                          f"{h.device}, Triton {h.triton} (exact)")
+        return TunedTable(
+            h.path,
+            h.device,
+            h.triton,
+            h.capability,
+            True,
+            f"{tuned_on}: this device and this Triton version (exact table)",
+            f"{h.device}, Triton {h.triton} (exact)",
+        )
     if h.device == device_name:
-        return TunedTable(h.path, h.device, h.triton, h.capability, False,
-                          f"{tuned_on}; this is {this}: same device, nearest Triton version",
-                          f"{h.device}, Triton {h.triton} (nearest Triton version)")
-    return TunedTable(h.path, h.device, h.triton, h.capability, False,
-                      f"{tuned_on}; this is {this}: nearest table of the same architecture ({arch_name(cap)})",
-                      f"{h.device}, Triton {h.triton} (nearest table of {arch_name(cap)})")
+        return TunedTable(
+            h.path,
+            h.device,
+            h.triton,
+            h.capability,
+            False,
+            f"{tuned_on}; this is {this}: same device, nearest Triton version",
+            f"{h.device}, Triton {h.triton} (nearest Triton version)",
+        )
+    return TunedTable(
+        h.path,
+        h.device,
+        h.triton,
+        h.capability,
+        False,
+        f"{tuned_on}; this is {this}: nearest table of the same architecture ({arch_name(cap)})",
+        f"{h.device}, Triton {h.triton} (nearest table of {arch_name(cap)})",
+    )
 
 
 def _device_index(device: Union[torch.device, str, int, None]) -> Optional[int]:
@@ -224,8 +255,9 @@ def table_for_device(device: Union[torch.device, str, int, None] = None) -> Tune
     Cached per device; never raises for a missing or unreadable table (those are skipped with a
     warning)."""
     if interpreter_active():
-        return _none("Triton interpreter (TRITON_INTERPRET=1): tuned tables are for GPUs; "
-                     "configs come from the heuristic")
+        return _none(
+            "Triton interpreter (TRITON_INTERPRET=1): tuned tables are for GPUs; configs come from the heuristic"
+        )
     if not torch.cuda.is_available():
         return _none("no CUDA GPU is visible to PyTorch: configs come from the heuristic")
     index = _device_index(device)
@@ -243,9 +275,12 @@ class _Entries:
             try:
                 config = MoEConfig(GemmConfig(**entry["up"]), GemmConfig(**entry["down"]))
             except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"{where}, T bucket {bucket}: not a valid entry ({type(exc).__name__}: {exc})") from exc
-            self.buckets.append((math.log(max(int(bucket), 1)),
-                                 ConfigChoice(config, f"tuned: {summary}, T bucket {bucket}")))
+                raise ValueError(
+                    f"{where}, T bucket {bucket}: not a valid entry ({type(exc).__name__}: {exc})"
+                ) from exc
+            self.buckets.append(
+                (math.log(max(int(bucket), 1)), ConfigChoice(config, f"tuned: {summary}, T bucket {bucket}"))
+            )
 
     def nearest(self, num_tokens: int) -> ConfigChoice:
         log_t = math.log(max(num_tokens, 1))
@@ -259,9 +294,17 @@ def _entries(path: str, summary: str) -> Dict[str, _Entries]:
     return {key: _Entries(by_tokens, summary, f"{path}: {key}") for key, by_tokens in shapes.items() if by_tokens}
 
 
-def choose_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-                  dtype: torch.dtype = torch.bfloat16, *, config: ConfigLike = None,
-                  device: Union[torch.device, str, int, None] = None) -> ConfigChoice:
+def choose_config(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    config: ConfigLike = None,
+    device: Union[torch.device, str, int, None] = None,
+) -> ConfigChoice:
     """The config a layer of this shape runs with on `device` (default: the current CUDA device), and
     where it came from. `config` as `fused_moe` takes it: None (the default: the tuned entry of the table
     that `table_for_device` picks, nearest token bucket, else `heuristic_config`), a MoEConfig or a
@@ -280,19 +323,30 @@ def choose_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: in
 def _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, device) -> ConfigChoice:
     table = table_for_device(device)
     if not table:
-        return ConfigChoice(heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype),
-                            HEURISTIC_NO_TABLE)
+        return ConfigChoice(
+            heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype), HEURISTIC_NO_TABLE
+        )
     key = shape_key(num_experts, top_k, hidden_size, intermediate_size, dtype)
     entries = _entries(table.path, table.summary).get(key)
     if entries is None:
-        return ConfigChoice(heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype),
-                            f"heuristic (no tuned entry for this shape: {key} is not in the table of "
-                            f"{table.device}, Triton {table.triton})")
+        return ConfigChoice(
+            heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype),
+            f"heuristic (no tuned entry for this shape: {key} is not in the table of "
+            f"{table.device}, Triton {table.triton})",
+        )
     return entries.nearest(num_tokens)
 
 
-def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: int,
-                   intermediate_size: int, dtype: torch.dtype = torch.bfloat16, *, tuned: bool = True) -> MoEConfig:
+def default_config(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    tuned: bool = True,
+) -> MoEConfig:
     """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
     that serves the current CUDA device for this shape and the nearest token bucket if there is one
     (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises nothing
@@ -302,8 +356,15 @@ def default_config(num_tokens: int, num_experts: int, top_k: int, hidden_size: i
     return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
 
 
-def lookup(num_tokens: int, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int,
-           dtype: torch.dtype, device: Union[torch.device, str, int, None] = None) -> Optional[MoEConfig]:
+def lookup(
+    num_tokens: int,
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    dtype: torch.dtype,
+    device: Union[torch.device, str, int, None] = None,
+) -> Optional[MoEConfig]:
     """The tuned MoEConfig for `device` (default: the current CUDA device), this Triton and this shape,
     from the table `table_for_device` picks (nearest token bucket), or None where no table or entry
     applies (always None under the interpreter or without a CUDA GPU)."""

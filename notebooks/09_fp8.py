@@ -518,7 +518,7 @@ bench_file = os.path.join(results_dir(), "fp8", "bench-fp8-NVIDIA_H200-2026-12-0
 if os.path.exists(bench_file):
     with open(bench_file) as f:
         fp8_rows = [r for r in json.load(f)["rows"] if r.get("speedup_gemms")]
-    print(f"\ntoday's kernel   " + "".join(f"{'T=' + str(t):>9}" for t in sorted({r['T'] for r in fp8_rows})))
+    print("\ntoday's kernel   " + "".join(f"{'T=' + str(t):>9}" for t in sorted({r['T'] for r in fp8_rows})))
     for model in dict.fromkeys(r["model"] for r in fp8_rows):
         print(f"{model:<16} " + "".join(f"{r['speedup_gemms']:>8.2f}x" for r in fp8_rows if r["model"] == model))
 else:

@@ -1,4 +1,5 @@
 """Shared fixtures. Importing moe_lab first switches Triton's interpreter on when there is no GPU."""
+
 import pytest
 import torch
 
@@ -10,8 +11,11 @@ ON_GPU = DEVICE.type == "cuda"
 
 
 def pytest_addoption(parser):
-    parser.addoption("--run-ui", action="store_true",
-                     help="run the browser tests (tests/ui: JupyterLab in headless Chromium; `make test-ui`)")
+    parser.addoption(
+        "--run-ui",
+        action="store_true",
+        help="run the browser tests (tests/ui: JupyterLab in headless Chromium; `make test-ui`)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,8 +50,8 @@ def random_topk_ids(num_tokens, num_experts, top_k, *, device=DEVICE, generator=
 def random_layer(num_tokens, num_experts, top_k, hidden, inter, dtype, *, device=DEVICE, ids=None):
     """hidden_states, w1, w2, topk_weights, topk_ids with fresh random values (never zeros)."""
     hs = torch.randn(num_tokens, hidden, device=device).to(dtype)
-    w1 = (torch.randn(num_experts, 2 * inter, hidden, device=device) / hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(num_experts, hidden, inter, device=device) / inter ** 0.5).to(dtype)
+    w1 = (torch.randn(num_experts, 2 * inter, hidden, device=device) / hidden**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, device=device) / inter**0.5).to(dtype)
     topk_ids = random_topk_ids(num_tokens, num_experts, top_k, device=device) if ids is None else ids.to(device)
     topk_weights = torch.softmax(torch.randn(num_tokens, top_k, device=device), dim=-1)
     return hs, w1, w2, topk_weights, topk_ids

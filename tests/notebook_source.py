@@ -1,6 +1,7 @@
 """Kernels defined in the notebooks' py:percent sources, for tests of the exercise checkers: the tests
 grade the notebooks' own solutions, so a solution and its checker cannot drift apart; and the one check of
 a wrong kernel that they all make."""
+
 import ast
 import os
 import re

@@ -94,8 +94,9 @@ def fp8_gpu_world(on_gpu_world):
     capability._fp8_support_cached.cache_clear()
 
 
-@pytest.mark.parametrize("cc,available", [((9, 0), True), ((8, 9), True), ((10, 0), True), ((8, 6), False),
-                                          ((8, 0), False)])
+@pytest.mark.parametrize(
+    "cc,available", [((9, 0), True), ((8, 9), True), ((10, 0), True), ((8, 6), False), ((8, 0), False)]
+)
 def test_fp8_needs_compute_capability_8_9(fp8_gpu_world, cc, available):
     fp8_gpu_world.setattr(torch.cuda, "get_device_capability", lambda d=None: cc)
     support = fp8_support("cuda:0")

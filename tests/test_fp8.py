@@ -1,14 +1,24 @@
 """FP8 (float8_e4m3fn) w8a8 GEMMs and layer: block-scaled (DeepSeek-V3's [128, 128]), per-channel with
 per-token activations, per-tensor; checked against float64 math on the dequantized operands, so the
 kernels' error is measured apart from the quantization's."""
+
 import dataclasses
 
 import pytest
 import torch
 
-from moe_lab import (GemmConfig, MoEConfig, fused_moe, fused_moe_reference, grouped_matmul, moe_align,
-                     quantize_activations_fp8, quantize_weights_fp8, relative_error)
-from moe_lab import dequantize_fp8
+from moe_lab import (
+    GemmConfig,
+    MoEConfig,
+    dequantize_fp8,
+    fused_moe,
+    fused_moe_reference,
+    grouped_matmul,
+    moe_align,
+    quantize_activations_fp8,
+    quantize_weights_fp8,
+    relative_error,
+)
 from moe_lab.reference import fake_quantize_activations
 
 from .conftest import DEVICE, random_topk_ids
@@ -37,8 +47,11 @@ def quantized(scheme, a, w, *, static_a=False):
         a_q, a_scale = quantize_activations_fp8(a, scale=(a.abs().max() / 448).float().reshape(1))
     else:
         a_q, a_scale = quantize_activations_fp8(a, group_size=None)
-    a_deq = a_q.double() * (a_scale.repeat_interleave(block_shape[1], 1)[:, :a.shape[1]].double()
-                            if block_shape is not None else a_scale.double().reshape(-1, 1))
+    a_deq = a_q.double() * (
+        a_scale.repeat_interleave(block_shape[1], 1)[:, : a.shape[1]].double()
+        if block_shape is not None
+        else a_scale.double().reshape(-1, 1)
+    )
     w_deq = dequantize_fp8(w_q, w_scale, block_shape).double()
     return a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq
 
@@ -50,12 +63,22 @@ def test_fp8_up_projection_matches_dequantized_math(use_tma, scheme, num_tokens,
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE)
-    w = torch.randn(num_experts, n, k, device=DEVICE) * k ** -0.5
+    w = torch.randn(num_experts, n, k, device=DEVICE) * k**-0.5
     a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w)
     out = torch.full((routing.max_num_tokens_padded, n), float("nan"), device=DEVICE)
-    _, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 64, 64, 2, 4, 1), gather_a=True, out=out,
-                             use_tma=use_tma, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
-                             return_plan=True)
+    _, plan = grouped_matmul(
+        a_q,
+        w_q,
+        routing,
+        GemmConfig(16, 64, 64, 2, 4, 1),
+        gather_a=True,
+        out=out,
+        use_tma=use_tma,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+        return_plan=True,
+    )
     assert plan.scales == ("block" if scheme == "block" else "outer")
     used = routing.num_tokens_post_padded.item()
     valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
@@ -70,13 +93,24 @@ def test_fp8_down_projection_scatters_weighted_rows(use_tma, scheme):
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE)
-    w = torch.randn(num_experts, n, k, device=DEVICE) * k ** -0.5
+    w = torch.randn(num_experts, n, k, device=DEVICE) * k**-0.5
     topk_weights = torch.rand(num_tokens, top_k, device=DEVICE)
     a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w, static_a=scheme == "per_tensor")
     out = torch.full((num_tokens * top_k, n), float("nan"), dtype=torch.bfloat16, device=DEVICE)
-    grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=False, scatter=True,
-                   topk_weights=topk_weights, out=out, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
-                   block_shape=block_shape)
+    grouped_matmul(
+        a_q,
+        w_q,
+        routing,
+        GemmConfig(16, 32, 64, 1, 4, 1),
+        gather_a=False,
+        scatter=True,
+        topk_weights=topk_weights,
+        out=out,
+        use_tma=use_tma,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+    )
     ref = per_expert_reference(a_deq, w_deq, routing, gather_a=False, topk_weights=topk_weights)
     ids_sorted = routing.sorted_token_ids.long().cpu()
     expected = torch.zeros(num_tokens * top_k, n, dtype=torch.float64)
@@ -94,13 +128,24 @@ def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma, block_k, step_k
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE)
-    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5
+    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k**-0.5
     block_shape = (16, block_k)
     w_q, w_scale = quantize_weights_fp8(w1, block_shape)
     a_q, a_scale = quantize_activations_fp8(a, group_size=block_k)
-    out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 64, 64, 1, 4, 1, tail_tiles=False),
-                               gather_a=True, swiglu=True, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
-                               block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
+    out, plan = grouped_matmul(
+        a_q,
+        w_q,
+        routing,
+        GemmConfig(16, 64, 64, 1, 4, 1, tail_tiles=False),
+        gather_a=True,
+        swiglu=True,
+        use_tma=use_tma,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+        out_dtype=torch.float32,
+        return_plan=True,
+    )
     assert plan.config.BLOCK_SIZE_K == step_k and plan.dots_per_step == dots and plan.swiglu
     a_deq = a_q.double() * a_scale.repeat_interleave(block_k, 1)[:, :k].double()
     ref = swiglu_reference(a_deq, dequantize_fp8(w_q, w_scale, block_shape).double(), routing)
@@ -111,8 +156,8 @@ def test_fp8_swiglu_epilogue_and_a_lowered_block_size_k(use_tma, block_k, step_k
 
 def fp8_layer(num_tokens, num_experts, top_k, hidden, inter, scheme, dtype=torch.bfloat16):
     x = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype)
-    w1 = torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) * hidden ** -0.5
-    w2 = torch.randn(num_experts, hidden, inter, device=DEVICE) * inter ** -0.5
+    w1 = torch.randn(num_experts, 2 * inter, hidden, device=DEVICE) * hidden**-0.5
+    w2 = torch.randn(num_experts, hidden, inter, device=DEVICE) * inter**-0.5
     opts = SCHEMES[scheme]
     w1_q, w1_scale = quantize_weights_fp8(w1, opts.get("block_shape"), per_channel=opts.get("per_channel", False))
     w2_q, w2_scale = quantize_weights_fp8(w2, opts.get("block_shape"), per_channel=opts.get("per_channel", False))
@@ -125,8 +170,9 @@ def fp8_layer(num_tokens, num_experts, top_k, hidden, inter, scheme, dtype=torch
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 @pytest.mark.parametrize("num_tokens,num_experts,top_k", [(13, 5, 2), (4, 3, 3), (6, 4, 1)])
 def test_fp8_layer_matches_the_dequantized_reference(scheme, num_tokens, num_experts, top_k):
-    x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(num_tokens, num_experts, top_k,
-                                                                         160, 96, scheme)
+    x, (w1, w2), (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(
+        num_tokens, num_experts, top_k, 160, 96, scheme
+    )
     out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
     assert out.dtype == torch.bfloat16 and out.shape == x.shape
     ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
@@ -189,7 +235,7 @@ def test_fake_quantized_activations_are_the_kernels():
     deq = q.float() * s.repeat_interleave(128, 1)[:, :200]
     assert torch.equal(deq.cpu(), fake_quantize_activations(x, 128).cpu())
     # a group wider than the row is the row, without padding the row to the group's width (2**30 floats)
-    assert torch.equal(fake_quantize_activations(x, 2 ** 30), fake_quantize_activations(x, None))
+    assert torch.equal(fake_quantize_activations(x, 2**30), fake_quantize_activations(x, None))
 
 
 def test_fp8_bad_arguments_name_what_is_wrong():
@@ -199,8 +245,16 @@ def test_fp8_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match="scales are for float8_e4m3fn weights"):
         fused_moe(x, w1.bfloat16(), w2.bfloat16(), topk_weights, topk_ids, w1_scale=scales["w1_scale"])
     with pytest.raises(ValueError, match=r"w2_scale must have shape \[E, ceil\(N/block_n\)"):
-        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=scales["w1_scale"],
-                  w2_scale=scales["w1_scale"], block_shape=(128, 128))
+        fused_moe(
+            x,
+            w1_q,
+            w2_q,
+            topk_weights,
+            topk_ids,
+            w1_scale=scales["w1_scale"],
+            w2_scale=scales["w1_scale"],
+            block_shape=(128, 128),
+        )
     with pytest.raises(TypeError, match="w1_scale must be float32"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w1_scale=scales["w1_scale"].half()))
     with pytest.raises(ValueError, match="a1_scale must be None with block_shape"):
@@ -219,14 +273,39 @@ def test_fp8_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match="need a_scale and w_scale"):
         grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True)
     with pytest.raises(TypeError, match=r"a must be float8_e4m3fn \(the dtype of w\)"):
-        grouped_matmul(x, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
-                       w_scale=scales["w1_scale"], block_shape=(128, 128))
+        grouped_matmul(
+            x,
+            w1_q,
+            routing,
+            GemmConfig(16, 64, 64),
+            gather_a=True,
+            a_scale=a_scale,
+            w_scale=scales["w1_scale"],
+            block_shape=(128, 128),
+        )
     with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
-        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale[:, :0],
-                       w_scale=scales["w1_scale"], block_shape=(128, 128))
+        grouped_matmul(
+            a_q,
+            w1_q,
+            routing,
+            GemmConfig(16, 64, 64),
+            gather_a=True,
+            a_scale=a_scale[:, :0],
+            w_scale=scales["w1_scale"],
+            block_shape=(128, 128),
+        )
     with pytest.raises(TypeError, match="out_dtype must be float16, bfloat16, float32, float8_e4m3fn, got int8"):
-        grouped_matmul(a_q, w1_q, routing, GemmConfig(16, 64, 64), gather_a=True, a_scale=a_scale,
-                       w_scale=scales["w1_scale"], block_shape=(128, 128), out_dtype=torch.int8)
+        grouped_matmul(
+            a_q,
+            w1_q,
+            routing,
+            GemmConfig(16, 64, 64),
+            gather_a=True,
+            a_scale=a_scale,
+            w_scale=scales["w1_scale"],
+            block_shape=(128, 128),
+            out_dtype=torch.int8,
+        )
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
@@ -235,7 +314,7 @@ def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE)
-    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5
+    w1 = torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k**-0.5
     block_shape = (32, 32)
     w_q, w_scale = quantize_weights_fp8(w1, block_shape)
     a_q, a_scale = quantize_activations_fp8(a, group_size=32)
@@ -246,7 +325,7 @@ def test_fp8_output_quantized_in_the_swiglu_epilogue_is_the_quantization_kernels
     assert plan.out_quant_group == 32 and q.dtype == FP8 and s.shape == (routing.max_num_tokens_padded, 3)
     want_q, want_s = quantize_activations_fp8(act, group_size=32)
     used = routing.num_tokens_post_padded.item()
-    valid = (routing.sorted_token_ids.cpu()[:used] < routing.num_slots)
+    valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
     assert torch.equal(q.cpu()[:used][valid].view(torch.uint8), want_q.cpu()[:used][valid].view(torch.uint8))
     assert torch.equal(s.cpu()[:used][valid], want_s.cpu()[:used][valid])
     with pytest.raises(ValueError, match="multiple of 32"):
@@ -258,27 +337,41 @@ def block_scaled_up(num_tokens, num_experts, top_k, n, k, block_shape, swiglu):
     (w [E, 2n or n, k])."""
     routing = moe_align(random_topk_ids(num_tokens, num_experts, top_k), num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE)
-    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k ** -0.5
+    w = torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE) * k**-0.5
     w_q, w_scale = quantize_weights_fp8(w, block_shape)
     a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
     return routing, a_q, a_scale, w_q, w_scale
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
-@pytest.mark.parametrize("swiglu,n,block_shape,block_n,per_tile", [
-    (False, 80, (32, 32), 32, True),    # the last tile's columns past N wrap to group 0, and are dropped
-    (False, 80, (64, 32), 32, True),    # two tiles per scale block
-    (False, 80, (32, 32), 64, False),   # a tile spans two scale blocks: a scale per column
-    (True, 96, (64, 32), 64, True),     # I = 96: the up half of a tile starts inside a scale block
-    (True, 80, (32, 32), 64, False),    # I = 80: an up half of 32 rows would straddle two blocks
-    (True, 96, (32, 32), 128, False),   # halves of 64 rows span two blocks of 32
-])
+@pytest.mark.parametrize(
+    "swiglu,n,block_shape,block_n,per_tile",
+    [
+        (False, 80, (32, 32), 32, True),  # the last tile's columns past N wrap to group 0, and are dropped
+        (False, 80, (64, 32), 32, True),  # two tiles per scale block
+        (False, 80, (32, 32), 64, False),  # a tile spans two scale blocks: a scale per column
+        (True, 96, (64, 32), 64, True),  # I = 96: the up half of a tile starts inside a scale block
+        (True, 80, (32, 32), 64, False),  # I = 80: an up half of 32 rows would straddle two blocks
+        (True, 96, (32, 32), 128, False),  # halves of 64 rows span two blocks of 32
+    ],
+)
 def test_fp8_block_scales_one_per_tile_or_one_per_column(use_tma, swiglu, n, block_shape, block_n, per_tile):
     k = 96
     routing, a_q, a_scale, w_q, w_scale = block_scaled_up(9, 3, 2, n, k, block_shape, swiglu)
-    out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 1), gather_a=True,
-                               swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
-                               block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
+    out, plan = grouped_matmul(
+        a_q,
+        w_q,
+        routing,
+        GemmConfig(16, block_n, 32, 1, 4, 1),
+        gather_a=True,
+        swiglu=swiglu,
+        use_tma=use_tma,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+        out_dtype=torch.float32,
+        return_plan=True,
+    )
     assert plan.w_scale_per_tile == per_tile
     a_deq = a_q.double() * a_scale.repeat_interleave(block_shape[1], 1)[:, :k].double()
     w_deq = dequantize_fp8(w_q, w_scale, block_shape).double()
@@ -296,6 +389,7 @@ def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu
     """A ragged K (100) in steps of 32 under scale blocks of 64 (two steps per group, the last one short),
     with tail tiles: the per-tile loop gives the per-column loop's bits."""
     from moe_lab import gemm as gm_module
+
     num_tokens, num_experts, top_k, n, k, block_shape = 9, 3, 2, 64, 100, (64, 64)
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 64)
@@ -303,13 +397,21 @@ def test_fp8_per_tile_scales_are_bitwise_the_per_column_loop(monkeypatch, swiglu
     w_q, w_scale = quantize_weights_fp8(torch.randn(num_experts, 2 * n if swiglu else n, k, device=DEVICE), block_shape)
     a_q, a_scale = quantize_activations_fp8(a, group_size=block_shape[1])
     cfg = GemmConfig(64, 64, 32, 1, 4, 1, tail_tiles=True)
-    args = dict(gather_a=True, swiglu=swiglu, a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
-                out_dtype=torch.float32, return_plan=True)
+    args = dict(
+        gather_a=True,
+        swiglu=swiglu,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+        out_dtype=torch.float32,
+        return_plan=True,
+    )
     per_tile, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
     assert plan.w_scale_per_tile
     plan_launch = gm_module.plan_gemm
-    monkeypatch.setattr(gm_module, "plan_gemm",
-                        lambda *a, **kw: dataclasses.replace(plan_launch(*a, **kw), w_scale_per_tile=False))
+    monkeypatch.setattr(
+        gm_module, "plan_gemm", lambda *a, **kw: dataclasses.replace(plan_launch(*a, **kw), w_scale_per_tile=False)
+    )
     per_column, plan = grouped_matmul(a_q, w_q, routing, cfg, **args)
     assert not plan.w_scale_per_tile
     used = routing.num_tokens_post_padded.item()
@@ -321,8 +423,8 @@ def test_fp8_layer_with_the_quantizing_epilogue_matches_the_separate_quantizatio
     x, (w1, w2), _, topk_weights, topk_ids, _ = fp8_layer(11, 4, 2, 64, 96, "block")
     (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
     scales = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
-    fused = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))   # 32 columns: fused
-    apart = MoEConfig(GemmConfig(16, 32, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))   # 16 columns: a kernel
+    fused = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))  # 32 columns: fused
+    apart = MoEConfig(GemmConfig(16, 32, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))  # 16 columns: a kernel
     out_fused = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=fused, **scales)
     out_apart = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=apart, **scales)
     ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)
@@ -336,8 +438,9 @@ def test_fp8_persistent_kernel_is_the_per_tile_kernel(use_tma):
     (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
     scales = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
     per_tile = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1), GemmConfig(16, 32, 32, 1, 4, 1))
-    persistent = MoEConfig(GemmConfig(16, 64, 32, 1, 4, 1, persistent=True),
-                           GemmConfig(16, 32, 32, 1, 4, 1, persistent=True))
+    persistent = MoEConfig(
+        GemmConfig(16, 64, 32, 1, 4, 1, persistent=True), GemmConfig(16, 32, 32, 1, 4, 1, persistent=True)
+    )
     a = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=per_tile, use_tma=use_tma, **scales)
     b = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, config=persistent, use_tma=use_tma, **scales)
     assert torch.equal(a, b)
@@ -350,9 +453,10 @@ def test_fp8_after_a_breaker_trial():
     out = fused_moe(bad, w1_q, w2_q, topk_weights, topk_ids, **scales)
     assert out[2].isnan().any() and not out[[0, 1, 3]].isnan().any()
     import numpy as np  # int-like block shapes (read from a config through numpy)
+
     out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, block_shape=(np.int64(128), np.int64(128))))
     assert relative_error(out, fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, **scales)) < 1e-2
-    q, s = quantize_activations_fp8(x, group_size=2 ** 21)  # wider than K: per token
+    q, s = quantize_activations_fp8(x, group_size=2**21)  # wider than K: per token
     assert s.shape == (4, 1) and torch.equal(s, quantize_activations_fp8(x, group_size=None)[1])
     with pytest.raises(ValueError, match="a scale requires grad"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w1_scale=scales["w1_scale"].requires_grad_()))
@@ -360,6 +464,7 @@ def test_fp8_after_a_breaker_trial():
     with pytest.raises(ValueError, match="w2_scale on meta"):
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **dict(scales, w2_scale=scales["w2_scale"].to("meta")))
     from moe_lab import FusedMoE
+
     module = FusedMoE(w1_q, w2_q, w1_scale=scales["w1_scale"], w2_scale=scales["w2_scale"], block_shape=(128, 128))
     with pytest.raises(TypeError, match=r"module.to\(dtype\) cast them"):
         module.to(torch.bfloat16)(x, topk_weights, topk_ids)
@@ -390,7 +495,7 @@ def test_fp8_after_a_second_breaker_trial():
     w = torch.nn.Parameter(torch.randn(2, 40, 72, device=DEVICE))
     q, s = quantize_weights_fp8(w)
     assert not q.requires_grad and not s.requires_grad
-    _, huge = quantize_weights_fp8(w.detach(), (10 ** 9, 10 ** 9))
+    _, huge = quantize_weights_fp8(w.detach(), (10**9, 10**9))
     assert torch.equal(huge, quantize_weights_fp8(w.detach(), (64, 128))[1])  # one block either way
     a = torch.randn(6, 64, device=DEVICE)
     with pytest.raises(ValueError, match="out_scale's entries overlap"):
@@ -402,6 +507,7 @@ def test_fp8_after_a_second_breaker_trial():
         with pytest.raises(ValueError, match="meta device"):
             quantize_activations_fp8(a.to("meta"))
     from moe_lab import FusedMoE
+
     module = FusedMoE(w1_q, w2_q, **scales).to("meta")
     with pytest.raises(ValueError, match="all tensors must be on one device"):
         module(x, topk_weights, topk_ids)
@@ -414,17 +520,34 @@ def test_fp8_block_scales_with_no_k_or_no_tokens(block_n):
     # not be read from them (an empty tensor's pointer: a segfault under the interpreter).
     routing = moe_align(random_topk_ids(5, 2, 1), 2, 16)
     a, w = torch.zeros(5, 0, device=DEVICE).to(FP8), torch.zeros(2, 64, 0, device=DEVICE).to(FP8)
-    out = grouped_matmul(a, w, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True,
-                         a_scale=torch.ones(5, 0, device=DEVICE), w_scale=torch.ones(2, 64 // block_n, 0, device=DEVICE),
-                         block_shape=(block_n, 32), out_dtype=torch.float32)
-    assert not out[:routing.num_tokens_post_padded.item()].any()
+    out = grouped_matmul(
+        a,
+        w,
+        routing,
+        GemmConfig(16, 32, 32, 1, 4, 1),
+        gather_a=True,
+        a_scale=torch.ones(5, 0, device=DEVICE),
+        w_scale=torch.ones(2, 64 // block_n, 0, device=DEVICE),
+        block_shape=(block_n, 32),
+        out_dtype=torch.float32,
+    )
+    assert not out[: routing.num_tokens_post_padded.item()].any()
     # T = 0: a and out are both empty (data_ptr 0 on the CPU), which is no aliasing
     routing = moe_align(random_topk_ids(0, 2, 1), 2, 16)
     w_q, w_scale = quantize_weights_fp8(torch.randn(2, 64, 64, device=DEVICE), (block_n, 32))
-    a_q, a_scale = quantize_activations_fp8(torch.randn(0, 64, device=DEVICE), group_size=32,
-                                            out=torch.empty(0, 64, dtype=FP8, device=DEVICE))
-    out = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
-                         w_scale=w_scale, block_shape=(block_n, 32))
+    a_q, a_scale = quantize_activations_fp8(
+        torch.randn(0, 64, device=DEVICE), group_size=32, out=torch.empty(0, 64, dtype=FP8, device=DEVICE)
+    )
+    out = grouped_matmul(
+        a_q,
+        w_q,
+        routing,
+        GemmConfig(16, 32, 32, 1, 4, 1),
+        gather_a=True,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=(block_n, 32),
+    )
     assert out.shape == (0, 64)
 
 
@@ -432,12 +555,20 @@ def test_fp8_block_shape_past_int32_is_named():
     routing = moe_align(random_topk_ids(5, 2, 1), 2, 16)
     w = torch.randn(2, 64, 64, device=DEVICE)
     with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
-        quantize_weights_fp8(w, (2 ** 31, 32))
+        quantize_weights_fp8(w, (2**31, 32))
     w_q, w_scale = w.to(torch.float8_e4m3fn), torch.ones(2, 1, 2, device=DEVICE)  # one block in N
     a_q, a_scale = quantize_activations_fp8(torch.randn(5, 64, device=DEVICE), group_size=32)
     with pytest.raises(ValueError, match=r"block_shape entries must be below 2\*\*31"):
-        grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 32, 1, 4, 1), gather_a=True, a_scale=a_scale,
-                       w_scale=w_scale, block_shape=(2 ** 31, 32))
+        grouped_matmul(
+            a_q,
+            w_q,
+            routing,
+            GemmConfig(16, 32, 32, 1, 4, 1),
+            gather_a=True,
+            a_scale=a_scale,
+            w_scale=w_scale,
+            block_shape=(2**31, 32),
+        )
 
 
 def test_fp8_layer_with_no_channels_returns_an_empty_output_as_bf16_does():
@@ -448,31 +579,53 @@ def test_fp8_layer_with_no_channels_returns_an_empty_output_as_bf16_does():
     topk_ids = random_topk_ids(t, e, 2)
     w1, w2 = torch.zeros(e, 2 * i, 0, device=DEVICE), torch.zeros(e, 0, i, device=DEVICE)
     assert fused_moe(x, w1.bfloat16(), w2.bfloat16(), topk_weights, topk_ids).shape == (t, 0)
-    out = fused_moe(x, w1.to(FP8), w2.to(FP8), topk_weights, topk_ids, w1_scale=torch.ones(e, 2, 0, device=DEVICE),
-                    w2_scale=torch.ones(e, 0, 1, device=DEVICE), block_shape=(128, 128))
+    out = fused_moe(
+        x,
+        w1.to(FP8),
+        w2.to(FP8),
+        topk_weights,
+        topk_ids,
+        w1_scale=torch.ones(e, 2, 0, device=DEVICE),
+        w2_scale=torch.ones(e, 0, 1, device=DEVICE),
+        block_shape=(128, 128),
+    )
     assert out.shape == (t, 0)
 
 
 @pytest.mark.parametrize("use_tma", PATHS)
-@pytest.mark.parametrize("swiglu,block_n,block_k,k,persistent", [
-    (False, 32, 64, 96, False),    # two dots per step; the last step's second dot lies past K
-    (False, 64, 128, 100, False),  # four dots per step, one scale per column, a ragged last group
-    (True, 32, 64, 128, False),    # SwiGLU halves with one scale each, K a multiple of the step
-    (True, 64, 128, 200, True),    # the persistent kernel, a step past K's last group
-])
-def test_fp8_steps_of_several_scale_blocks_are_bitwise_one_block_steps(use_tma, swiglu, block_n, block_k, k,
-                                                                       persistent):
+@pytest.mark.parametrize(
+    "swiglu,block_n,block_k,k,persistent",
+    [
+        (False, 32, 64, 96, False),  # two dots per step; the last step's second dot lies past K
+        (False, 64, 128, 100, False),  # four dots per step, one scale per column, a ragged last group
+        (True, 32, 64, 128, False),  # SwiGLU halves with one scale each, K a multiple of the step
+        (True, 64, 128, 200, True),  # the persistent kernel, a step past K's last group
+    ],
+)
+def test_fp8_steps_of_several_scale_blocks_are_bitwise_one_block_steps(
+    use_tma, swiglu, block_n, block_k, k, persistent
+):
     """BLOCK_SIZE_K a multiple of the scale block's K: each step runs one dot per scale block (larger loads
     per step, FP8 decode), in the order steps of one block run them: the same bits."""
     block_shape = (32, 32)
     routing, a_q, a_scale, w_q, w_scale = block_scaled_up(9, 3, 2, 64, k, block_shape, swiglu)
-    args = dict(gather_a=True, swiglu=swiglu, use_tma=use_tma, a_scale=a_scale, w_scale=w_scale,
-                block_shape=block_shape, out_dtype=torch.float32, return_plan=True)
-    wide, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, block_k, 1, 4, 2, persistent=persistent),
-                                **args)
+    args = dict(
+        gather_a=True,
+        swiglu=swiglu,
+        use_tma=use_tma,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        block_shape=block_shape,
+        out_dtype=torch.float32,
+        return_plan=True,
+    )
+    wide, plan = grouped_matmul(
+        a_q, w_q, routing, GemmConfig(16, block_n, block_k, 1, 4, 2, persistent=persistent), **args
+    )
     assert plan.dots_per_step == block_k // 32 and plan.box_k == 32 and plan.config.BLOCK_SIZE_K == block_k
-    narrow, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 2, persistent=persistent),
-                                  **args)
+    narrow, plan = grouped_matmul(
+        a_q, w_q, routing, GemmConfig(16, block_n, 32, 1, 4, 2, persistent=persistent), **args
+    )
     assert plan.dots_per_step == 1
     used = routing.num_tokens_post_padded.item()
     valid = routing.sorted_token_ids.cpu()[:used] < routing.num_slots
@@ -492,9 +645,18 @@ def test_fp8_dots_take_at_least_32_channels():
     w = torch.randn(num_experts, n, k, device=DEVICE)
     for scheme in SCHEMES:
         a_q, a_scale, w_q, w_scale, block_shape, a_deq, w_deq = quantized(scheme, a, w)
-        out, plan = grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 16, 1, 4, 1), gather_a=True,
-                                   a_scale=a_scale, w_scale=w_scale, block_shape=block_shape,
-                                   out_dtype=torch.float32, return_plan=True)
+        out, plan = grouped_matmul(
+            a_q,
+            w_q,
+            routing,
+            GemmConfig(16, 32, 16, 1, 4, 1),
+            gather_a=True,
+            a_scale=a_scale,
+            w_scale=w_scale,
+            block_shape=block_shape,
+            out_dtype=torch.float32,
+            return_plan=True,
+        )
         assert plan.config.BLOCK_SIZE_K == 32
     with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
         quantize_weights_fp8(w, (16, 48))  # no weights in blocks the GEMM cannot run
@@ -502,8 +664,16 @@ def test_fp8_dots_take_at_least_32_channels():
     w_scale = torch.ones(num_experts, n // 16, -(-k // 48), device=DEVICE)
     a_q, a_scale = quantize_activations_fp8(a, group_size=48)
     with pytest.raises(ValueError, match=r"block_shape\[1\] \(block_k\) must be a multiple of 32.*got 48"):
-        grouped_matmul(a_q, w_q, routing, GemmConfig(16, 32, 64, 1, 4, 1), gather_a=True, a_scale=a_scale,
-                       w_scale=w_scale, block_shape=(16, 48))
+        grouped_matmul(
+            a_q,
+            w_q,
+            routing,
+            GemmConfig(16, 32, 64, 1, 4, 1),
+            gather_a=True,
+            a_scale=a_scale,
+            w_scale=w_scale,
+            block_shape=(16, 48),
+        )
 
 
 def test_reference_checks_its_fp8_arguments_as_the_layer_does():
@@ -511,15 +681,24 @@ def test_reference_checks_its_fp8_arguments_as_the_layer_does():
     dequantize_fp8's arguments (q, scale) for a w1_scale that does not fit."""
     e, t, h, i = 3, 4, 64, 32
     x = torch.randn(t, h, device=DEVICE)
-    (w1_q, w1_s), (w2_q, w2_s) = (quantize_weights_fp8(torch.randn(e, n, k, device=DEVICE), (32, 32))
-                                  for n, k in ((2 * i, h), (h, i)))
+    (w1_q, w1_s), (w2_q, w2_s) = (
+        quantize_weights_fp8(torch.randn(e, n, k, device=DEVICE), (32, 32)) for n, k in ((2 * i, h), (h, i))
+    )
     topk_weights, topk_ids = torch.rand(t, 2, device=DEVICE), random_topk_ids(t, e, 2)
     with pytest.raises(ValueError, match=r"w1_scale must have shape \[E, ceil\(N/block_n\), ceil\(K/block_k\)\]"):
         fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(64, 64))
     with pytest.raises(ValueError, match=r"block_k\) must be a multiple of 32.*got 48"):
         fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(32, 48))
     with pytest.raises(ValueError, match=r"a1_scale must have shape \[1\] or \[\]"):
-        fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s[:, 0, 0].contiguous(),
-                            w2_scale=w2_s[:, 0, 0].contiguous(), a1_scale=torch.ones(2, device=DEVICE))
+        fused_moe_reference(
+            x,
+            w1_q,
+            w2_q,
+            topk_weights,
+            topk_ids,
+            w1_scale=w1_s[:, 0, 0].contiguous(),
+            w2_scale=w2_s[:, 0, 0].contiguous(),
+            a1_scale=torch.ones(2, device=DEVICE),
+        )
     ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(32, 32))
     assert ref.shape == (t, h) and torch.isfinite(ref).all()

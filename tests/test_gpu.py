@@ -1,5 +1,6 @@
 """GPU-only tests (marker `gpu`): real model sizes, large offsets, CUDA graphs. Run on an H200 with
 `pytest -m gpu`; they skip cleanly elsewhere."""
+
 import pytest
 import torch
 
@@ -28,6 +29,7 @@ def test_unaligned_weight_rows_take_scalar_pointer_loads(fuse, persistent):
     alignment Triton overestimated: 16-byte copies from odd addresses, "misaligned address" on an H200
     (notebook 06 §4). Its compile-only twin is in test_compile_check.py."""
     from moe_lab import GemmConfig
+
     hs, w1, w2, (tw, ti) = get_preset("mixtral-8x7b").scaled(8).build(256, dtype=torch.bfloat16, device="cuda")
     e, two_i, h = w1.shape
     w1_odd = torch.zeros(e, two_i, h + 1, dtype=w1.dtype, device="cuda")[:, :, :h]
@@ -48,11 +50,11 @@ def test_tma_is_available_on_hopper():
 def test_offsets_past_2_31():
     """T*k*H = 100000*6*4096 > 2^31: token offsets must be int64."""
     num_tokens, top_k, hidden, inter, num_experts = 100_000, 6, 4096, 128, 8
-    assert num_tokens * top_k * hidden > 2 ** 31
+    assert num_tokens * top_k * hidden > 2**31
     torch.manual_seed(0)
     hs = torch.randn(num_tokens, hidden, device="cuda", dtype=torch.bfloat16)
-    w1 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda") / hidden ** 0.5).bfloat16()
-    w2 = (torch.randn(num_experts, hidden, inter, device="cuda") / inter ** 0.5).bfloat16()
+    w1 = (torch.randn(num_experts, 2 * inter, hidden, device="cuda") / hidden**0.5).bfloat16()
+    w2 = (torch.randn(num_experts, hidden, inter, device="cuda") / inter**0.5).bfloat16()
     ti = torch.rand(num_tokens, num_experts, device="cuda").topk(top_k, dim=1).indices.int()
     tw = torch.softmax(torch.randn(num_tokens, top_k, device="cuda"), -1)
     out = fused_moe(hs, w1, w2, tw, ti)
@@ -94,6 +96,7 @@ def test_new_token_counts_do_not_recompile():
     from moe_lab import GemmConfig
     from moe_lab._kernels.align import count_kernel, prefix_kernel, scatter_kernel
     from moe_lab._kernels.grouped_matmul import grouped_matmul_kernel
+
     kernels = (count_kernel, prefix_kernel, scatter_kernel, grouped_matmul_kernel)
     preset = get_preset("olmoe-1b-7b")
     cfg = GemmConfig(16, 64, 128, 1, 4, 3)
@@ -117,6 +120,7 @@ def test_one_token_in_slot_order_neither_syncs_nor_recompiles():
     a token's ids at any offset (k = 3: rows 12 bytes apart) reuse the kernels compiled for the first."""
     from moe_lab import GemmConfig
     from moe_lab._kernels.grouped_matmul import grouped_matmul_kernel
+
     preset = get_preset("olmoe-1b-7b")
     cfg = GemmConfig(16, 64, 128, 1, 4, 3)
     hs, w1, w2, (tw, ti) = preset.build(8, dtype=torch.bfloat16, device="cuda")
@@ -129,8 +133,9 @@ def test_one_token_in_slot_order_neither_syncs_nor_recompiles():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for row in range(8):
-            out, info = fused_moe(hs[row:row + 1], w1, w2, tw[row:row + 1], ti[row:row + 1], config=cfg,
-                                  return_info=True)
+            out, info = fused_moe(
+                hs[row : row + 1], w1, w2, tw[row : row + 1], ti[row : row + 1], config=cfg, return_info=True
+            )
             assert not info.routing.expert_sorted
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -140,6 +145,7 @@ def test_one_token_in_slot_order_neither_syncs_nor_recompiles():
 
 def test_oversized_config_is_clamped_not_crashing():
     from moe_lab import GemmConfig
+
     hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(256, dtype=torch.bfloat16, device="cuda")
     big = GemmConfig(128, 256, 128, 8, 8, 8)  # 8 stages of 96 KB: far past 227 KB
     out = fused_moe(hs, w1, w2, tw, ti, config=big)
@@ -168,6 +174,7 @@ def test_check_ids_on_gpu_when_asked():
 
 def test_torch_compile_on_gpu():
     from moe_lab import FusedMoE
+
     hs, w1, w2, (tw, ti) = get_preset("olmoe-1b-7b").build(64, dtype=torch.bfloat16, device="cuda")
     module = FusedMoE(w1, w2)
     compiled = torch.compile(module, fullgraph=True)
@@ -179,18 +186,39 @@ def test_expert_parallel_two_gpus():
     import os
     import subprocess
     import sys
+
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                          os.path.join(root, "examples", "expert_parallel.py"), "--tokens", "256"],
-                         capture_output=True, text=True, timeout=300, cwd=root)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            os.path.join(root, "examples", "expert_parallel.py"),
+            "--tokens",
+            "256",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
     print(run.stdout[-2000:], run.stderr[-2000:])
     assert run.returncode == 0 and "ok" in run.stdout
 
 
-FP8_POINTS = [("qwen3-30b-a3b", 1), ("qwen3-30b-a3b", 64), ("qwen3-30b-a3b", 4096), ("mixtral-8x7b", 8),
-              ("mixtral-8x7b", 4096), ("deepseek-v3", 1), ("deepseek-v3", 64)]
+FP8_POINTS = [
+    ("qwen3-30b-a3b", 1),
+    ("qwen3-30b-a3b", 64),
+    ("qwen3-30b-a3b", 4096),
+    ("mixtral-8x7b", 8),
+    ("mixtral-8x7b", 4096),
+    ("deepseek-v3", 1),
+    ("deepseek-v3", 64),
+]
 
 
 @pytest.mark.parametrize("use_tma", [False, "auto"])
@@ -209,8 +237,9 @@ def test_fp8_real_presets(model, num_tokens, use_tma):
     _, info = fused_moe(hs, w1_q, w2_q, tw, ti, use_tma=use_tma, out=out, return_info=True, **scales)
     err = relative_error(out, fused_moe_reference(hs, w1_q, w2_q, tw, ti, **scales))
     torch.cuda.empty_cache()
-    print(f"FP8 {model} T={num_tokens} use_tma={use_tma} ({info.up_path.name}, {info.down_path.name}): "
-          f"rel err {err:.2e}")
+    print(
+        f"FP8 {model} T={num_tokens} use_tma={use_tma} ({info.up_path.name}, {info.down_path.name}): rel err {err:.2e}"
+    )
     assert err < 1e-2
     if use_tma is False:
         assert not (info.up_path.w_tma or info.down_path.w_tma)
@@ -221,6 +250,7 @@ def test_fp8_per_channel_and_per_tensor_at_a_real_shape(per_channel):
     """Per-channel weights with per-token activations, and per-tensor scales, on Qwen3-30B-A3B at T = 256:
     the scales enter once, after the K loop."""
     from moe_lab import quantize_weights_fp8
+
     hs, w1, w2, (tw, ti) = get_preset("qwen3-30b-a3b").build(256, dtype=torch.bfloat16, device="cuda")
     (w1_q, w1_s), (w2_q, w2_s) = (quantize_weights_fp8(w, None, per_channel=per_channel) for w in (w1, w2))
     scales = dict(w1_scale=w1_s, w2_scale=w2_s)

@@ -80,7 +80,7 @@ def test_k_not_multiple_of_block_k_and_noncontiguous(use_tma):
     num_tokens, num_experts, top_k, n, k = 11, 4, 2, 40, 50  # K = 50: ragged last K block
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, CFG.BLOCK_SIZE_M)
-    a = torch.randn(k, num_tokens, device=DEVICE).t()               # transposed view
+    a = torch.randn(k, num_tokens, device=DEVICE).t()  # transposed view
     w = torch.randn(num_experts, n, 2 * k, device=DEVICE)[:, :, ::2]  # strided view, last stride 2
     out = grouped_matmul(a, w, routing, CFG, gather_a=True, use_tma=use_tma)
     used = routing.num_tokens_post_padded.item()
@@ -151,7 +151,9 @@ def test_tail_tiles_write_every_valid_row(use_tma, block_m):
     valid = routing.sorted_token_ids.cpu() < routing.num_slots
     a_sorted = torch.randn(routing.max_num_tokens_padded, k, device=DEVICE)
     down_ref = torch.zeros(routing.num_slots, n, dtype=torch.float64)
-    down_ref[routing.sorted_token_ids.cpu()[valid].long()] = per_expert_reference(a_sorted, w, routing, gather_a=False)[valid]
+    down_ref[routing.sorted_token_ids.cpu()[valid].long()] = per_expert_reference(a_sorted, w, routing, gather_a=False)[
+        valid
+    ]
     for tail in (True, False):
         cfg = GemmConfig(block_m, 32, 32, 2, 4, 1, tail_tiles=tail)
         out = torch.full((routing.max_num_tokens_padded, n), float("nan"), device=DEVICE)
@@ -165,6 +167,7 @@ def test_tail_tiles_write_every_valid_row(use_tma, block_m):
 
 def test_permute_tokens_copies_the_gathered_rows_in_expert_order():
     from moe_lab.permute import permute_tokens
+
     ids = random_topk_ids(23, 5, 2)
     routing = moe_align(ids, 5, 32)
     a = torch.randn(23, 48, device=DEVICE)
@@ -186,6 +189,7 @@ def test_silu_and_mul_zeroes_padding_rows_without_reading_them():
     # Also the regression test of a Triton 3.9 interpreter trap: a block mask `&` a loaded scalar
     # comparison raised "mask has unsupported dtype" (the kernel uses tl.where instead).
     from moe_lab import silu_and_mul
+
     ids = random_topk_ids(11, 4, 2)
     routing = moe_align(ids, 4, 16)
     x = torch.randn(routing.max_num_tokens_padded, 24, device=DEVICE)
@@ -206,7 +210,9 @@ def test_the_launch_plan_is_what_was_launched(monkeypatch):
 
     from moe_lab import fused_moe
     from moe_lab import plan as gm
+
     from .conftest import small_layer
+
     calls = []
     real_select = gm.select_load_path
     monkeypatch.setattr(gm, "select_load_path", lambda *a, **k: calls.append(1) or real_select(*a, **k))
@@ -236,6 +242,7 @@ def test_routing_with_too_few_sorted_rows_is_refused():
     """Each program reads its block's schedule words (tail-tile probes included) before it knows whether
     the block is in use: a hand-made routing whose sorted_token_ids is shorter than its blocks is refused."""
     from dataclasses import replace
+
     ids = torch.tensor([[0, 1], [1, 2]], dtype=torch.int32, device=DEVICE)
     routing = moe_align(ids, 3, 16)
     short = replace(routing, sorted_token_ids=routing.sorted_token_ids[:20])

@@ -1,4 +1,5 @@
 """Expert ids and expert maps: checked where asked, dropped (never read out of bounds) where not."""
+
 import pytest
 import torch
 
@@ -30,7 +31,7 @@ def test_unchecked_out_of_range_ids_contribute_zero_never_garbage():
     assert relative_error(out, fused_moe_reference(hs, w1, w2, keep, ti)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("bad_id", [4, 2 ** 30, -2 ** 30, 2 ** 32 + 1, -1])
+@pytest.mark.parametrize("bad_id", [4, 2**30, -(2**30), 2**32 + 1, -1])
 def test_out_of_range_ids_with_expert_map_are_dropped_not_read(bad_id):
     hs, w1, w2, tw, ti = small_layer()
     expert_map = torch.tensor([0, -1, 1, -1], dtype=torch.int32, device=DEVICE)
@@ -46,7 +47,7 @@ def test_out_of_range_ids_with_expert_map_are_dropped_not_read(bad_id):
 def test_int64_ids_past_2_32_do_not_wrap_around():
     hs, w1, w2, tw, ti = small_layer()
     ids = ti.long().clone()
-    ids[0, 0] = 2 ** 32 + 1  # would read as expert 1 if narrowed to int32
+    ids[0, 0] = 2**32 + 1  # would read as expert 1 if narrowed to int32
     out = fused_moe(hs, w1, w2, tw, ids, check_ids=False)
     keep = tw.clone()
     keep[0, 0] = 0
@@ -76,18 +77,26 @@ def test_custom_op_checks_ids_on_cpu():
 def test_bad_expert_map_entries_and_flags():
     hs, w1, w2, tw, ti = small_layer()
     with pytest.raises(ValueError, match=r"expert_map must hold local experts in \[0, 2\) or -1"):
-        fused_moe(hs, w1[:2], w2[:2], tw, ti, expert_map=torch.tensor([0, -1, 5, -1], dtype=torch.int32, device=DEVICE),
-                  check_ids=None if DEVICE.type == "cpu" else True)
+        fused_moe(
+            hs,
+            w1[:2],
+            w2[:2],
+            tw,
+            ti,
+            expert_map=torch.tensor([0, -1, 5, -1], dtype=torch.int32, device=DEVICE),
+            check_ids=None if DEVICE.type == "cpu" else True,
+        )
     with pytest.raises(ValueError, match="out requires grad"):
         fused_moe(hs, w1, w2, tw, ti, out=torch.zeros(8, 32, requires_grad=True, device=DEVICE))
     from moe_lab import grouped_matmul, moe_align, topk_routing
+
     with pytest.raises(TypeError, match="gather_a must be a bool"):
         grouped_matmul(hs, w1, moe_align(ti, 4, 16), GemmConfig(16, 32, 32), gather_a="no")
     with pytest.raises(TypeError, match="renormalize must be a bool"):
         topk_routing(torch.randn(4, 8), 2, renormalize="no")
 
 
-@pytest.mark.parametrize("bad_id", [4, 2 ** 31 - 1, -1, -2 ** 31])
+@pytest.mark.parametrize("bad_id", [4, 2**31 - 1, -1, -(2**31)])
 def test_one_token_slot_order_skips_ids_outside_range(bad_id):
     # T = 1 runs without the align: the GEMMs read each block's expert from topk_ids itself
     hs, w1, w2, tw, ti = random_layer(1, 4, 3, 32, 16, torch.float32)

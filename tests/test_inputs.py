@@ -1,4 +1,5 @@
 """Bad input gets a clear error naming the argument: devices, flags, buffers, configs, small launchers."""
+
 import pytest
 import torch
 
@@ -46,6 +47,7 @@ def test_inference_only_is_said():
 
 def test_small_launchers_validate():
     from moe_lab import silu_and_mul, topk_reduce
+
     with pytest.raises(ValueError, match="even last dimension"):
         silu_and_mul(torch.randn(5, 15, device=DEVICE))
     with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
@@ -66,6 +68,7 @@ def test_small_launchers_validate():
 def test_meta_tensors_are_named_not_crashed():
     """Tensors on the meta device hold no data: a clear ValueError, not a copy error from inside a kernel."""
     from moe_lab import moe_align, topk_reduce
+
     ids = torch.zeros(1, 2, dtype=torch.int32, device="meta")
     with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the meta device"):
         moe_align(ids, 2, 16)
@@ -80,7 +83,7 @@ def test_config_errors_name_the_key():
     with pytest.raises(TypeError, match="takes no other keys"):
         fused_moe(hs, w1, w2, tw, ti, config={"up": {}, "bogus": 1})
     with pytest.raises(ValueError, match="<= 256"):
-        GemmConfig(16, 2 ** 20, 16)
+        GemmConfig(16, 2**20, 16)
     out = fused_moe(hs, w1, w2, tw, ti, config={"up": {"BLOCK_SIZE_N": 32}})  # merged onto the default
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
 
@@ -95,6 +98,7 @@ def test_config_takes_numpy_ints():
     """Sizes read from a numpy array or a JSON loader work as ints do, stored as Python ints (the kernels
     specialize on them); numpy floats and bools are still refused."""
     import numpy as np
+
     hs, w1, w2, tw, ti = small_layer()
     cfg = GemmConfig(np.int64(16), np.int32(32), np.int64(16), np.int64(1), np.int64(4), np.int64(2))
     assert all(type(v) is int for v in (cfg.BLOCK_SIZE_M, cfg.BLOCK_SIZE_N, cfg.num_stages))
@@ -113,13 +117,15 @@ def test_config_takes_numpy_ints():
     with pytest.raises(ValueError, match="config.GROUP_SIZE_M must be a power of two >= 1 and <= 1024, got 2048"):
         GemmConfig(GROUP_SIZE_M=2048)
     with pytest.raises(ValueError, match="config.num_stages must be <= 16, got 10000000"):
-        GemmConfig(num_stages=10 ** 7)
+        GemmConfig(num_stages=10**7)
 
 
 def test_align_takes_numpy_ints():
     """moe_align and its reference use the checked Python ints (a numpy int used to reach the kernel)."""
     import numpy as np
+
     from moe_lab import moe_align, moe_align_reference
+
     ids = random_topk_ids(5, 4, 2)
     for align in (moe_align, moe_align_reference):
         got, want = align(ids, np.int64(4), np.int32(16)), align(ids, 4, 16)
@@ -157,15 +163,21 @@ def test_strict_tma_refuses_unaligned_weights_whatever_the_batch(num_tokens):
 
 def test_no_experts_is_named_as_such():
     from moe_lab import fused_moe
+
     with pytest.raises(ValueError, match="w1 must have shape .* with at least one expert, got \\(0, 64, 32\\)"):
-        fused_moe(torch.randn(2, 32, device=DEVICE), torch.randn(0, 64, 32, device=DEVICE),
-                  torch.randn(0, 32, 32, device=DEVICE), torch.ones(2, 1, device=DEVICE),
-                  torch.zeros(2, 1, dtype=torch.int32, device=DEVICE))
+        fused_moe(
+            torch.randn(2, 32, device=DEVICE),
+            torch.randn(0, 64, 32, device=DEVICE),
+            torch.randn(0, 32, 32, device=DEVICE),
+            torch.ones(2, 1, device=DEVICE),
+            torch.zeros(2, 1, dtype=torch.int32, device=DEVICE),
+        )
 
 
 def test_launchers_refuse_an_out_over_what_they_read():
     from moe_lab import grouped_matmul, silu_and_mul
     from moe_lab.align import slot_order_routing
+
     x = torch.randn(8, 64, device=DEVICE)
     with pytest.raises(ValueError, match="out shares memory with x"):
         silu_and_mul(x, out=x.view(-1)[256:].view(8, 32))
@@ -175,11 +187,26 @@ def test_launchers_refuse_an_out_over_what_they_read():
     buf = torch.empty(4 + 4 * 32, device=DEVICE)  # topk_weights in row 0 of out
     buf[:4] = tw.reshape(-1)
     with pytest.raises(ValueError, match="out shares memory with topk_weights"):
-        grouped_matmul(act, w2, routing, GemmConfig(16, 32, 32, 1), gather_a=False, scatter=True, topk_weights=buf[:4].view(1, 4),
-                       out=buf[:128].view(4, 32))
+        grouped_matmul(
+            act,
+            w2,
+            routing,
+            GemmConfig(16, 32, 32, 1),
+            gather_a=False,
+            scatter=True,
+            topk_weights=buf[:4].view(1, 4),
+            out=buf[:128].view(4, 32),
+        )
     buf = torch.zeros(4 * 32, device=DEVICE)  # the ids (slot order's block map) in row 0 of out
     ids = buf[:4].view(torch.int32).view(1, 4)
     ids.copy_(ti)
     with pytest.raises(ValueError, match="out shares memory with expert_ids"):
-        grouped_matmul(act, w2, slot_order_routing(ids, 8, 16), GemmConfig(16, 32, 32, 1), gather_a=False, scatter=True,
-                       out=buf.view(4, 32))
+        grouped_matmul(
+            act,
+            w2,
+            slot_order_routing(ids, 8, 16),
+            GemmConfig(16, 32, 32, 1),
+            gather_a=False,
+            scatter=True,
+            out=buf.view(4, 32),
+        )

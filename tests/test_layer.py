@@ -52,15 +52,22 @@ def test_output_poisoned_with_nan_is_fully_written():
 def test_noncontiguous_inputs():
     hs, w1, w2, tw, ti = random_layer(17, 4, 2, 48, 32, torch.float32)
     hs_t = hs.t().contiguous().t()
-    w1_view = torch.stack([w1, w1], dim=-1)[..., 0]                   # same values, last stride 2
-    w2_nc = w2.transpose(1, 2).contiguous().transpose(1, 2)          # K-major strides
+    w1_view = torch.stack([w1, w1], dim=-1)[..., 0]  # same values, last stride 2
+    w2_nc = w2.transpose(1, 2).contiguous().transpose(1, 2)  # K-major strides
     assert w1_view.stride(-1) == 2 and not hs_t.is_contiguous()
     out = fused_moe(hs_t, w1_view, w2_nc, tw.t().contiguous().t(), ti.t().contiguous().t())
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("config", [GemmConfig(16, 16, 16, 1), GemmConfig(32, 64, 32, 4), {"BLOCK_SIZE_M": 64},
-                                    {"up": GemmConfig(16, 32, 64).to_dict(), "down": GemmConfig(16, 64, 16).to_dict()}])
+@pytest.mark.parametrize(
+    "config",
+    [
+        GemmConfig(16, 16, 16, 1),
+        GemmConfig(32, 64, 32, 4),
+        {"BLOCK_SIZE_M": 64},
+        {"up": GemmConfig(16, 32, 64).to_dict(), "down": GemmConfig(16, 64, 16).to_dict()},
+    ],
+)
 def test_configs(config):
     hs, w1, w2, tw, ti = random_layer(20, 6, 2, 64, 40, torch.float32)  # I = 40: ragged BLOCK_SIZE_K
     out = fused_moe(hs, w1, w2, tw, ti, config=config)
@@ -91,22 +98,28 @@ def test_scaled_preset_deepseek():
     assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
 
 
-@pytest.mark.parametrize("mutate,exc,match", [
-    (lambda a: a.update(hidden_states=a["hidden_states"].int()), TypeError, "hidden_states must be float16"),
-    (lambda a: a.update(hidden_states=a["hidden_states"].double()), TypeError, "hidden_states must be"),
-    (lambda a: a.update(w1=a["w1"][:, :, :-1]), ValueError, r"w1 must have shape \[E, 2I, H\]"),
-    (lambda a: a.update(w2=a["w2"][:-1]), ValueError, r"w2 must have shape \[E, H, I\]"),
-    # w1 of I rows (the up half missing): named as w1's error, not as a wrong w2 (I is read from w1)
-    (lambda a: a.update(w1=a["w1"][:, :a["w1"].shape[1] // 2]), ValueError,
-     r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\).*only one of the gate and up"),
-    (lambda a: a.update(w1=a["w1"].half()), TypeError, "w1 must be float32"),
-    (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights must have shape"),
-    (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),
-    (lambda a: a.update(topk_ids=a["topk_ids"][:3]), ValueError, "topk_ids must have shape"),
-    (lambda a: a.update(hidden_states=a["hidden_states"][0]), ValueError, "hidden_states must have 2 dimensions"),
-    (lambda a: a.update(w2=a["w2"].half()), TypeError, r"w2 must be float32 \(the dtype of w1\)"),
-    (lambda a: a.update(return_info="yes"), TypeError, "return_info must be True or False"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (lambda a: a.update(hidden_states=a["hidden_states"].int()), TypeError, "hidden_states must be float16"),
+        (lambda a: a.update(hidden_states=a["hidden_states"].double()), TypeError, "hidden_states must be"),
+        (lambda a: a.update(w1=a["w1"][:, :, :-1]), ValueError, r"w1 must have shape \[E, 2I, H\]"),
+        (lambda a: a.update(w2=a["w2"][:-1]), ValueError, r"w2 must have shape \[E, H, I\]"),
+        # w1 of I rows (the up half missing): named as w1's error, not as a wrong w2 (I is read from w1)
+        (
+            lambda a: a.update(w1=a["w1"][:, : a["w1"].shape[1] // 2]),
+            ValueError,
+            r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\).*only one of the gate and up",
+        ),
+        (lambda a: a.update(w1=a["w1"].half()), TypeError, "w1 must be float32"),
+        (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights must have shape"),
+        (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),
+        (lambda a: a.update(topk_ids=a["topk_ids"][:3]), ValueError, "topk_ids must have shape"),
+        (lambda a: a.update(hidden_states=a["hidden_states"][0]), ValueError, "hidden_states must have 2 dimensions"),
+        (lambda a: a.update(w2=a["w2"].half()), TypeError, r"w2 must be float32 \(the dtype of w1\)"),
+        (lambda a: a.update(return_info="yes"), TypeError, "return_info must be True or False"),
+    ],
+)
 def test_bad_input(mutate, exc, match):
     hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
     args = dict(hidden_states=hs, w1=w1, w2=w2, topk_weights=tw, topk_ids=ti)
@@ -182,11 +195,13 @@ def test_out_may_be_hidden_states_but_no_other_overlap():
     assert relative_error(out, want) < TOL[torch.float32]
 
 
-@pytest.mark.parametrize("config", [None, GemmConfig(16, 32, 16, 1, tail_tiles=False),
-                                    GemmConfig(32, 32, 16, 1, persistent=True)])
+@pytest.mark.parametrize(
+    "config", [None, GemmConfig(16, 32, 16, 1, tail_tiles=False), GemmConfig(32, 32, 16, 1, persistent=True)]
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
     from moe_lab.align import slot_order_routing
+
     hs, w1, w2, tw, ti = random_layer(1, 6, 4, 32, 32, dtype)
     out, info = fused_moe(hs, w1, w2, tw, ti, config=config, return_info=True)
     assert not info.routing.expert_sorted and info.routing.counts is None
@@ -198,8 +213,10 @@ def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[dtype]
     # a repeated expert (never from top-k routing) stays right: each block reads its weights again
     twice = torch.tensor([[2, 2, 5, 0]], dtype=torch.int32, device=DEVICE)
-    assert relative_error(fused_moe(hs, w1, w2, tw, twice, config=config),
-                          fused_moe_reference(hs, w1, w2, tw, twice)) < TOL[dtype]
+    assert (
+        relative_error(fused_moe(hs, w1, w2, tw, twice, config=config), fused_moe_reference(hs, w1, w2, tw, twice))
+        < TOL[dtype]
+    )
     # more tokens, a map, int64 or strided ids: no slot order
     assert slot_order_routing(ti.expand(2, 4), 6, 16) is None
     assert slot_order_routing(ti.long(), 6, 16) is None

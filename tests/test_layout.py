@@ -1,5 +1,6 @@
 """The package's layout: the kernels and the layer (the modules at the root of moe_lab, and _kernels/) never
 import the tools (moe_lab.tools) or the teaching layer (moe_lab.workbook); those import the core."""
+
 import ast
 import json
 import os
@@ -40,8 +41,14 @@ CORE = core_modules()
 
 def test_the_core_is_found():
     names = {name for name, _ in CORE}
-    assert {"moe_lab", "moe_lab.layer", "moe_lab.grouped_matmul", "moe_lab.runtime", "moe_lab._kernels",
-            "moe_lab._kernels.common"} <= names
+    assert {
+        "moe_lab",
+        "moe_lab.layer",
+        "moe_lab.grouped_matmul",
+        "moe_lab.runtime",
+        "moe_lab._kernels",
+        "moe_lab._kernels.common",
+    } <= names
     assert not any(name.startswith(LAYERS) for name in names)
 
 
@@ -51,7 +58,7 @@ def _imported(module_name: str, path: str, node: ast.AST):
         return [alias.name for alias in node.names]
     if node.level:  # relative: from the module's package, one level up per extra dot
         package = module_name.split(".") if path.endswith("__init__.py") else module_name.split(".")[:-1]
-        base = package[:len(package) - (node.level - 1)]
+        base = package[: len(package) - (node.level - 1)]
     else:
         base = []
     stem = ".".join(base + ([node.module] if node.module else []))
@@ -63,9 +70,15 @@ def test_no_core_module_imports_the_tools_or_the_workbook(module_name, path):
     """Every import statement of the file, those inside functions included (which importing it would not run)."""
     with open(path) as f:
         tree = ast.parse(f.read(), path)
-    bad = sorted({name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-                  for name in _imported(module_name, path, node)
-                  if name in LAYERS or name.startswith(tuple(layer + "." for layer in LAYERS))})
+    bad = sorted(
+        {
+            name
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Import, ast.ImportFrom))
+            for name in _imported(module_name, path, node)
+            if name in LAYERS or name.startswith(tuple(layer + "." for layer in LAYERS))
+        }
+    )
     assert not bad, f"{module_name} ({os.path.relpath(path, ROOT)}) imports {bad}: the core must not"
 
 
@@ -78,11 +91,12 @@ print("LOADED", json.dumps(sorted(m for m in sys.modules if m == "moe_lab" or m.
 
 def _load_in_a_fresh_interpreter(module_name: str):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT] + os.environ.get("PYTHONPATH", "").split(os.pathsep)))
-    proc = subprocess.run([sys.executable, "-c", CHILD, module_name], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, module_name], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("LOADED ")]
     assert proc.returncode == 0 and lines, f"import {module_name} failed:\n{proc.stderr[-2000:]}"
-    return json.loads(lines[-1][len("LOADED "):])
+    return json.loads(lines[-1][len("LOADED ") :])
 
 
 def test_importing_each_core_module_loads_neither_tools_nor_workbook():
@@ -100,6 +114,7 @@ def test_the_child_imports_this_checkout():
     """The fresh interpreters import the moe_lab of this checkout, not an installed copy elsewhere."""
     code = "import moe_lab, os; print('AT', os.path.dirname(os.path.abspath(moe_lab.__file__)))"
     env = dict(os.environ, PYTHONPATH=ROOT)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    ).stdout
     assert f"AT {PACKAGE}" in out, out

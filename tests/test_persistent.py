@@ -1,17 +1,18 @@
 """The persistent grouped GEMM (`GemmConfig.persistent`): the same tiles walked by one program per SM (a
 few programs under the interpreter), bitwise equal to the one-program-per-tile kernel."""
+
 from dataclasses import replace
 
 import pytest
 import torch
 
 from moe_lab import GemmConfig, fused_moe, grouped_matmul, moe_align
+from moe_lab import plan as gm
 from moe_lab.runtime import interpreter_active
 
 from .conftest import DEVICE, random_layer, random_topk_ids
 from .test_grouped_matmul import PATHS
 
-from moe_lab import plan as gm
 BASE = GemmConfig(16, 32, 32, 2, 4, 1, tail_tiles=False)
 
 pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
@@ -33,21 +34,35 @@ def test_persistent_matches_per_tile_kernel_bitwise(use_tma, dtype, num_tokens, 
 
     def up(swiglu):
         def call(cfg):
-            out = torch.full((routing.max_num_tokens_padded, n if swiglu else 2 * n), float("nan"), dtype=dtype,
-                             device=DEVICE)
-            return grouped_matmul(a, w1, routing, cfg, gather_a=True, swiglu=swiglu, out=out, use_tma=use_tma,
-                                  return_plan=True)
+            out = torch.full(
+                (routing.max_num_tokens_padded, n if swiglu else 2 * n), float("nan"), dtype=dtype, device=DEVICE
+            )
+            return grouped_matmul(
+                a, w1, routing, cfg, gather_a=True, swiglu=swiglu, out=out, use_tma=use_tma, return_plan=True
+            )
+
         return call
 
     def down(cfg):
         out = torch.full((routing.num_slots, n), float("nan"), dtype=dtype, device=DEVICE)
-        return grouped_matmul(sorted_a, w2, routing, cfg, gather_a=False, scatter=True, topk_weights=weights,
-                              out=out, use_tma=use_tma, return_plan=True)
+        return grouped_matmul(
+            sorted_a,
+            w2,
+            routing,
+            cfg,
+            gather_a=False,
+            scatter=True,
+            topk_weights=weights,
+            out=out,
+            use_tma=use_tma,
+            return_plan=True,
+        )
 
     for name, call in (("up", up(False)), ("up swiglu", up(True)), ("down", down)):
         (out, _), (out_p, plan) = call(BASE), call(replace(BASE, persistent=True))
-        assert plan.persistent and plan.grid <= (gm.INTERPRETER_PROGRAMS if interpreter_active() else
-                                                 gm.multiprocessor_count(a.device)), name
+        assert plan.persistent and plan.grid <= (
+            gm.INTERPRETER_PROGRAMS if interpreter_active() else gm.multiprocessor_count(a.device)
+        ), name
         rows = slice(0, used) if name.startswith("up") else slice(None)
         assert not out_p[rows].isnan().any(), f"{name}: rows in use left unwritten"
         assert torch.equal(out_p[rows], out[rows]), name

@@ -1,6 +1,7 @@
 """FP8 quantization (moe_lab.quantize): the activation kernel bit for bit against a plain torch version
 written here (float32 math, torch's own e4m3 cast), the weight layouts and their round trip, bad arguments.
 Small shapes: every kernel launch runs under the interpreter on a CPU."""
+
 import math
 
 import pytest
@@ -60,11 +61,19 @@ def rand(rows, k, dtype=torch.float32, spread=1.0):
     return x.to(dtype).to(DEVICE)
 
 
-@pytest.mark.parametrize("rows,k,group_size", [
-    (7, 256, 128), (5, 300, 128), (3, 2200, 128),  # K a multiple of 128 and not; several programs per row
-    (4, 96, 16), (3, 200, 64), (4, 50, 7),          # small groups; a group size that is not a power of two
-    (3, 300, None), (4, 7, None),                   # per token: K not a power of two
-])
+@pytest.mark.parametrize(
+    "rows,k,group_size",
+    [
+        (7, 256, 128),
+        (5, 300, 128),
+        (3, 2200, 128),  # K a multiple of 128 and not; several programs per row
+        (4, 96, 16),
+        (3, 200, 64),
+        (4, 50, 7),  # small groups; a group size that is not a power of two
+        (3, 300, None),
+        (4, 7, None),  # per token: K not a power of two
+    ],
+)
 def test_matches_torch_bitwise(rows, k, group_size):
     x = rand(rows, k)
     q, scale = quantize_activations_fp8(x, group_size=group_size)
@@ -123,9 +132,9 @@ def test_dynamic_per_tensor():
 
 
 def test_noncontiguous_inputs():
-    x_t = rand(300, 6).t()                  # [6, 300], strides (1, 6)
-    x_step = rand(5, 520)[:, 1:501:2]       # [5, 250], last stride 2
-    x_rows = rand(12, 256)[::3]             # every third row
+    x_t = rand(300, 6).t()  # [6, 300], strides (1, 6)
+    x_step = rand(5, 520)[:, 1:501:2]  # [5, 250], last stride 2
+    x_rows = rand(12, 256)[::3]  # every third row
     for x in (x_t, x_step, x_rows):
         assert not x.is_contiguous()
         q, scale = quantize_activations_fp8(x)
@@ -141,8 +150,12 @@ def test_num_rows_bound_leaves_rows_past_it_untouched(mode):
     rows, k, bound = 8, 272, 3
     x = rand(rows, k)
     x[bound:] = float("nan")  # rows past the bound: must not be read (per_tensor: not enter the amax)
-    kwargs = {"group": {}, "token": {"group_size": None}, "static": {"scale": torch.tensor([0.01], device=DEVICE)},
-              "per_tensor": {"per_tensor": True}}[mode]
+    kwargs = {
+        "group": {},
+        "token": {"group_size": None},
+        "static": {"scale": torch.tensor([0.01], device=DEVICE)},
+        "per_tensor": {"per_tensor": True},
+    }[mode]
     out = torch.full((rows, k), POISON_Q, dtype=torch.uint8, device=DEVICE).view(FP8_DTYPE)
     scale_shape = {"group": (rows, 3), "token": (rows, 1), "static": None, "per_tensor": (1,)}[mode]
     out_scale = None if scale_shape is None else torch.full(scale_shape, float("nan"), device=DEVICE)
@@ -179,15 +192,18 @@ def test_fp8_unavailable_is_a_clear_error(monkeypatch):
 
 # --- weights ------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("layout", ["block", "block64x32", "tensor", "channel"])
 def test_weights_layouts_and_round_trip(layout, dtype):
     e, n, k = 3, 200, 300  # N and K not multiples of the block: partial edge blocks
-    w = (torch.randn(e, n, k) / k ** 0.5).to(dtype).to(DEVICE)
+    w = (torch.randn(e, n, k) / k**0.5).to(dtype).to(DEVICE)
     w[1, :128, :128] = 0.0  # an all-zero block
     args, kwargs, scale_shape = {
-        "block": ((128, 128), {}, (e, 2, 3)), "block64x32": ([64, 32], {}, (e, 4, 10)),
-        "tensor": (None, {}, (e,)), "channel": (None, {"per_channel": True}, (e, n)),
+        "block": ((128, 128), {}, (e, 2, 3)),
+        "block64x32": ([64, 32], {}, (e, 4, 10)),
+        "tensor": (None, {}, (e,)),
+        "channel": (None, {"per_channel": True}, (e, n)),
     }[layout]
     w_fp8, w_scale = quantize_weights_fp8(w, args, **kwargs)
     assert w_fp8.shape == (e, n, k) and w_fp8.dtype == FP8_DTYPE
@@ -220,12 +236,13 @@ def test_dequantize_activation_layouts():
     q, scale = quantize_activations_fp8(x, per_tensor=True)
     assert torch.equal(dequantize_fp8(q, scale), q.float() * scale)
     with pytest.raises(ValueError, match=r"fits no layout.*block_shape=\(1, g\)"):
-        dequantize_fp8(*quantize_activations_fp8(x, group_size=64))          # block_shape missing
+        dequantize_fp8(*quantize_activations_fp8(x, group_size=64))  # block_shape missing
     with pytest.raises(ValueError, match="fits no layout"):
         dequantize_fp8(q, torch.ones(5, 4, device=DEVICE), block_shape=(1, 128))  # K = 300: 3 groups of 128
 
 
 # --- bad arguments ------------------------------------------------------------------------------------
+
 
 def test_bad_activation_arguments():
     x = rand(4, 256)
@@ -270,8 +287,15 @@ def test_bad_weight_arguments():
         quantize_weights_fp8(w.to(FP8_DTYPE))
     with pytest.raises(ValueError, match=r"w must have 3 dimensions \[E, N, K\]"):
         quantize_weights_fp8(w[0])
-    for bad, error in (((128,), ValueError), ((128, 0), ValueError), ((128, -1), ValueError), (128, TypeError),
-                       ((128, 128.0), TypeError), ((True, 128), TypeError), ((128, 128, 1), ValueError)):
+    for bad, error in (
+        ((128,), ValueError),
+        ((128, 0), ValueError),
+        ((128, -1), ValueError),
+        (128, TypeError),
+        ((128, 128.0), TypeError),
+        ((True, 128), TypeError),
+        ((128, 128, 1), ValueError),
+    ):
         with pytest.raises(error, match="block_shape"):
             quantize_weights_fp8(w, bad)
     with pytest.raises(ValueError, match="per_channel=True .* takes block_shape=None"):
@@ -293,12 +317,13 @@ def test_bad_weight_arguments():
 
 # --- on a GPU -----------------------------------------------------------------------------------------
 
+
 @pytest.mark.gpu
 def test_gpu_offsets_past_2_31_and_cuda_graph():
     """rows * K = 300000 * 7168 > 2^31 (DeepSeek-V3's hidden size): row offsets must be int64. Then the
     bounded call captured in a CUDA graph and replayed with a new bound."""
     rows, k = 300_000, 7168
-    assert rows * k > 2 ** 31
+    assert rows * k > 2**31
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     q, scale = quantize_activations_fp8(x)
     tail = slice(rows - 500, rows)

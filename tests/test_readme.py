@@ -1,5 +1,6 @@
 """The Python blocks of the README and of docs/usage.md run as written (small shapes, so a CPU under the
 interpreter is enough)."""
+
 import pathlib
 import re
 

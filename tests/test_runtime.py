@@ -1,5 +1,7 @@
 """Where kernels run, and what the interpreter needs from its environment."""
+
 import os
+
 import pytest
 
 from moe_lab import runtime
@@ -8,10 +10,18 @@ from moe_lab.runtime import interpreter_numpy_problem
 pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
 
 
-@pytest.mark.parametrize("triton_version, numpy_version, broken", [
-    ("3.6.0", "2.4.6", True), ("3.5.1", "2.4.0rc1", True), ("3.6.0+git1a2b3c", "2.5.0", True),
-    ("3.6.0", "2.3.5", False), ("3.7.1", "2.4.6", False), ("3.9.0", "2.5.1", False), ("3.6.0", "1.26.4", False),
-])
+@pytest.mark.parametrize(
+    "triton_version, numpy_version, broken",
+    [
+        ("3.6.0", "2.4.6", True),
+        ("3.5.1", "2.4.0rc1", True),
+        ("3.6.0+git1a2b3c", "2.5.0", True),
+        ("3.6.0", "2.3.5", False),
+        ("3.7.1", "2.4.6", False),
+        ("3.9.0", "2.5.1", False),
+        ("3.6.0", "1.26.4", False),
+    ],
+)
 def test_interpreter_numpy_problem(triton_version, numpy_version, broken):
     problem = interpreter_numpy_problem(triton_version, numpy_version)
     assert bool(problem) == broken
@@ -22,6 +32,7 @@ def test_interpreter_numpy_problem(triton_version, numpy_version, broken):
 def test_select_backend_refuses_interpreter_with_broken_numpy(monkeypatch):
     import numpy
     import triton
+
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(triton, "__version__", "3.6.0")
     monkeypatch.setattr(numpy, "__version__", "2.4.6")
@@ -39,7 +50,9 @@ def test_launches_from_several_threads_give_right_answers():
     import torch
 
     import moe_lab
+
     from .conftest import random_layer
+
     hs, w1, w2, tw, ti = random_layer(9, 4, 2, 32, 48, torch.float32)
     ref = moe_lab.fused_moe_reference(hs, w1, w2, tw, ti)
     results = []
@@ -71,6 +84,7 @@ def test_triton_imported_first_still_runs_the_package_under_the_interpreter(tmp_
 
     import pytest
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("with a GPU the interpreter is not switched on")
     script = """
@@ -95,8 +109,14 @@ print(x.item(), y.item(), tuple(out.shape))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     path = tmp_path / "learner.py"  # a file: @triton.jit reads its kernels' source
     path.write_text(script)
-    run = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, env=env, timeout=300,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = subprocess.run(
+        [sys.executable, str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["6.0", "12.0", "(3,", "16)"]
     assert "__main__ (twice, before) were remade" in run.stderr and "import moe_lab first" in run.stderr

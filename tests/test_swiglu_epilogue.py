@@ -1,5 +1,6 @@
 """The SwiGLU epilogue of the up GEMM (`grouped_matmul(..., swiglu=True)`, `GemmConfig.fuse_swiglu`):
 silu(gate) * up from the float32 accumulators, checked against a float64 reference."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -21,20 +22,24 @@ def swiglu_reference(a, w1, routing):
 
 @pytest.mark.parametrize("use_tma", PATHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("num_tokens,num_experts,top_k,inter,k,block_n", [
-    (9, 4, 2, 32, 64, 32),    # I a multiple of BLOCK_SIZE_N/2
-    (33, 7, 3, 40, 40, 64),   # I = 40 not a multiple of 32, K not a multiple of BLOCK_SIZE_K
-    (5, 3, 3, 16, 32, 64),    # I smaller than the half tile: the gate box reaches into the up rows
-])
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,top_k,inter,k,block_n",
+    [
+        (9, 4, 2, 32, 64, 32),  # I a multiple of BLOCK_SIZE_N/2
+        (33, 7, 3, 40, 40, 64),  # I = 40 not a multiple of 32, K not a multiple of BLOCK_SIZE_K
+        (5, 3, 3, 16, 32, 64),  # I smaller than the half tile: the gate box reaches into the up rows
+    ],
+)
 def test_swiglu_epilogue_matches_the_reference(use_tma, dtype, num_tokens, num_experts, top_k, inter, k, block_n):
     ids = random_topk_ids(num_tokens, num_experts, top_k)
     routing = moe_align(ids, num_experts, 16)
     a = torch.randn(num_tokens, k, device=DEVICE).to(dtype)
-    w1 = (torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k ** -0.5).to(dtype)
+    w1 = (torch.randn(num_experts, 2 * inter, k, device=DEVICE) * k**-0.5).to(dtype)
     out = torch.full((routing.max_num_tokens_padded, inter), float("nan"), dtype=dtype, device=DEVICE)
     cfg = GemmConfig(16, block_n, 32, 2, 4, 1, tail_tiles=False)
-    _, plan = grouped_matmul(a, w1, routing, cfg, gather_a=True, swiglu=True, out=out, use_tma=use_tma,
-                             return_plan=True)
+    _, plan = grouped_matmul(
+        a, w1, routing, cfg, gather_a=True, swiglu=True, out=out, use_tma=use_tma, return_plan=True
+    )
     assert plan.swiglu and plan.tile_n == block_n // 2
     used = routing.num_tokens_post_padded.item()
     assert not out[:used].isnan().any(), "rows in use left unwritten"
@@ -48,7 +53,7 @@ def test_swiglu_epilogue_with_tail_tiles(use_tma):
     ids = ids[torch.randperm(ids.numel())].reshape(-1, 1).to(DEVICE)
     routing = moe_align(ids, len(sizes), 32)
     a = torch.randn(ids.shape[0], 48, device=DEVICE)
-    w1 = torch.randn(len(sizes), 48, 48, device=DEVICE) * 48 ** -0.5
+    w1 = torch.randn(len(sizes), 48, 48, device=DEVICE) * 48**-0.5
     ref = swiglu_reference(a, w1, routing)
     valid = routing.sorted_token_ids.cpu() < routing.num_slots
     for cfg in (GemmConfig(32, 32, 16, 1, 4, 1), GemmConfig(32, 64, 16, 1, 4, 1)):
@@ -61,22 +66,39 @@ def test_swiglu_bad_arguments_name_what_is_wrong():
     routing = moe_align(ids, 3, 16)
     a = torch.randn(4, 32, device=DEVICE)
     with pytest.raises(ValueError, match="even, non-zero 2I"):
-        grouped_matmul(a, torch.randn(3, 33, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True,
-                       swiglu=True)
+        grouped_matmul(
+            a, torch.randn(3, 33, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True, swiglu=True
+        )
     with pytest.raises(ValueError, match="BLOCK_SIZE_N >= 32"):
-        grouped_matmul(a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 16, 32), gather_a=True,
-                       swiglu=True)
+        grouped_matmul(
+            a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 16, 32), gather_a=True, swiglu=True
+        )
     with pytest.raises(TypeError, match="swiglu must be a bool"):
-        grouped_matmul(a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True,
-                       swiglu="yes")
+        grouped_matmul(
+            a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True, swiglu="yes"
+        )
     sorted_a = torch.randn(routing.max_num_tokens_padded, 32, device=DEVICE)
     with pytest.raises(ValueError, match="scatter=True is not supported"):
-        grouped_matmul(sorted_a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32),
-                       gather_a=False, scatter=True, swiglu=True)
+        grouped_matmul(
+            sorted_a,
+            torch.randn(3, 32, 32, device=DEVICE),
+            routing,
+            GemmConfig(16, 32, 32),
+            gather_a=False,
+            scatter=True,
+            swiglu=True,
+        )
     with pytest.raises(ValueError, match="out shares memory with a"):  # I == K: a has the output's shape
         sorted_a = torch.randn(routing.max_num_tokens_padded, 16, device=DEVICE)
-        grouped_matmul(sorted_a, torch.randn(3, 32, 16, device=DEVICE), routing, GemmConfig(16, 32, 16),
-                       gather_a=False, swiglu=True, out=sorted_a)
+        grouped_matmul(
+            sorted_a,
+            torch.randn(3, 32, 16, device=DEVICE),
+            routing,
+            GemmConfig(16, 32, 16),
+            gather_a=False,
+            swiglu=True,
+            out=sorted_a,
+        )
     odd = torch.zeros(3, 48, 17, device=DEVICE)[:, :, :16]
     with pytest.raises(ValueError, match=r"viewed as \[E, 2, I, K\] \(3, 2, 24, 16\) for the SwiGLU epilogue"):
         grouped_matmul(a[:, :16], odd, routing, GemmConfig(16, 32, 16), gather_a=True, swiglu=True, use_tma=True)
@@ -84,8 +106,15 @@ def test_swiglu_bad_arguments_name_what_is_wrong():
         hs, w1, w2, tw, ti = small_layer()
         fused_moe(hs, w1, w2, tw, ti, out=[[0.0]])
     with pytest.raises(ValueError, match=r"out must have shape.*\[rows, I\]"):
-        grouped_matmul(a, torch.randn(3, 32, 32, device=DEVICE), routing, GemmConfig(16, 32, 32), gather_a=True,
-                       swiglu=True, out=torch.empty(routing.max_num_tokens_padded, 32, device=DEVICE))
+        grouped_matmul(
+            a,
+            torch.randn(3, 32, 32, device=DEVICE),
+            routing,
+            GemmConfig(16, 32, 32),
+            gather_a=True,
+            swiglu=True,
+            out=torch.empty(routing.max_num_tokens_padded, 32, device=DEVICE),
+        )
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -109,11 +138,11 @@ def test_float16_pre_activation_past_65504_gives_the_right_answer(use_tma):
     With I = 16 and w2 = 0.01 the layer's output is 16 (gate 1e5) and 0 (gate -1e5)."""
     hidden, inter, num_experts = 32, 16, 2
     x = torch.zeros(2, hidden)
-    x[:, 0], x[:, 1] = 316.25, 1e-3   # 316.25^2 = 100014: the gate pre-activation
+    x[:, 0], x[:, 1] = 316.25, 1e-3  # 316.25^2 = 100014: the gate pre-activation
     x[1, 0] = -316.25
     w1 = torch.zeros(num_experts, 2 * inter, hidden)
-    w1[:, :inter, 0] = 316.25         # gate rows read x[0]
-    w1[:, inter:, 1] = 1.0            # up rows read x[1]
+    w1[:, :inter, 0] = 316.25  # gate rows read x[0]
+    w1[:, inter:, 1] = 1.0  # up rows read x[1]
     w2 = torch.full((num_experts, hidden, inter), 0.01)
     ti = torch.tensor([[0], [1]], dtype=torch.int32)
     tw = torch.ones(2, 1)

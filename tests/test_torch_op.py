@@ -1,4 +1,5 @@
 """The torch face: the custom op (opcheck, torch.compile) and the FusedMoE module."""
+
 import pytest
 import torch
 
@@ -21,8 +22,9 @@ def test_custom_op_and_module_under_torch_compile():
 
 def test_custom_op_opcheck():
     hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
-    torch.library.opcheck(torch.ops.moe_lab.fused_moe.default, (hs, w1, w2, tw, ti),
-                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(
+        torch.ops.moe_lab.fused_moe.default, (hs, w1, w2, tw, ti), test_utils=("test_schema", "test_faketensor")
+    )
 
 
 def test_fused_moe_module_takes_bool_use_tma():
@@ -43,6 +45,7 @@ def test_custom_op_takes_use_tma_as_fused_moe_does():
 
 def test_fp8_module_and_custom_op():
     from moe_lab import quantize_weights_fp8
+
     hs, w1, w2, tw, ti = random_layer(6, 4, 2, 160, 96, torch.bfloat16)
     (w1_q, s1), (w2_q, s2) = quantize_weights_fp8(w1), quantize_weights_fp8(w2)
     module = FusedMoE(w1_q, w2_q, w1_scale=s1, w2_scale=s2, block_shape=(128, 128))
@@ -52,7 +55,10 @@ def test_fp8_module_and_custom_op():
     torch._dynamo.reset()
     assert torch.equal(torch.compile(module, fullgraph=True, backend="aot_eager")(hs, tw, ti), eager)
     # the fake implementation only (PyTorch's schema check multiplies inputs, which float8 CPU tensors cannot)
-    torch.library.opcheck(torch.ops.moe_lab.fused_moe.default, (hs, w1_q, w2_q, tw, ti, None, None, s1, s2, [128, 128]),
-                          test_utils=("test_faketensor",))
+    torch.library.opcheck(
+        torch.ops.moe_lab.fused_moe.default,
+        (hs, w1_q, w2_q, tw, ti, None, None, s1, s2, [128, 128]),
+        test_utils=("test_faketensor",),
+    )
     with pytest.raises(ValueError, match="need w2_scale"):
         FusedMoE(w1_q, w2_q, w1_scale=s1)

@@ -1,6 +1,7 @@
 """Which tuned table serves a device (exact, same device nearest Triton, same architecture), never across
 architectures, where a layer's config came from, and that lookups read no file after the first.
 CPU only: the device name, capability and Triton version are monkeypatched, the tables are fake."""
+
 import builtins
 import json
 import os
@@ -28,11 +29,13 @@ def _entry(block_n: int, block_m: int = 16) -> dict:
     return {"up": cfg, "down": cfg, "ms": 1.0, "heuristic_ms": 1.1}
 
 
-def write_table(directory, device, triton_version, capability=(9, 0), *, block_n=64, shapes=None,
-                with_capability=True):
+def write_table(directory, device, triton_version, capability=(9, 0), *, block_n=64, shapes=None, with_capability=True):
     """A fake table as `moe-lab tune` writes it; its entries carry `block_n` so a test can tell tables apart."""
-    table = {"device": device, "triton": triton_version,
-             "shapes": shapes if shapes is not None else {KEY: {"1": _entry(block_n), "64": _entry(block_n, 32)}}}
+    table = {
+        "device": device,
+        "triton": triton_version,
+        "shapes": shapes if shapes is not None else {KEY: {"1": _entry(block_n), "64": _entry(block_n, 32)}},
+    }
     if with_capability:
         table["capability"] = list(capability) if capability is not None else None
     path = os.path.join(str(directory), f"{device.replace(' ', '_')}__triton-{triton_version}.json")
@@ -58,8 +61,7 @@ def gpu_world(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: facts[d if isinstance(d, int) else 0][0])
-    monkeypatch.setattr(torch.cuda, "get_device_capability",
-                        lambda d=None: facts[d if isinstance(d, int) else 0][1])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: facts[d if isinstance(d, int) else 0][1])
     monkeypatch.setattr(torch.version, "hip", None)
     tuned.clear_cache()
     yield world
@@ -85,8 +87,10 @@ def test_same_device_nearest_triton_beats_other_device_of_exact_triton(gpu_world
     write_table(d, H100, "3.9.0")
     table = tuned.table_for_device()
     assert table.path == nearest and not table.exact
-    assert table.reason == ("tuned on NVIDIA H200 with Triton 3.8.0; this is NVIDIA H200 with Triton 3.9.0: "
-                            "same device, nearest Triton version")
+    assert table.reason == (
+        "tuned on NVIDIA H200 with Triton 3.8.0; this is NVIDIA H200 with Triton 3.9.0: "
+        "same device, nearest Triton version"
+    )
 
 
 def test_triton_tie_goes_to_the_newer(gpu_world):
@@ -103,8 +107,10 @@ def test_other_device_of_same_architecture(gpu_world):
     write_table(d, A100, "3.9.0", (8, 0))  # exact Triton, other architecture: never
     table = tuned.table_for_device()
     assert table.path == nearest and not table.exact and table.capability == (9, 0)
-    assert table.reason == ("tuned on NVIDIA H200 with Triton 3.8.0; this is NVIDIA H100 80GB HBM3 with Triton "
-                            "3.9.0: nearest table of the same architecture (sm_90)")
+    assert table.reason == (
+        "tuned on NVIDIA H200 with Triton 3.8.0; this is NVIDIA H100 80GB HBM3 with Triton "
+        "3.9.0: nearest table of the same architecture (sm_90)"
+    )
     assert table.summary == "NVIDIA H200, Triton 3.8.0 (nearest table of sm_90)"
 
 
@@ -161,8 +167,10 @@ def test_shipped_table_records_its_capability_and_serves_an_h100():
         assert json.load(f)["capability"] == [9, 0]
     table = tuned.select_table(H100, (9, 0), "3.9.0")
     assert table.path == path and not table.exact
-    assert table.reason == ("tuned on NVIDIA H200 with Triton 3.6.0; this is NVIDIA H100 80GB HBM3 with Triton "
-                            "3.9.0: nearest table of the same architecture (sm_90)")
+    assert table.reason == (
+        "tuned on NVIDIA H200 with Triton 3.6.0; this is NVIDIA H100 80GB HBM3 with Triton "
+        "3.9.0: nearest table of the same architecture (sm_90)"
+    )
 
 
 def test_choose_config_buckets_and_sources(gpu_world):
@@ -187,8 +195,9 @@ def test_choose_config_buckets_and_sources(gpu_world):
     assert tuned.choose_config(50, **SHAPE, config=user) == tuned.ConfigChoice(user, "user config")
     changed = tuned.choose_config(50, **SHAPE, config={"num_warps": 8})
     assert changed.config.up.num_warps == 8 and changed.config.up.BLOCK_SIZE_N == 128
-    assert changed.source == ("user config (dict) over tuned: NVIDIA H200, Triton 3.6.0 (nearest table of sm_90), "
-                              "T bucket 64")
+    assert changed.source == (
+        "user config (dict) over tuned: NVIDIA H200, Triton 3.6.0 (nearest table of sm_90), T bucket 64"
+    )
     with pytest.raises(TypeError, match="config must be"):
         tuned.choose_config(50, **SHAPE, config=3)
 
@@ -258,6 +267,7 @@ def test_fused_moe_info_says_where_the_config_came_from():
 
 def test_heuristic_gives_full_precision_float32_tiles_that_fit_the_cuda_cores(monkeypatch):
     import moe_lab.configs as configs
+
     monkeypatch.setattr(configs, "interpreter_active", lambda: False)  # the GPU rules
     big = configs.heuristic_config(4096, 8, 2, 4096, 14336, torch.float32)
     assert (big.up.BLOCK_SIZE_M, big.up.BLOCK_SIZE_N, big.up.BLOCK_SIZE_K) == (64, 128, 32)
@@ -272,6 +282,7 @@ def test_heuristic_gives_full_precision_float32_tiles_that_fit_the_cuda_cores(mo
 def test_heuristic_float32_tiles_fit_an_a100(monkeypatch):
     """TF32 float32 keeps the 16-bit tiles' bytes (half the K), so every heuristic config fits 166912 bytes."""
     import moe_lab.configs as configs
+
     monkeypatch.setattr(configs, "interpreter_active", lambda: False)
     torch.set_float32_matmul_precision("high")
     try:
@@ -295,7 +306,8 @@ def test_shipped_tables_carry_their_format_and_every_switch():
 
 
 def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
-    (tmp_path / "X__triton-3.6.0.json").write_text(json.dumps(
-        {"format": 99, "device": "X", "triton": "3.6.0", "capability": [9, 0], "shapes": {}}))
+    (tmp_path / "X__triton-3.6.0.json").write_text(
+        json.dumps({"format": 99, "device": "X", "triton": "3.6.0", "capability": [9, 0], "shapes": {}})
+    )
     with pytest.warns(UserWarning, match="table format 99"):
         assert not tuned.select_table("X", (9, 0), "3.6.0", str(tmp_path))

@@ -1,4 +1,5 @@
 """Small jit helpers shared by the kernels."""
+
 import triton
 import triton.language as tl
 
@@ -34,7 +35,8 @@ def round_to_e4m3_grid(x):
     float32.
 
     Triton's interpreter casts float32 -> float8e4nv wrongly where rounding carries into the next power of
-    two (127.8 -> 64 under 3.6 to 3.9; 2 to 20 % of values, by their spread); GPUs round to nearest even. Rounding first to the e4m3 grid makes the interpreter's cast exact.
+    two (127.8 -> 64 under 3.6 to 3.9; 2 to 20 % of values, by their spread); GPUs round to nearest even.
+    Rounding first to the e4m3 grid makes the interpreter's cast exact.
     Normal e4m3 values keep 3 mantissa bits; below 2^-6 (subnormals) the spacing is a fixed 2^-9, which
     adding and subtracting 1.5 * 2^14 rounds to (float32 spacing there is 2^-9). The sign is put back
     afterwards, so tiny negatives round to -0 as torch's cast does."""

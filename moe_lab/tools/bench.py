@@ -1,7 +1,8 @@
 """Benchmarks on a GPU: moe-lab's GEMMs (pointer and TMA paths) against peers run in the same process.
 
 For each model preset and token count T it times, as the median of CUDA-graph replays with L2 flushed
-before each (`moe_lab.tools.timing.graph_ms`; for both GEMMs together and for the layer, the least of ROUNDS such medians):
+before each (`moe_lab.tools.timing.graph_ms`; for both GEMMs together and for the layer,
+the least of ROUNDS such medians):
   - the up GEMM, the down GEMM and both together, for moe-lab pointer, moe-lab TMA and torch._grouped_mm;
     moe-lab's up GEMM is the one the layer runs: with its SwiGLU epilogue where the config fuses it
     (`GemmConfig.fuse_swiglu`), else the GEMM alone (the activation is then timed with the layer); on
@@ -19,6 +20,7 @@ channels) against moe-lab's bf16 layer on the same weights and routing (`bench_p
 go to an `fp8/` folder under the output folder (results of other dtypes but bf16 likewise to `<dtype>/`),
 so that readers of the newest bf16 results (`moe_lab.workbook.viz.performance.load_results`) never pick them up.
 """
+
 from __future__ import annotations
 
 import csv
@@ -42,8 +44,8 @@ from ..quantize import FP8_DTYPE, quantize_activations_fp8
 from ..reference import fused_moe_reference, relative_error
 from ..routing import uniform_routing
 from ..runtime import require_gpu_timing
-from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
 from ..tuned import choose_config, default_config
+from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
 
 DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
@@ -55,7 +57,8 @@ def _sort_by_expert(topk_ids, num_experts):
     """Slots in expert order (stable) and the cumulative row ends per expert, as torch._grouped_mm takes them."""
     flat = topk_ids.reshape(-1).long()
     counts = torch.zeros(num_experts, dtype=torch.int32, device=flat.device).scatter_add_(
-        0, flat, torch.ones_like(flat, dtype=torch.int32))
+        0, flat, torch.ones_like(flat, dtype=torch.int32)
+    )
     return flat.argsort(stable=True), counts.cumsum(0, dtype=torch.int32)
 
 
@@ -75,7 +78,7 @@ def _grouped_mm_peer(hs, w1, w2, tw, ti):
     def layer():
         order_, offs_ = _sort_by_expert(ti, num_experts)  # the sort is part of the layer's glue
         gu = torch._grouped_mm(hs[order_ // top_k], w1_t, offs=offs_)
-        a = F.silu(gu[:, : two_i // 2]) * gu[:, two_i // 2:]
+        a = F.silu(gu[:, : two_i // 2]) * gu[:, two_i // 2 :]
         y = torch._grouped_mm(a, w2_t, offs=offs_) * tw.reshape(-1)[order_, None].to(a.dtype)
         out_k = torch.empty_like(y)
         out_k[order_] = y
@@ -96,6 +99,7 @@ def _loop_peer(hs, w1, w2, tw, ti):
             y = (F.silu(gu[:, :inter]) * gu[:, inter:]) @ w2[e].T
             out.index_add_(0, tok, y.float() * tw[tok, slot, None])
         return out.to(hs.dtype)
+
     return layer
 
 
@@ -110,8 +114,9 @@ def _layer_gemms(hs, w1, w2, tw, routing, cfg: MoEConfig, *, use_tma="auto", sca
     if scales is not None:
         group = scales["block_shape"][1]
         x, a1_scale = quantize_activations_fp8(hs, group_size=group)
-        up_kw = dict(a_scale=a1_scale, w_scale=scales["w1_scale"], block_shape=scales["block_shape"],
-                     out_dtype=torch.float32)  # the layer keeps the SwiGLU output in float32 until quantized
+        up_kw = dict(
+            a_scale=a1_scale, w_scale=scales["w1_scale"], block_shape=scales["block_shape"], out_dtype=torch.float32
+        )  # the layer keeps the SwiGLU output in float32 until quantized
     gate_up = grouped_matmul(x, w1, routing, cfg.up, gather_a=True, use_tma=use_tma, swiglu=fused, **up_kw)
     act = gate_up if fused else silu_and_mul(gate_up, routing=routing)
     if scales is not None:
@@ -123,8 +128,19 @@ def _layer_gemms(hs, w1, w2, tw, routing, cfg: MoEConfig, *, use_tma="auto", sca
         grouped_matmul(x, w1, routing, cfg.up, gather_a=True, out=gate_up, use_tma=use_tma, swiglu=fused, **up_kw)
 
     def down():
-        grouped_matmul(act, w2, routing, cfg.down, gather_a=False, scatter=True, topk_weights=tw, out=out_k,
-                       use_tma=use_tma, **down_kw)
+        grouped_matmul(
+            act,
+            w2,
+            routing,
+            cfg.down,
+            gather_a=False,
+            scatter=True,
+            topk_weights=tw,
+            out=out_k,
+            use_tma=use_tma,
+            **down_kw,
+        )
+
     return up, down
 
 
@@ -132,23 +148,41 @@ def _both(up, down):
     def both():
         up()
         down()
+
     return both
 
 
-def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfloat16,
-                config: Optional[MoEConfig] = None, peers: bool = True, seed: int = 0) -> List[dict]:
+def bench_point(
+    preset: MoEPreset,
+    num_tokens: int,
+    ceilings,
+    *,
+    dtype=torch.bfloat16,
+    config: Optional[MoEConfig] = None,
+    peers: bool = True,
+    seed: int = 0,
+) -> List[dict]:
     """Time every implementation at one (preset, T). Returns one row per implementation."""
     hs, w1, w2, _ = preset.build(num_tokens, dtype=dtype, device="cuda", seed=seed)
     tw, ti = uniform_routing(num_tokens, preset.num_experts, preset.top_k, seed=seed + 1)
-    cfg = config or default_config(num_tokens, preset.num_experts, preset.top_k, preset.hidden_size,
-                                   preset.intermediate_size, dtype)
+    cfg = config or default_config(
+        num_tokens, preset.num_experts, preset.top_k, preset.hidden_size, preset.intermediate_size, dtype
+    )
     ref = fused_moe_reference(hs, w1, w2, tw, ti)
     experts_used = int(torch.unique(ti).numel())
     up_cost, down_cost = gemm_costs(preset, num_tokens, experts_used, hs.element_size())
     routing = moe_align(ti, preset.num_experts, cfg.block_size_m)
-    base = dict(model=preset.name, T=num_tokens, E=preset.num_experts, top_k=preset.top_k, H=preset.hidden_size,
-                I=preset.intermediate_size, dtype=str(dtype).replace("torch.", ""), experts_used=experts_used,
-                roofline_gemms_ms=up_cost.roofline_ms(ceilings) + down_cost.roofline_ms(ceilings))
+    base = dict(
+        model=preset.name,
+        T=num_tokens,
+        E=preset.num_experts,
+        top_k=preset.top_k,
+        H=preset.hidden_size,
+        I=preset.intermediate_size,
+        dtype=str(dtype).replace("torch.", ""),
+        experts_used=experts_used,
+        roofline_gemms_ms=up_cost.roofline_ms(ceilings) + down_cost.roofline_ms(ceilings),
+    )
     rows = []
 
     def row(impl, up_ms, down_ms, gemms_ms, layer_ms, err, **extra):
@@ -166,16 +200,29 @@ def bench_point(preset: MoEPreset, num_tokens: int, ceilings, *, dtype=torch.bfl
             up, down = _layer_gemms(hs, w1, w2, tw, routing, cfg, use_tma=use_tma)
             out = fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma)
             err = relative_error(out, ref)
-            row(impl, graph_ms(up), graph_ms(down), graph_ms(_both(up, down), rounds=ROUNDS),
-                graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma), rounds=ROUNDS), err,
-                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()), swiglu_epilogue=cfg.up.swiglu_epilogue)
+            row(
+                impl,
+                graph_ms(up),
+                graph_ms(down),
+                graph_ms(_both(up, down), rounds=ROUNDS),
+                graph_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=cfg, use_tma=use_tma), rounds=ROUNDS),
+                err,
+                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()),
+                swiglu_epilogue=cfg.up.swiglu_epilogue,
+            )
         except (ValueError, RuntimeError) as exc:  # e.g. TMA refused on this device
             row(impl, None, None, None, None, None, error=str(exc))
     if peers and hasattr(torch, "_grouped_mm"):
         try:
             gemms, layer = _grouped_mm_peer(hs, w1, w2, tw, ti)
-            row("torch._grouped_mm", None, None, graph_ms(gemms, rounds=ROUNDS), graph_ms(layer, rounds=ROUNDS),
-                relative_error(layer(), ref))
+            row(
+                "torch._grouped_mm",
+                None,
+                None,
+                graph_ms(gemms, rounds=ROUNDS),
+                graph_ms(layer, rounds=ROUNDS),
+                relative_error(layer(), ref),
+            )
         except RuntimeError as exc:
             row("torch._grouped_mm", None, None, None, None, None, error=str(exc)[:200])
     if peers and preset.num_experts * max(1, num_tokens // 4096) <= 256:
@@ -202,23 +249,42 @@ def bench_point_fp8(preset: MoEPreset, num_tokens: int, ceilings, *, block_shape
     w1_fp8, w2_fp8, scales = preset.quantize_fp8(w1, w2, block_shape)
     ref = fused_moe_reference(hs, w1, w2, tw, ti)
     experts_used = int(torch.unique(ti).numel())
-    base = dict(model=preset.name, T=num_tokens, E=preset.num_experts, top_k=preset.top_k, H=preset.hidden_size,
-                I=preset.intermediate_size, experts_used=experts_used, activations="bfloat16")
+    base = dict(
+        model=preset.name,
+        T=num_tokens,
+        E=preset.num_experts,
+        top_k=preset.top_k,
+        H=preset.hidden_size,
+        I=preset.intermediate_size,
+        experts_used=experts_used,
+        activations="bfloat16",
+    )
     rows = []
     for impl, (a, b), kw in (("moe-lab bf16", (w1, w2), {}), ("moe-lab fp8", (w1_fp8, w2_fp8), scales)):
-        r = dict(base, impl=impl, dtype=str(a.dtype).replace("torch.", ""),
-                 block_shape=list(scales["block_shape"]) if kw else None)
+        r = dict(
+            base,
+            impl=impl,
+            dtype=str(a.dtype).replace("torch.", ""),
+            block_shape=list(scales["block_shape"]) if kw else None,
+        )
         try:
-            choice = choose_config(num_tokens, preset.num_experts, preset.top_k, preset.hidden_size,
-                                   preset.intermediate_size, a.dtype)
+            choice = choose_config(
+                num_tokens, preset.num_experts, preset.top_k, preset.hidden_size, preset.intermediate_size, a.dtype
+            )
             cfg = choice.config
-            up, down = _layer_gemms(hs, a, b, tw, moe_align(ti, preset.num_experts, cfg.block_size_m), cfg,
-                                    scales=kw or None)
+            up, down = _layer_gemms(
+                hs, a, b, tw, moe_align(ti, preset.num_experts, cfg.block_size_m), cfg, scales=kw or None
+            )
             out = fused_moe(hs, a, b, tw, ti, config=cfg, **kw)
             up_cost, down_cost = gemm_costs(preset, num_tokens, experts_used, a.element_size())
-            r.update(up_ms=graph_ms(up), down_ms=graph_ms(down), gemms_ms=graph_ms(_both(up, down), rounds=ROUNDS),
-                     layer_ms=graph_ms(lambda: fused_moe(hs, a, b, tw, ti, config=cfg, **kw), rounds=ROUNDS),
-                     config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()), config_source=choice.source)
+            r.update(
+                up_ms=graph_ms(up),
+                down_ms=graph_ms(down),
+                gemms_ms=graph_ms(_both(up, down), rounds=ROUNDS),
+                layer_ms=graph_ms(lambda: fused_moe(hs, a, b, tw, ti, config=cfg, **kw), rounds=ROUNDS),
+                config=dict(up=cfg.up.to_dict(), down=cfg.down.to_dict()),
+                config_source=choice.source,
+            )
             r["gemms_tflops"] = (up_cost.flops + down_cost.flops) / r["gemms_ms"] / 1e9
             r["gemms_tbps"] = (up_cost.bytes + down_cost.bytes) / r["gemms_ms"] / 1e9
             if kw:
@@ -242,9 +308,15 @@ def bench_point_fp8(preset: MoEPreset, num_tokens: int, ceilings, *, block_shape
 
 def environment() -> dict:
     now = datetime.datetime.now(datetime.timezone.utc)
-    return dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                python=platform.python_version(), date=now.date().isoformat(), time=now.strftime("%H:%M UTC"),
-                capability=".".join(map(str, torch.cuda.get_device_capability())))
+    return dict(
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        python=platform.python_version(),
+        date=now.date().isoformat(),
+        time=now.strftime("%H:%M UTC"),
+        capability=".".join(map(str, torch.cuda.get_device_capability())),
+    )
 
 
 def fmt(x, spec):
@@ -255,17 +327,26 @@ def fmt(x, spec):
 def print_table(rows: List[dict]) -> None:
     """One line per row; FP8 rows (`bench_point_fp8`) add the speedups over bf16 and the quantization error."""
     fp8 = any(r["impl"] in ("moe-lab bf16", "moe-lab fp8") for r in rows)
-    print(f"{'model':<15} {'T':>6} {'impl':<22} {'up ms':>8} {'down ms':>8} {'gemms ms':>9} {'layer ms':>9} "
-          f"{'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} {'rel err':>8}"
-          + (f" {'x gemms':>7} {'x layer':>7} {'quant err':>9}" if fp8 else ""))
+    print(
+        f"{'model':<15} {'T':>6} {'impl':<22} {'up ms':>8} {'down ms':>8} {'gemms ms':>9} {'layer ms':>9} "
+        f"{'TFLOP/s':>8} {'TB/s':>6} {'%roof':>6} {'rel err':>8}"
+        + (f" {'x gemms':>7} {'x layer':>7} {'quant err':>9}" if fp8 else "")
+    )
     for r in rows:
-        print(f"{r['model']:<15} {r['T']:>6} {r['impl']:<22} {fmt(r.get('up_ms'), '8.3f')} "
-              f"{fmt(r.get('down_ms'), '8.3f')} {fmt(r.get('gemms_ms'), '9.3f')} {fmt(r.get('layer_ms'), '9.3f')} "
-              f"{fmt(r.get('gemms_tflops'), '8.1f')} {fmt(r.get('gemms_tbps'), '6.2f')} "
-              f"{fmt(r.get('pct_roofline'), '6.1f')} {fmt(r.get('rel_err'), '8.1e')}"
-              + (f" {fmt(r.get('speedup_gemms'), '7.2f')} {fmt(r.get('speedup_layer'), '7.2f')} "
-                 f"{fmt(r.get('quant_err'), '9.1e')}" if fp8 else "")
-              + (f"  ERROR {r['error'][:60]}" if r.get("error") else ""), flush=True)
+        print(
+            f"{r['model']:<15} {r['T']:>6} {r['impl']:<22} {fmt(r.get('up_ms'), '8.3f')} "
+            f"{fmt(r.get('down_ms'), '8.3f')} {fmt(r.get('gemms_ms'), '9.3f')} {fmt(r.get('layer_ms'), '9.3f')} "
+            f"{fmt(r.get('gemms_tflops'), '8.1f')} {fmt(r.get('gemms_tbps'), '6.2f')} "
+            f"{fmt(r.get('pct_roofline'), '6.1f')} {fmt(r.get('rel_err'), '8.1e')}"
+            + (
+                f" {fmt(r.get('speedup_gemms'), '7.2f')} {fmt(r.get('speedup_layer'), '7.2f')} "
+                f"{fmt(r.get('quant_err'), '9.1e')}"
+                if fp8
+                else ""
+            )
+            + (f"  ERROR {r['error'][:60]}" if r.get("error") else ""),
+            flush=True,
+        )
 
 
 def _write(result: dict, out_dir: str, tag: str, env: dict) -> str:
@@ -292,8 +373,15 @@ def results_place(out_dir: str, tag: str, dtype) -> tuple:
     return os.path.join(out_dir, name), f"{tag}-{name}"
 
 
-def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, out_dir: Optional[str] = None,
-        peers: bool = True, tag: str = "bench") -> dict:
+def run(
+    models=DEFAULT_MODELS,
+    tokens=DEFAULT_TOKENS,
+    *,
+    dtype=torch.bfloat16,
+    out_dir: Optional[str] = None,
+    peers: bool = True,
+    tag: str = "bench",
+) -> dict:
     """Run the benchmark, print the table, and write JSON and CSV to `out_dir` (if given; results of a dtype
     other than bf16 to a folder of their own in it, see `results_place`). dtype=torch.float8_e4m3fn runs
     `bench_point_fp8` (moe-lab FP8 against moe-lab bf16; no peers) at each point, else `bench_point`."""
@@ -301,6 +389,7 @@ def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, o
     fp8 = dtype == FP8_DTYPE
     if fp8:
         from ..capability import fp8_support
+
         support = fp8_support("cuda")
         if not support:
             raise RuntimeError(f"moe-lab bench --dtype fp8 refused: FP8 kernels cannot run here: {support.reason}")
@@ -308,17 +397,24 @@ def run(models=DEFAULT_MODELS, tokens=DEFAULT_TOKENS, *, dtype=torch.bfloat16, o
         out_dir, tag = results_place(out_dir, tag, dtype)
     env = environment()
     ceilings = measure_ceilings()
-    print(f"{env['device']} (sm_{env['capability'].replace('.', '')}), torch {env['torch']}, triton {env['triton']}, "
-          f"{env['date']}")
-    print(f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, read {ceilings['read_tbps']:.2f} TB/s, "
-          f"bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s")
+    print(
+        f"{env['device']} (sm_{env['capability'].replace('.', '')}), torch {env['torch']}, triton {env['triton']}, "
+        f"{env['date']}"
+    )
+    print(
+        f"ceilings: copy {ceilings['copy_tbps']:.2f} TB/s, read {ceilings['read_tbps']:.2f} TB/s, "
+        f"bf16 matmul {ceilings['bf16_matmul_tflops']:.0f} TFLOP/s"
+    )
     rows: List[dict] = []
     result = dict(environment=env, ceilings=ceilings, dtype=DTYPE_NAMES.get(dtype, str(dtype)), rows=rows)
     for name in models:
         preset = get_preset(name)
         for num_tokens in tokens:
-            point = (bench_point_fp8(preset, num_tokens, ceilings) if fp8 else
-                     bench_point(preset, num_tokens, ceilings, dtype=dtype, peers=peers))
+            point = (
+                bench_point_fp8(preset, num_tokens, ceilings)
+                if fp8
+                else bench_point(preset, num_tokens, ceilings, dtype=dtype, peers=peers)
+            )
             print_table(point)
             rows += point
             if out_dir:  # after every point: a stopped run keeps what it measured

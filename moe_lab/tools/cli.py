@@ -1,9 +1,10 @@
 """The `moe-lab` command: `demo` (the main job), `info`, `doctor`, `bench` and `tune` (GPU only).
 
-    moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32|fp8] [--use-tma auto|on|off]
-    moe-lab info      versions, device, TMA support
-    moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
+moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32|fp8] [--use-tma auto|on|off]
+moe-lab info      versions, device, TMA support
+moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ import triton  # noqa: E402
 
 from .. import presets as _presets  # noqa: E402
 from ..capability import fp8_support, tma_support  # noqa: E402
-from ..plan import USE_TMA_WORDS  # noqa: E402
 from ..layer import fused_moe  # noqa: E402
+from ..plan import USE_TMA_WORDS  # noqa: E402
 from ..reference import fused_moe_reference, relative_error  # noqa: E402
 from ..runtime import default_device, interpreter_active  # noqa: E402
 from ..tuned import table_for_device  # noqa: E402
@@ -47,7 +48,11 @@ CPU_TOKENS_FP8 = (1, 4)  # in the bf16 demo's time on a CPU (about 15 s for the 
 def _device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    where = "Triton interpreter" if interpreter_active() else "no GPU and interpreter off: kernels cannot run (moe-lab doctor)"
+    where = (
+        "Triton interpreter"
+        if interpreter_active()
+        else "no GPU and interpreter off: kernels cannot run (moe-lab doctor)"
+    )
     return f"CPU ({platform.processor() or platform.machine()}), {where}"
 
 
@@ -59,6 +64,7 @@ def cmd_info(_args) -> int:
     print(f"torch   {torch.__version__}")
     print(f"triton  {triton.__version__}")
     import numpy
+
     print(f"numpy   {numpy.__version__}")
     print(f"device  {_device_name(device)}")
     print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
@@ -69,6 +75,7 @@ def cmd_info(_args) -> int:
 
 def cmd_doctor(_args) -> int:
     from .doctor import main as doctor_main
+
     return doctor_main()
 
 
@@ -76,9 +83,12 @@ def _fp8_refused(command: str, device) -> bool:
     """Print why FP8 kernels cannot run on `device` and return True; False when they can."""
     support = fp8_support(device)
     if not support:
-        print(f"{command} --dtype fp8 refused: FP8 (float8_e4m3fn) kernels cannot run here: {support.reason}. "
-              "They need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper) or Triton's interpreter "
-              "(TRITON_INTERPRET=1, CPU).", file=sys.stderr)
+        print(
+            f"{command} --dtype fp8 refused: FP8 (float8_e4m3fn) kernels cannot run here: {support.reason}. "
+            "They need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper) or Triton's interpreter "
+            "(TRITON_INTERPRET=1, CPU).",
+            file=sys.stderr,
+        )
         return True
     return False
 
@@ -99,32 +109,49 @@ def cmd_demo(args) -> int:
         slots = max(tokens) * max(p.top_k for p in models)
         limit = CPU_MAX_SLOTS_FP8 if fp8 else CPU_MAX_SLOTS
         if slots > limit:
-            print(f"moe-lab demo: T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
-                  f"that takes minutes per model (about {20 if fp8 else 4} s per 500 slots"
-                  f"{' in FP8' if fp8 else ''}). Pass --force to run it anyway, or use token counts up to "
-                  f"{limit // max(p.top_k for p in models)}.", file=sys.stderr)
+            print(
+                f"moe-lab demo: T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
+                f"that takes minutes per model (about {20 if fp8 else 4} s per 500 slots"
+                f"{' in FP8' if fp8 else ''}). Pass --force to run it anyway, or use token counts up to "
+                f"{limit // max(p.top_k for p in models)}.",
+                file=sys.stderr,
+            )
             return 2
     print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
     support = tma_support(device)
     if not on_gpu:
-        print(f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
-              "(E and top_k are the real model's). Timings are not taken.")
+        print(
+            f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
+            "(E and top_k are the real model's). Timings are not taken."
+        )
     if fp8:
         blocks = sorted({tuple(p.weight_block_size or _presets.DEFAULT_FP8_BLOCK) for p in models})
         shipped = [p.name for p in models if p.quantization == FP8]
-        print(f"FP8: float8_e4m3fn weights with one float32 scale per {' or '.join(str(list(b)) for b in blocks)} "
-              "block, quantized from the bf16 weights (moe_lab.quantize_weights_fp8)"
-              + (f"; the checkpoint of {', '.join(shipped)} ships its experts in this format" if shipped else "")
-              + f". The layer quantizes the bf16 hidden states per token per {blocks[0][1]} channels.")
+        print(
+            f"FP8: float8_e4m3fn weights with one float32 scale per {' or '.join(str(list(b)) for b in blocks)} "
+            "block, quantized from the bf16 weights (moe_lab.quantize_weights_fp8)"
+            + (f"; the checkpoint of {', '.join(shipped)} ships its experts in this format" if shipped else "")
+            + f". The layer quantizes the bf16 hidden states per token per {blocks[0][1]} channels."
+        )
     for preset in models:
-        rounded = [f"{what} {size}/{scale} -> {new}" for what, size, new in (
-            ("H", preset.hidden_size, preset.scaled(scale).hidden_size),
-            ("I", preset.intermediate_size, preset.scaled(scale).intermediate_size)) if size != new * scale]
+        rounded = [
+            f"{what} {size}/{scale} -> {new}"
+            for what, size, new in (
+                ("H", preset.hidden_size, preset.scaled(scale).hidden_size),
+                ("I", preset.intermediate_size, preset.scaled(scale).intermediate_size),
+            )
+            if size != new * scale
+        ]
         if scale != 1 and rounded:
-            print(f"note: {preset.name}: --scale {scale} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)")
-    header = f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} " \
-             f"{'rel err':>9}  {'result':<6}" + (f"  {'quant err':>9}" if fp8 else "") + \
-             ("  graph ms  TFLOP/s" if on_gpu else "")
+            print(
+                f"note: {preset.name}: --scale {scale} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)"
+            )
+    header = (
+        f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} "
+        f"{'rel err':>9}  {'result':<6}"
+        + (f"  {'quant err':>9}" if fp8 else "")
+        + ("  graph ms  TFLOP/s" if on_gpu else "")
+    )
     print(header)
     print("-" * len(header))
     failures = 0
@@ -133,7 +160,9 @@ def cmd_demo(args) -> int:
         if scale != 1:
             preset = preset.scaled(scale)
         for num_tokens in tokens:
-            hidden, w1, w2, (topk_weights, topk_ids) = preset.build(num_tokens, dtype=dtype, device=device, seed=num_tokens)
+            hidden, w1, w2, (topk_weights, topk_ids) = preset.build(
+                num_tokens, dtype=dtype, device=device, seed=num_tokens
+            )
             scales, unquantized = {}, None
             if fp8:  # kernels: against FP8's own operands; what FP8 costs: against the bf16 weights
                 unquantized = (w1, w2)
@@ -144,19 +173,26 @@ def cmd_demo(args) -> int:
             ok = err < tolerance  # NaN fails
             failures += not ok
             if info.up_path:  # the device's TMA note is printed once, below, not in every reason
-                reasons[preset.name] = tuple(path.reason.replace(f" [{support.reason}]", "")
-                                             for path in (info.up_path, info.down_path))
+                reasons[preset.name] = tuple(
+                    path.reason.replace(f" [{support.reason}]", "") for path in (info.up_path, info.down_path)
+                )
             up = info.up_path.name if info.up_path else "-"
             down = info.down_path.name if info.down_path else "-"
-            line = (f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
-                    f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
-                    f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}")
+            line = (
+                f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
+                f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
+                f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}"
+            )
             if fp8:
-                quant_err = relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids)) \
-                    if num_tokens else 0.0
+                quant_err = (
+                    relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids))
+                    if num_tokens
+                    else 0.0
+                )
                 line += f"  {quant_err:>9.2e}"
             if on_gpu and num_tokens:
                 from .timing import graph_ms  # median of CUDA-graph replays of the whole layer, L2 flushed
+
                 ms = graph_ms(lambda: fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, **scales))
                 line += f"  {ms:>8.3f}  {preset.flops(num_tokens) / ms / 1e9:>7.1f}"
             print(line, flush=True)
@@ -168,18 +204,23 @@ def cmd_demo(args) -> int:
     if on_gpu:
         print("\ngraph ms: median time of the whole layer replayed as a CUDA graph, L2 flushed before each run.")
     if fp8:
-        print("\nrel err: the FP8 layer against the float32 PyTorch reference on the same FP8 operands (dequantized "
-              "weights, activations quantized as the layer does): the kernels' own error, checked.\n"
-              "quant err: the FP8 layer against the float32 PyTorch reference on the unquantized bf16 weights: "
-              "what FP8 itself costs, reported, not checked.")
-    print(f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
-          f"reference{' on the same FP8 operands' if fp8 else ''} (relative Frobenius error < {tolerance:.0e}).")
+        print(
+            "\nrel err: the FP8 layer against the float32 PyTorch reference on the same FP8 operands (dequantized "
+            "weights, activations quantized as the layer does): the kernels' own error, checked.\n"
+            "quant err: the FP8 layer against the float32 PyTorch reference on the unquantized bf16 weights: "
+            "what FP8 itself costs, reported, not checked."
+        )
+    print(
+        f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
+        f"reference{' on the same FP8 operands' if fp8 else ''} (relative Frobenius error < {tolerance:.0e})."
+    )
     return 1 if failures else 0
 
 
 def _refused(what: str) -> bool:
     """Print why `what` cannot time here (interpreter or no GPU) and return True; False when it can."""
     from ..runtime import require_gpu_timing
+
     try:
         require_gpu_timing(what)
     except RuntimeError as exc:
@@ -190,96 +231,154 @@ def _refused(what: str) -> bool:
 
 def cmd_bench(args) -> int:
     from . import bench
+
     if _refused("moe-lab bench"):
         return 2
     if args.dtype == FP8 and _fp8_refused("moe-lab bench", default_device()):
         return 2
-    bench.run(args.model or bench.DEFAULT_MODELS, args.tokens or bench.DEFAULT_TOKENS,
-              dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype], out_dir=args.out,
-              peers=not args.no_peers)
+    bench.run(
+        args.model or bench.DEFAULT_MODELS,
+        args.tokens or bench.DEFAULT_TOKENS,
+        dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
+        out_dir=args.out,
+        peers=not args.no_peers,
+    )
     return 0
 
 
 def cmd_tune(args) -> int:
     from . import tune
+
     if _refused("moe-lab tune"):
         return 2
     if args.dtype == FP8 and _fp8_refused("moe-lab tune", default_device()):
         return 2
-    path = tune.run(args.model or sorted(_presets.PRESETS), args.tokens or tune.DEFAULT_TOKENS,
-                    dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype], path=args.out)
+    path = tune.run(
+        args.model or sorted(_presets.PRESETS),
+        args.tokens or tune.DEFAULT_TOKENS,
+        dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
+        path=args.out,
+    )
     print(f"wrote {path}")
     return 0
 
 
 def _add_shape_arguments(parser: argparse.ArgumentParser, dtypes=tuple(DTYPES), dtype_help=None) -> None:
-    parser.add_argument("--model", nargs="+", choices=sorted(_presets.PRESETS), metavar="NAME",
-                        help=f"model presets; choices: {', '.join(_presets.PRESETS)}")
+    parser.add_argument(
+        "--model",
+        nargs="+",
+        choices=sorted(_presets.PRESETS),
+        metavar="NAME",
+        help=f"model presets; choices: {', '.join(_presets.PRESETS)}",
+    )
     parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help="token counts")
     parser.add_argument("--dtype", choices=sorted(dtypes), default="bf16", help=dtype_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
     from .tune import DEFAULT_TOKENS as TUNE_TOKENS
-    parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    parser = argparse.ArgumentParser(
+        prog="moe-lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser(
-        "demo", help="run fused_moe on real model shapes and check it against PyTorch",
+        "demo",
+        help="run fused_moe on real model shapes and check it against PyTorch",
         description="Run the fused MoE layer on real models' shapes with random weights and routing, compare "
-                    "each result with the float32 PyTorch reference (relative Frobenius error), and say which "
-                    "load path (pointer or TMA) each GEMM took and why. On a GPU it also times the layer.")
-    demo.add_argument("--model", nargs="+", type=str.lower, choices=sorted(_presets.PRESETS), metavar="NAME",
-                      help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: "
-                           f"{', '.join(_presets.PRESETS)}")
-    demo.add_argument("--tokens", nargs="+", type=int, metavar="T",
-                      help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
-                           f"{' '.join(map(str, CPU_TOKENS))} on a CPU, {' '.join(map(str, CPU_TOKENS_FP8))} with --dtype fp8 "
-                           "on a CPU)")
-    demo.add_argument("--dtype", choices=sorted([*DTYPES, FP8]), default="bf16",
-                      help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
-                           "with one float32 scale per [128, 128] block (DeepSeek-V3's format), quantized from "
-                           "the bf16 weights, and bf16 hidden states that the layer quantizes per token per 128 "
-                           "channels; it also reports the error against the unquantized weights (quant err). "
-                           "Allowed error against the float32 reference: "
-                           + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items())
-                           + f", fp8 {FP8_TOLERANCE:.0e} (the reference on the same FP8 operands)")
-    demo.add_argument("--use-tma", choices=sorted(USE_TMA_WORDS), default="auto",
-                      help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
-                           "on: TMA, or an error naming the tensor and rule; off: pointer loads only")
-    demo.add_argument("--scale", type=int, help="divide H and I by this, rounding up to a multiple of 16 "
-                                                 f"(default: 1 on a GPU, {CPU_SCALE} on a CPU)")
-    demo.add_argument("--force", action="store_true",
-                      help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)")
+        "each result with the float32 PyTorch reference (relative Frobenius error), and say which "
+        "load path (pointer or TMA) each GEMM took and why. On a GPU it also times the layer.",
+    )
+    demo.add_argument(
+        "--model",
+        nargs="+",
+        type=str.lower,
+        choices=sorted(_presets.PRESETS),
+        metavar="NAME",
+        help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(_presets.PRESETS)}",
+    )
+    demo.add_argument(
+        "--tokens",
+        nargs="+",
+        type=int,
+        metavar="T",
+        help=f"token counts (default: {' '.join(map(str, GPU_TOKENS))} on a GPU, "
+        f"{' '.join(map(str, CPU_TOKENS))} on a CPU, {' '.join(map(str, CPU_TOKENS_FP8))} with --dtype fp8 "
+        "on a CPU)",
+    )
+    demo.add_argument(
+        "--dtype",
+        choices=sorted([*DTYPES, FP8]),
+        default="bf16",
+        help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
+        "with one float32 scale per [128, 128] block (DeepSeek-V3's format), quantized from "
+        "the bf16 weights, and bf16 hidden states that the layer quantizes per token per 128 "
+        "channels; it also reports the error against the unquantized weights (quant err). "
+        "Allowed error against the float32 reference: "
+        + ", ".join(f"{k} {TOLERANCE[v]:.0e}" for k, v in DTYPES.items())
+        + f", fp8 {FP8_TOLERANCE:.0e} (the reference on the same FP8 operands)",
+    )
+    demo.add_argument(
+        "--use-tma",
+        choices=sorted(USE_TMA_WORDS),
+        default="auto",
+        help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
+        "on: TMA, or an error naming the tensor and rule; off: pointer loads only",
+    )
+    demo.add_argument(
+        "--scale",
+        type=int,
+        help=f"divide H and I by this, rounding up to a multiple of 16 (default: 1 on a GPU, {CPU_SCALE} on a CPU)",
+    )
+    demo.add_argument(
+        "--force",
+        action="store_true",
+        help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)",
+    )
     demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser(
-        "bench", help="GPU benchmark against peers (refuses under the interpreter)",
+        "bench",
+        help="GPU benchmark against peers (refuses under the interpreter)",
         description="Time moe-lab's up and down GEMMs (pointer and TMA paths) and the whole layer on real models' "
-                    "shapes against torch._grouped_mm and a per-expert PyTorch loop, as medians of CUDA-graph "
-                    "replays with L2 flushed, checking each result against the float32 reference. Prints a table "
-                    "(ms, TFLOP/s, TB/s, % of the roofline measured in the same run) and writes it as JSON and "
-                    "CSV to the --out folder. Needs a CUDA GPU: refuses under Triton's interpreter. --dtype fp8 "
-                    "times moe-lab's FP8 layer against its bf16 layer instead (no peers), with the speedups, "
-                    "into an fp8/ folder under --out.")
-    _add_shape_arguments(bench, (*DTYPES, FP8),
-                         "element type (default: bf16); fp8: moe-lab's FP8 layer (float8_e4m3fn weights, "
-                         "[128, 128] block scales) against moe-lab's bf16 layer in the same run, with speedups")
-    bench.add_argument("--out", default="benchmarks/results",
-                       help="folder for JSON/CSV results (bf16; other dtypes in a folder of their own in it, "
-                            "e.g. benchmarks/results/fp8/)")
+        "shapes against torch._grouped_mm and a per-expert PyTorch loop, as medians of CUDA-graph "
+        "replays with L2 flushed, checking each result against the float32 reference. Prints a table "
+        "(ms, TFLOP/s, TB/s, % of the roofline measured in the same run) and writes it as JSON and "
+        "CSV to the --out folder. Needs a CUDA GPU: refuses under Triton's interpreter. --dtype fp8 "
+        "times moe-lab's FP8 layer against its bf16 layer instead (no peers), with the speedups, "
+        "into an fp8/ folder under --out.",
+    )
+    _add_shape_arguments(
+        bench,
+        (*DTYPES, FP8),
+        "element type (default: bf16); fp8: moe-lab's FP8 layer (float8_e4m3fn weights, "
+        "[128, 128] block scales) against moe-lab's bf16 layer in the same run, with speedups",
+    )
+    bench.add_argument(
+        "--out",
+        default="benchmarks/results",
+        help="folder for JSON/CSV results (bf16; other dtypes in a folder of their own in it, "
+        "e.g. benchmarks/results/fp8/)",
+    )
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
     tune = sub.add_parser(
-        "tune", help="search launch configs per shape on this GPU and save them as JSON",
+        "tune",
+        help="search launch configs per shape on this GPU and save them as JSON",
         description="For each model preset and token count, time candidate launch configs of the up and the down "
-                    "GEMM on this GPU (CUDA-graph medians, L2 flushed) and save the fastest pair per shape and "
-                    "token bucket into the JSON table that fused_moe reads for this device and Triton version "
-                    "(merged into an existing one). Defaults: all five presets, T = "
-                    + " ".join(map(str, TUNE_TOKENS)) + ", bf16. Needs a CUDA GPU: refuses under Triton's "
-                    "interpreter. --dtype fp8 tunes FP8 layers with [128, 128] block scales. docs/tuning.md "
-                    "says how, and which table serves at run time.")
-    _add_shape_arguments(tune, (*DTYPES, FP8), "element type (default: bf16); fp8: float8_e4m3fn weights with "
-                                               "[128, 128] block scales, tuned under keys of their own")
+        "GEMM on this GPU (CUDA-graph medians, L2 flushed) and save the fastest pair per shape and "
+        "token bucket into the JSON table that fused_moe reads for this device and Triton version "
+        "(merged into an existing one). Defaults: all five presets, T = "
+        + " ".join(map(str, TUNE_TOKENS))
+        + ", bf16. Needs a CUDA GPU: refuses under Triton's "
+        "interpreter. --dtype fp8 tunes FP8 layers with [128, 128] block scales. docs/tuning.md "
+        "says how, and which table serves at run time.",
+    )
+    _add_shape_arguments(
+        tune,
+        (*DTYPES, FP8),
+        "element type (default: bf16); fp8: float8_e4m3fn weights with "
+        "[128, 128] block scales, tuned under keys of their own",
+    )
     tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
     tune.set_defaults(func=cmd_tune)
     info = sub.add_parser("info", help="versions, device, interpreter, TMA support")

@@ -19,6 +19,7 @@ What is faked, and nothing else:
   memory, tensor memory, threads per block) run after the compile and raise `OutOfResources` as that
   launch would, so a launcher's own handling (grouped_matmul's retry with fewer stages) runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,15 +40,17 @@ from triton.runtime.jit import JITFunction
 from ..runtime import interpreter_active
 
 if interpreter_active():
-    raise RuntimeError("moe_lab.tools.compile_only compiles real kernels: set TRITON_INTERPRET=0 in the environment "
-                       "before moe_lab is first imported (here the interpreter is on, so every kernel is an "
-                       "interpreted function)")
+    raise RuntimeError(
+        "moe_lab.tools.compile_only compiles real kernels: set TRITON_INTERPRET=0 in the environment "
+        "before moe_lab is first imported (here the interpreter is on, so every kernel is an "
+        "interpreted function)"
+    )
 
 
 @dataclass(frozen=True)
 class Device:
     name: str
-    max_shared_mem: int   # bytes per block (opt-in), as cudaDevAttrMaxSharedMemoryPerBlockOptin reports
+    max_shared_mem: int  # bytes per block (opt-in), as cudaDevAttrMaxSharedMemoryPerBlockOptin reports
     sm_count: int
 
 
@@ -62,8 +65,15 @@ DEVICES = {
 class _Utils:
     def get_device_properties(self, device):
         d = DEVICES[device]
-        return {"max_shared_mem": d.max_shared_mem, "multiprocessor_count": d.sm_count, "max_num_regs": 65536,
-                "warpSize": 32, "sm_clock_rate": 1980000, "mem_clock_rate": 2619000, "mem_bus_width": 5120}
+        return {
+            "max_shared_mem": d.max_shared_mem,
+            "multiprocessor_count": d.sm_count,
+            "max_num_regs": 65536,
+            "warpSize": 32,
+            "sm_clock_rate": 1980000,
+            "mem_clock_rate": 2619000,
+            "mem_bus_width": 5120,
+        }
 
 
 class FakeCudaDriver:
@@ -151,8 +161,9 @@ def patch_moe_lab() -> None:
         where Triton has no float8e4nv type and the FP8 launchers refuse)."""
         cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
         if cc < 89:
-            return capability.Fp8Support(False, f"{name} has compute capability {cc // 10}.{cc % 10}; FP8 tensor "
-                                                "cores need >= 8.9 (Ada, Hopper)")
+            return capability.Fp8Support(
+                False, f"{name} has compute capability {cc // 10}.{cc % 10}; FP8 tensor cores need >= 8.9 (Ada, Hopper)"
+            )
         return capability.Fp8Support(True, name)
 
     # Every moe_lab module that imported fp8_support by name (moe_lab.quantize, and whichever else does).
@@ -170,8 +181,10 @@ def patch_moe_lab() -> None:
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
     if not hasattr(gm, "shared_memory_budget"):
-        raise RuntimeError("moe_lab.plan.shared_memory_budget is gone: update moe_lab/compile_only.py "
-                           "(it hands the fake GPU's shared memory to the launch plan)")
+        raise RuntimeError(
+            "moe_lab.plan.shared_memory_budget is gone: update moe_lab/compile_only.py "
+            "(it hands the fake GPU's shared memory to the launch plan)"
+        )
     gm.shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
 
     # Every meta storage reports address 0, so an aliasing check (permute_tokens: "out shares memory with
@@ -207,13 +220,14 @@ def _equivalent_names(fn: JITFunction) -> frozenset:
 @dataclass
 class Variant:
     """One distinct specialization (Triton's own cache key) of one kernel for one target."""
+
     index: int
     cc: int
     fn: JITFunction
     args: tuple
     kwargs: dict
     key: str
-    group: tuple          # equal for variants that compile alike (EQUIVALENT_CONSTEXPRS aside)
+    group: tuple  # equal for variants that compile alike (EQUIVALENT_CONSTEXPRS aside)
     constants: Dict[str, Any]
     signature: Dict[str, str]
     options: str
@@ -267,11 +281,20 @@ def _group(cc: int, fn: JITFunction, info: dict, key: str, equivalent: bool) -> 
     if not equivalent:
         return (cc, fn.cache_key, key)
     ignored = _equivalent_names(fn)
-    consts = sorted((repr(path), repr(v)) for path, v in (info.get("constants") or {}).items()
-                    if _param_name(fn, path) not in ignored)
+    consts = sorted(
+        (repr(path), repr(v))
+        for path, v in (info.get("constants") or {}).items()
+        if _param_name(fn, path) not in ignored
+    )
     options = tuple(info.get(k) for k in ("num_warps", "num_ctas", "num_stages", "enable_fp_fusion"))
-    return (cc, fn.cache_key, repr(sorted((info.get("signature") or {}).items())), repr(consts),
-            repr(info.get("configs")), options)
+    return (
+        cc,
+        fn.cache_key,
+        repr(sorted((info.get("signature") or {}).items())),
+        repr(consts),
+        repr(info.get("configs")),
+        options,
+    )
 
 
 def _options(kwargs: dict) -> str:
@@ -285,14 +308,19 @@ def format_error(exc: BaseException, limit: int = 30) -> str:
     lines = text.splitlines()
     lines[0] = f"{type(exc).__name__}: {lines[0]}"
     if len(lines) > limit:
-        lines = lines[:limit // 2] + [f"... ({len(lines) - limit} lines left out) ..."] + lines[-limit // 2:]
+        lines = lines[: limit // 2] + [f"... ({len(lines) - limit} lines left out) ..."] + lines[-limit // 2 :]
     return "\n".join(lines)
 
 
 def outcome_of(kernel, seconds: float) -> dict:
     md = kernel.metadata
-    return {"error": None, "seconds": seconds, "shared": md.shared, "num_warps": md.num_warps,
-            "tmem_size": getattr(md, "tmem_size", None)}
+    return {
+        "error": None,
+        "seconds": seconds,
+        "shared": md.shared,
+        "num_warps": md.num_warps,
+        "tmem_size": getattr(md, "tmem_size", None),
+    }
 
 
 def check_resources(outcome: dict) -> None:
@@ -319,16 +347,17 @@ class Session:
     (such a retry) is compiled here and now.
     """
 
-    def __init__(self, outcomes: Optional[Dict[tuple, dict]] = None, compile_missing: bool = False,
-                 equivalent: bool = True):
+    def __init__(
+        self, outcomes: Optional[Dict[tuple, dict]] = None, compile_missing: bool = False, equivalent: bool = True
+    ):
         self.outcomes: Dict[tuple, dict] = outcomes if outcomes is not None else {}
         self.compile_missing = compile_missing
         self.equivalent = equivalent
         self.label = ""
         self.variants: Dict[tuple, Variant] = {}
         self.order: List[Variant] = []
-        self.representatives: Dict[tuple, Variant] = {}   # group -> first variant seen
-        self.kernels: Dict[tuple, Any] = {}               # group -> CompiledKernel, for those compiled here
+        self.representatives: Dict[tuple, Variant] = {}  # group -> first variant seen
+        self.kernels: Dict[tuple, Any] = {}  # group -> CompiledKernel, for those compiled here
 
     def launch(self, fn: JITFunction, args, kwargs):
         seen: dict = {}
@@ -339,6 +368,7 @@ class Session:
             return not (self.compile_missing and seen["group"] not in self.outcomes)  # True: do not compile
 
         import triton.knobs as knobs
+
         previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hook
         start = time.perf_counter()
         try:
@@ -355,8 +385,11 @@ class Session:
             return kernel
         variant = self._variant(fn, args, kwargs, seen)
         if kernel is not None or error is not None:  # compiled (or failed) just now
-            self.outcomes[variant.group] = outcome_of(kernel, time.perf_counter() - start) if kernel else \
-                {"error": error, "seconds": time.perf_counter() - start}
+            self.outcomes[variant.group] = (
+                outcome_of(kernel, time.perf_counter() - start)
+                if kernel
+                else {"error": error, "seconds": time.perf_counter() - start}
+            )
             if kernel is not None:
                 self.kernels[variant.group] = kernel
         outcome = self.outcomes.get(variant.group)
@@ -370,8 +403,18 @@ class Session:
         variant = self.variants.get(ident)
         if variant is None:
             info = seen["info"]
-            variant = Variant(len(self.order), DRIVER.cc, fn, args, dict(kwargs), seen["key"], seen["group"],
-                              _constants(fn, info), _signature(info), _options(kwargs))
+            variant = Variant(
+                len(self.order),
+                DRIVER.cc,
+                fn,
+                args,
+                dict(kwargs),
+                seen["key"],
+                seen["group"],
+                _constants(fn, info),
+                _signature(info),
+                _options(kwargs),
+            )
             self.variants[ident] = variant
             self.order.append(variant)
             self.representatives.setdefault(variant.group, variant)
@@ -431,8 +474,14 @@ def run_workload(session: Session, label: str, fn: Callable[[], Any]) -> Optiona
             fn()
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         tb = traceback.extract_tb(exc.__traceback__)
-        where = next((f"{os.path.relpath(f.filename)}:{f.lineno}" for f in reversed(tb)
-                      if os.sep + "moe_lab" + os.sep in f.filename or "notebooks" in f.filename), "")
+        where = next(
+            (
+                f"{os.path.relpath(f.filename)}:{f.lineno}"
+                for f in reversed(tb)
+                if os.sep + "moe_lab" + os.sep in f.filename or "notebooks" in f.filename
+            ),
+            "",
+        )
         return f"{type(exc).__name__}: {str(exc).strip()}" + (f" (at {where})" if where else "")
     finally:
         session.label = ""

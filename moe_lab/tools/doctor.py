@@ -6,6 +6,7 @@ findings, each a `Finding(level, what, fix)` with level "problem" (something wil
 but worth knowing). `report()` builds it without printing; `main()` prints it and returns 1 if any
 problem was found, else 0. Nothing here imports Jupyter, ipywidgets or matplotlib unless they are installed.
 """
+
 from __future__ import annotations
 
 import importlib.metadata as metadata
@@ -28,6 +29,7 @@ SUPPORTED_TRITON = ((3, 6), (3, 9))  # inclusive, major.minor; CI tests each of 
 @dataclass(frozen=True)
 class Finding:
     """level: "problem" (something will fail) or "note"; what: what was found; fix: what to do about it."""
+
     level: str
     what: str
     fix: str = ""
@@ -52,8 +54,11 @@ class Report:
                 if finding.fix:
                     lines.append(f"  fix: {finding.fix}")
         lines.append("")
-        lines.append(f"{len(self.problems)} problem(s) found." if self.problems else
-                     "No problems found: moe-lab and the notebooks should run here.")
+        lines.append(
+            f"{len(self.problems)} problem(s) found."
+            if self.problems
+            else "No problems found: moe-lab and the notebooks should run here."
+        )
         return "\n".join(lines)
 
 
@@ -101,6 +106,7 @@ def report() -> Report:
     rep = Report()
     fact, find = rep.facts.append, rep.findings.append
     import moe_lab
+
     fact(("moe-lab", f"{moe_lab.__version__} ({os.path.dirname(moe_lab.__file__)})"))
     fact(("python", f"{platform.python_version()} on {platform.system()} {platform.machine()}"))
     fact(("torch", torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")))
@@ -110,12 +116,23 @@ def report() -> Report:
     # Versions.
     low, high = SUPPORTED_TRITON
     if not low <= version_tuple(triton.__version__)[:2] <= high:
-        find(Finding("note", f"Triton {triton.__version__} is outside the tested range 3.6 to 3.9",
-                     "use the Triton your torch pins (torch 2.10/2.11 -> 3.6, 2.12/2.13 -> 3.7, 2.14 -> 3.8, 2.15 -> 3.9)"))
+        find(
+            Finding(
+                "note",
+                f"Triton {triton.__version__} is outside the tested range 3.6 to 3.9",
+                "use the Triton your torch pins (torch 2.10/2.11 -> 3.6, 2.12/2.13 -> 3.7, 2.14 -> 3.8, 2.15 -> 3.9)",
+            )
+        )
     wanted = _torch_wants_triton()
     if wanted and wanted != triton.__version__:
-        find(Finding("problem", f"torch {torch.__version__} was built for Triton {wanted}, but Triton "
-                                f"{triton.__version__} is installed", f"pip install 'triton=={wanted}'"))
+        find(
+            Finding(
+                "problem",
+                f"torch {torch.__version__} was built for Triton {wanted}, but Triton "
+                f"{triton.__version__} is installed",
+                f"pip install 'triton=={wanted}'",
+            )
+        )
 
     # Device and load paths.
     device = default_device()
@@ -126,13 +143,23 @@ def report() -> Report:
     else:
         fact(("device", "CPU: kernels run under Triton's interpreter (small shapes; no timings)"))
         if torch.cuda.is_available():
-            find(Finding("note", "a CUDA GPU is visible but TRITON_INTERPRET=1 keeps kernels on the CPU",
-                         "unset TRITON_INTERPRET (before importing moe_lab) to run on the GPU"))
+            find(
+                Finding(
+                    "note",
+                    "a CUDA GPU is visible but TRITON_INTERPRET=1 keeps kernels on the CPU",
+                    "unset TRITON_INTERPRET (before importing moe_lab) to run on the GPU",
+                )
+            )
     fact(("interpreter", "on (TRITON_INTERPRET=1)" if interpreter_active() else "off"))
     if device.type == "cpu" and not interpreter_active():
-        find(Finding("problem", f"no CUDA GPU and TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}: "
-                                "every kernel launch fails (Triton finds no driver)",
-                     "unset TRITON_INTERPRET (moe_lab then switches the interpreter on) or set it to 1"))
+        find(
+            Finding(
+                "problem",
+                f"no CUDA GPU and TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET', '')!r}: "
+                "every kernel launch fails (Triton finds no driver)",
+                "unset TRITON_INTERPRET (moe_lab then switches the interpreter on) or set it to 1",
+            )
+        )
     try:
         support = tma_support(device)
     except ValueError as exc:  # a bad MOE_LAB_TMA
@@ -145,8 +172,13 @@ def report() -> Report:
     table = table_for_device(device)
     fact(("tuned table", table.reason))
     if device.type == "cuda" and not table:
-        find(Finding("note", "no tuned launch table for this GPU's architecture: heuristic configs are used",
-                     "moe-lab tune writes one (docs/tuning.md)"))
+        find(
+            Finding(
+                "note",
+                "no tuned launch table for this GPU's architecture: heuristic configs are used",
+                "moe-lab tune writes one (docs/tuning.md)",
+            )
+        )
 
     # Workbook extras and front end.
     widgets, lab = _installed("ipywidgets"), _installed("jupyterlab")
@@ -156,21 +188,37 @@ def report() -> Report:
     fact(("front end", front_end()))
     missing = [dist for dist in ("ipywidgets", "matplotlib") if not _installed(dist)]
     if missing:
-        find(Finding("problem", f"the notebooks' pictures and widgets need {' and '.join(missing)}, not installed",
-                     "pip install 'moe-lab[notebook]' (keeps a host's ipywidgets 7.7 or 8)"))
+        find(
+            Finding(
+                "problem",
+                f"the notebooks' pictures and widgets need {' and '.join(missing)}, not installed",
+                "pip install 'moe-lab[notebook]' (keeps a host's ipywidgets 7.7 or 8)",
+            )
+        )
     elif lab and version_tuple(lab)[:1] >= (4,) and version_tuple(widgets)[:1] < (8,):
-        find(Finding("note", f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed "
-                             "beside it", "in this JupyterLab: pip install 'ipywidgets>=8' (a hosted notebook "
-                                          "with its own front end is fine with 7.7)"))
+        find(
+            Finding(
+                "note",
+                f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed beside it",
+                "in this JupyterLab: pip install 'ipywidgets>=8' (a hosted notebook "
+                "with its own front end is fine with 7.7)",
+            )
+        )
 
     # Triton's compile cache must be writable, or every kernel compiles again in every process.
     cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
-        os.environ.get("TRITON_HOME") or os.path.expanduser("~"), ".triton", "cache")
+        os.environ.get("TRITON_HOME") or os.path.expanduser("~"), ".triton", "cache"
+    )
     fact(("triton cache", cache))
     problem = cache_problem(cache)
     if problem and not interpreter_active():
-        find(Finding("problem", f"Triton's cache folder {cache} {problem}",
-                     "export TRITON_CACHE_DIR=/tmp/triton-cache (or another writable folder)"))
+        find(
+            Finding(
+                "problem",
+                f"Triton's cache folder {cache} {problem}",
+                "export TRITON_CACHE_DIR=/tmp/triton-cache (or another writable folder)",
+            )
+        )
     return rep
 
 

@@ -14,6 +14,7 @@ tensor descriptors. Triton caches compiled kernels on disk (~/.triton/cache), so
 Source: the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution), sections on `cp.async.bulk.tensor`
 (TMA), `cp.async` and `wgmma`.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ TARGETS = (80, 90, 100)
 # What a reader of the PTX looks for, and what each says about how tiles reach shared memory.
 MEMORY_INSTRUCTIONS = {
     "cp.async.bulk.tensor": "TMA: one thread hands the copy engine a descriptor and a box; the engine copies "
-                            "the whole tile from global to shared memory (sm_90+)",
+    "the whole tile from global to shared memory (sm_90+)",
     "cp.async.cg.shared.global": "per-thread asynchronous copies of 16 bytes each, global to shared "
-                                 "(sm_80+): how pointer loads are pipelined across num_stages",
+    "(sm_80+): how pointer loads are pipelined across num_stages",
     "ld.global": "ordinary loads from global memory into registers",
     "wgmma.mma_async": "Hopper's warpgroup matrix multiply, reading its tiles from shared memory",
     "mma.sync": "the tensor-core matrix multiply of sm_80 (tiles in registers)",
@@ -42,6 +43,7 @@ MEMORY_INSTRUCTIONS = {
 @dataclass(frozen=True)
 class CompiledKernel:
     """One compile of `grouped_matmul_kernel`: the PTX, and what Triton reports about the kernel."""
+
     load_path: str
     cc: int
     ptx: str
@@ -59,8 +61,9 @@ class CompiledKernel:
         return found if limit is None else found[:limit]
 
     def summary(self) -> str:
-        rows = [f"sm_{self.cc} {self.load_path} path: {self.num_warps} warps, {self.shared_bytes} bytes of "
-                "shared memory"]
+        rows = [
+            f"sm_{self.cc} {self.load_path} path: {self.num_warps} warps, {self.shared_bytes} bytes of shared memory"
+        ]
         for instruction in MEMORY_INSTRUCTIONS:
             n = self.count(instruction)
             if n:
@@ -77,8 +80,9 @@ def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: floa
     if cc not in TARGETS:
         raise ValueError(f"cc must be one of {TARGETS} (sm_80 A100, sm_90 H100/H200, sm_100 B200), got {cc!r}")
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run([sys.executable, "-m", __name__, load_path, str(cc)], capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
+    done = subprocess.run(
+        [sys.executable, "-m", __name__, load_path, str(cc)], capture_output=True, text=True, env=env, timeout=timeout_s
+    )
     result = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not result:
         raise RuntimeError(f"compiling grouped_matmul_kernel for sm_{cc} failed:\n{done.stderr[-3000:]}")
@@ -97,16 +101,28 @@ def _compile_in_this_process(load_path: str, cc: int) -> dict:
         return torch.empty(shape, dtype=dtype, device="meta")
 
     num_experts, n, k, block_m, rows = 8, 256, 512, 64, 1024
-    routing = AlignedRouting(meta(num_experts), meta(rows), meta(rows // block_m), meta(1), block_m, 256, 2,
-                             num_experts)
+    routing = AlignedRouting(
+        meta(num_experts), meta(rows), meta(rows // block_m), meta(1), block_m, 256, 2, num_experts
+    )
     a, w = meta(rows, k, dtype=torch.bfloat16), meta(num_experts, n, k, dtype=torch.bfloat16)
     session = compile_only.Session(compile_missing=True)
     with compile_only.fake_gpu(cc, session):
-        grouped_matmul(a, w, routing, GemmConfig(block_m, 128, 64, 8, 4, 3), gather_a=False,
-                       use_tma="auto" if load_path == "tma" else False)
+        grouped_matmul(
+            a,
+            w,
+            routing,
+            GemmConfig(block_m, 128, 64, 8, 4, 3),
+            gather_a=False,
+            use_tma="auto" if load_path == "tma" else False,
+        )
     (kernel,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
-    return {"load_path": load_path, "cc": cc, "ptx": kernel.asm["ptx"], "shared_bytes": kernel.metadata.shared,
-            "num_warps": kernel.metadata.num_warps}
+    return {
+        "load_path": load_path,
+        "cc": cc,
+        "ptx": kernel.asm["ptx"],
+        "shared_bytes": kernel.metadata.shared,
+        "num_warps": kernel.metadata.num_warps,
+    }
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ Each timing function raises RuntimeError under Triton's interpreter or without a
 `moe-lab bench` prints (`moe_lab.runtime.require_gpu_timing`): timings there would mean nothing.
 Source: `triton.testing.do_bench`; CUDA graphs as in PyTorch's `torch.cuda.CUDAGraph` documentation.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -66,13 +67,17 @@ def measure_ceilings(device="cuda") -> Dict[str, float]:
     b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
     mm_ms = median_ms(lambda: a @ b)
     del src, dst, a, b
-    return {"copy_tbps": 2 * (1 << 30) / copy_ms / 1e9, "read_tbps": (1 << 30) / read_ms / 1e9,
-            "bf16_matmul_tflops": 2 * 8192 ** 3 / mm_ms / 1e9}
+    return {
+        "copy_tbps": 2 * (1 << 30) / copy_ms / 1e9,
+        "read_tbps": (1 << 30) / read_ms / 1e9,
+        "bf16_matmul_tflops": 2 * 8192**3 / mm_ms / 1e9,
+    }
 
 
 @dataclass
 class GemmCost:
     """FLOPs and fewest bytes of one grouped GEMM (weights of the experts in use, A read once, C written once)."""
+
     flops: float
     bytes: float  # fewest bytes: weights of the experts in use, A read once, C written once
 

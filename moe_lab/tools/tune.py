@@ -6,7 +6,8 @@ both GEMMs, then BLOCK_SIZE_N/K, GROUP_SIZE_M, num_warps, num_stages, the load p
 tail tiles on or off, from 64 rows per expert on the persistent kernel or one program per tile (with
 128-row tiles also folded tails of 64 rows, `GemmConfig.fold_tail_rows`). The up GEMM is timed as the
 layer runs it: with its SwiGLU epilogue (`GemmConfig.fuse_swiglu`). That switch is not tuned per point: a
-token's output would then round differently alone and in a batch (see the README's batch invariance). Candidates whose pipeline
+token's output would then round differently alone and in a batch (see the README's batch invariance).
+Candidates whose pipeline
 would not fit the device's shared memory (read from the device) are pruned; any that still fail to
 compile are skipped. Kernels are compiled ahead in parallel worker processes (Triton's on-disk cache is
 shared), so the search costs timing, not compiling. The heuristic default is timed too, so the table
@@ -16,6 +17,7 @@ FP8 weights with [128, 128] block scales, the up GEMM timed with the quantizatio
 of BLOCK_SIZE_K = 128 (one scale block per K step) and at decode also 256 (two blocks, one dot each); their
 entries have keys of their own (`...,float8_e4m3fn`).
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -38,8 +40,8 @@ from ..presets import get_preset
 from ..quantize import quantize_activations_fp8, quantize_weights_fp8
 from ..routing import uniform_routing
 from ..runtime import require_gpu_timing
-from .timing import graph_ms
 from ..tuned import FORMAT_VERSION, config_path, default_config, shape_key
+from .timing import graph_ms
 
 DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
 FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight blocks: what FP8 configs are tuned for
@@ -50,7 +52,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
     """(up, down) candidate configs by BLOCK_SIZE_M for a shape with this many rows per expert.
     Block shapes (M, N, K, num_warps) are the ones that won somewhere on an H200; tiles of 128 x 256 want
     8 warps (the fp32 accumulator alone is 256 registers per thread with 4)."""
-    if rows_per_expert <= 8:      # decode: stream the weights, many small-M programs
+    if rows_per_expert <= 8:  # decode: stream the weights, many small-M programs
         shapes = [(16, n, k, 4) for n, k in ((32, 256), (64, 128), (64, 256), (128, 128))]
         space = dict(G=[1], S=[3, 4, 5], T=[True, False], tail=[True])
     elif rows_per_expert <= 48:
@@ -59,7 +61,7 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
     elif rows_per_expert <= 512:
         shapes = [(128, 128, 64, 4), (128, 128, 64, 8), (128, 256, 64, 8), (128, 128, 128, 4), (128, 128, 128, 8)]
         space = dict(G=[8], S=[3, 4], T=[True], tail=[True, False], persistent=[False, True])
-    else:                         # prefill: matrix-bound, large tiles
+    else:  # prefill: matrix-bound, large tiles
         shapes = [(128, 256, 64, 8), (128, 128, 128, 8), (256, 128, 64, 8)]
         space = dict(G=[8, 16], S=[3, 4], T=[True], tail=[True, False], persistent=[False, True])
     if itemsize == 1:  # float8, block-scaled: a dot per 128-channel scale block; two float32 tiles in
@@ -71,15 +73,19 @@ def candidates(rows_per_expert: float, itemsize: int, smem_limit: int) -> Candid
         if rows_per_expert <= 8:
             shapes = [(16, n, k, 4) for n in (32, 64, 128, 256) for k in (128, 256)]
         elif rows_per_expert <= 48:
-            shapes = ([(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)] + [(16, 256, 128, 4), (32, 256, 128, 4)]
-                      + [(m, n, 256, 4) for m in (16, 32) for n in (64, 128)])
+            shapes = (
+                [(m, n, 128, 4) for m in (16, 32, 64) for n in (64, 128)]
+                + [(16, 256, 128, 4), (32, 256, 128, 4)]
+                + [(m, n, 256, 4) for m in (16, 32) for n in (64, 128)]
+            )
         else:
             shapes = [(64, 128, 128, 4), (64, 256, 128, 8), (128, 128, 128, 8), (64, 64, 128, 4)]
     out: Candidates = {}
     for (m, n, k, w), g, s, t, tail, persistent in itertools.product(
-            shapes, space["G"], space["S"], space["T"], space["tail"], space.get("persistent", [False])):
+        shapes, space["G"], space["S"], space["T"], space["tail"], space.get("persistent", [False])
+    ):
         if (m == 16 or persistent) and not tail:  # no tail tiles below 16 rows or in the persistent kernel:
-            continue                                # the same kernel either way
+            continue  # the same kernel either way
         # Folded tails of half a 128-row block, one program per tile, float operands (a second float32 tile
         # of 64 rows): where experts' last blocks are often small, as at 128 rows per expert.
         folds = [0, 64] if m == 128 and rows_per_expert > 48 and tail and not persistent and itemsize > 1 else [0]
@@ -110,8 +116,8 @@ class _Problem:
         float_dtype = torch.bfloat16 if self.fp8 else dtype
         gen = torch.Generator(device="cuda").manual_seed(0)
         self.hs = torch.randn(num_tokens, self.h, generator=gen, device="cuda").to(float_dtype)
-        w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.h ** -0.5
-        w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.i ** -0.5
+        w1 = (torch.rand(e, 2 * self.i, self.h, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.h**-0.5
+        w2 = (torch.rand(e, self.h, self.i, generator=gen, device="cuda") - 0.5).to(float_dtype) * self.i**-0.5
         if self.fp8:
             (self.w1, w1_scale), (self.w2, w2_scale) = (quantize_weights_fp8(w, FP8_BLOCK) for w in (w1, w2))
             self.scales = Fp8Weights(w1_scale, w2_scale, FP8_BLOCK, None, None)
@@ -131,8 +137,7 @@ class _Problem:
                 act = torch.randn(routing.max_num_tokens_padded, self.i, device="cuda")
                 self._buffers[block_m] = routing, None, act, quantize_activations_fp8(act, group_size=FP8_BLOCK[1])
             else:
-                gate_up = grouped_matmul(self.hs, self.w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3),
-                                         gather_a=True)
+                gate_up = grouped_matmul(self.hs, self.w1, routing, GemmConfig(block_m, 64, 64, 1, 4, 3), gather_a=True)
                 self._buffers[block_m] = routing, gate_up, silu_and_mul(gate_up, routing=routing), None
         return self._buffers[block_m]
 
@@ -143,21 +148,42 @@ class _Problem:
         if self.fp8:
             scales = dict(a_scale=self.x_scale, w_scale=self.scales.w1_scale, block_shape=FP8_BLOCK)
             if self.scales.quantized_by_epilogue(cfg):
-                return lambda: grouped_matmul(self.x, self.w1, routing, cfg, gather_a=True, swiglu=True,
-                                              out_dtype=FP8_DTYPE, use_tma=cfg.tma, **scales)
+                return lambda: grouped_matmul(
+                    self.x,
+                    self.w1,
+                    routing,
+                    cfg,
+                    gather_a=True,
+                    swiglu=True,
+                    out_dtype=FP8_DTYPE,
+                    use_tma=cfg.tma,
+                    **scales,
+                )
 
             def up_then_quantize():
-                grouped_matmul(self.x, self.w1, routing, cfg, gather_a=True, swiglu=cfg.swiglu_epilogue, out=act,
-                               use_tma=cfg.tma, **scales)
+                grouped_matmul(
+                    self.x,
+                    self.w1,
+                    routing,
+                    cfg,
+                    gather_a=True,
+                    swiglu=cfg.swiglu_epilogue,
+                    out=act,
+                    use_tma=cfg.tma,
+                    **scales,
+                )
                 quantize_activations_fp8(act, group_size=FP8_BLOCK[1], num_rows=routing.num_tokens_post_padded)
+
             return up_then_quantize
         if cfg.swiglu_epilogue:
-            return lambda: grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, swiglu=True, out=act,
-                                          use_tma=cfg.tma)
+            return lambda: grouped_matmul(
+                self.hs, self.w1, routing, cfg, gather_a=True, swiglu=True, out=act, use_tma=cfg.tma
+            )
 
         def unfused():
             grouped_matmul(self.hs, self.w1, routing, cfg, gather_a=True, out=gate_up, use_tma=cfg.tma)
             silu_and_mul(gate_up, routing=routing, out=act)
+
         return unfused
 
     def down(self, cfg: GemmConfig):
@@ -167,8 +193,18 @@ class _Problem:
             scales["a_scale"] = act_scale
         else:
             scales = {}
-        return lambda: grouped_matmul(act, self.w2, routing, cfg, gather_a=False, scatter=True,
-                                      topk_weights=self.tw, out=self.out_k, use_tma=cfg.tma, **scales)
+        return lambda: grouped_matmul(
+            act,
+            self.w2,
+            routing,
+            cfg,
+            gather_a=False,
+            scatter=True,
+            topk_weights=self.tw,
+            out=self.out_k,
+            use_tma=cfg.tma,
+            **scales,
+        )
 
 
 def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Optional[int] = None) -> dict:
@@ -201,6 +237,7 @@ def tune_point(preset, num_tokens: int, dtype=torch.bfloat16, smem_limit: Option
     torch.cuda.empty_cache()
     heuristic_ms = timed["up"].get(heuristic.up, float("nan")) + timed["down"].get(heuristic.down, float("nan"))
     return dict(best, heuristic_ms=heuristic_ms, heuristic=heuristic)
+
 
 def _compile_configs(model: str, dtype_name: str, up_cfgs: List[dict], down_cfgs: List[dict]) -> int:
     """Worker process: launch each config once on a small problem of the model's shape, which compiles
@@ -248,6 +285,7 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
     """Tune every (model, T), merge into the device's JSON table and write it. Returns the path."""
     require_gpu_timing("moe-lab tune")
     from tqdm.auto import tqdm
+
     device, version = torch.cuda.get_device_name(), triton.__version__
     path = path or config_path(device, version)
     # The compute capability lets devices of the same architecture fall back to this table (moe_lab.tuned);
@@ -268,11 +306,16 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
         r = tune_point(preset, num_tokens, dtype, smem)
         key = shape_key(preset.num_experts, preset.top_k, preset.hidden_size, preset.intermediate_size, dtype)
         table["shapes"].setdefault(key, {})[str(num_tokens)] = {
-            "up": r["config"].up.to_dict(), "down": r["config"].down.to_dict(),
-            "ms": round(r["ms"], 4), "heuristic_ms": round(r["heuristic_ms"], 4)}
-        tqdm.write(f"{model:<18} T={num_tokens:<6} tuned {r['ms']:.3f} ms (up {r['up_ms']:.3f}, down {r['down_ms']:.3f})"
-                   f"  heuristic {r['heuristic_ms']:.3f} ms ({r['heuristic_ms'] / r['ms']:.2f}x)  "
-                   f"up={r['config'].up}  down={r['config'].down}")
+            "up": r["config"].up.to_dict(),
+            "down": r["config"].down.to_dict(),
+            "ms": round(r["ms"], 4),
+            "heuristic_ms": round(r["heuristic_ms"], 4),
+        }
+        tqdm.write(
+            f"{model:<18} T={num_tokens:<6} tuned {r['ms']:.3f} ms (up {r['up_ms']:.3f}, down {r['down_ms']:.3f})"
+            f"  heuristic {r['heuristic_ms']:.3f} ms ({r['heuristic_ms'] / r['ms']:.2f}x)  "
+            f"up={r['config'].up}  down={r['config'].down}"
+        )
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:  # after every point: a stopped run keeps what it found
             json.dump(table, f, indent=1, sort_keys=True)

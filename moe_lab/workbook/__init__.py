@@ -9,6 +9,7 @@ widgets (`moe_lab.workbook.viz`, imported only when used).
 The kernels and the layer (the modules at the package root) never import this package: `import moe_lab`
 does not, and neither does any core module.
 """
+
 from .checks import check, check_equal, expert_rows_matmul, fp32_dot_tol, on_gpu, pick, timing_allowed
 
 __all__ = ["check", "check_equal", "expert_rows_matmul", "fp32_dot_tol", "on_gpu", "pick", "timing_allowed"]

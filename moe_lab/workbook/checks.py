@@ -2,6 +2,7 @@
 
 Kept free of Jupyter, ipywidgets and matplotlib so that tests can call them too.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -39,17 +40,21 @@ def check_equal(label: str, got: torch.Tensor, want: torch.Tensor) -> None:
     diff = (got_c != want_c).nonzero()
     if len(diff):
         i = tuple(diff[0].tolist())
-        raise AssertionError(f"FAIL {label}: {len(diff)} element(s) differ; first at {i}: got "
-                             f"{got_c[i].item()}, expected {want_c[i].item()}")
+        raise AssertionError(
+            f"FAIL {label}: {len(diff)} element(s) differ; first at {i}: got "
+            f"{got_c[i].item()}, expected {want_c[i].item()}"
+        )
     print(f"PASS {label}: all {want_c.numel()} values equal")
 
 
 def timing_allowed(what: str = "this timing cell") -> bool:
     """False (and say why) under the interpreter or without a GPU: timings there mean nothing."""
     if interpreter_active() or not torch.cuda.is_available():
-        print(f"Skipping {what}: kernels run under Triton's interpreter on the CPU here, one program at a "
-              "time, so a time would say nothing about a GPU. The committed H200 results are shown instead "
-              "where a notebook has them.")
+        print(
+            f"Skipping {what}: kernels run under Triton's interpreter on the CPU here, one program at a "
+            "time, so a time would say nothing about a GPU. The committed H200 results are shown instead "
+            "where a notebook has them."
+        )
         return False
     return True
 

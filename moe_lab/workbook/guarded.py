@@ -37,6 +37,7 @@ not to, reports one address, and leaves the interpreter patched after a traced l
 other modules fail). It also brings about 280 MB of dependencies. Its tracer, which records each
 program's loads and stores, is worth a look on Triton 3.6/3.7 (`docs/exercises.md`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,14 +53,14 @@ import torch
 
 from ..runtime import interpreter_active, interpreter_numpy_problem, interpreter_serialized
 
-GUARD_BYTES = 4096          # canary bytes before and after every tensor (a few blocks of any exercise)
+GUARD_BYTES = 4096  # canary bytes before and after every tensor (a few blocks of any exercise)
 # An interpreted launch that makes more memory accesses, or runs longer, is stopped: a loop that never
 # ends would otherwise hang the learner's Jupyter kernel. Every exercise needs a few thousand, in seconds.
 MAX_ACCESSES = 200_000
 MAX_SECONDS = 60.0
-CANARY = 0x7F               # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
-SECOND_CANARY = 0xFF        # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
-SHOWN_OFFSETS = 6           # offsets listed per finding
+CANARY = 0x7F  # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
+SECOND_CANARY = 0xFF  # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
+SHOWN_OFFSETS = 6  # offsets listed per finding
 
 
 @dataclass(frozen=True)
@@ -69,27 +70,36 @@ class OutOfBounds:
     `offsets` are element offsets from the tensor's first element (negative: before it; at least
     `numel`: past it; in between: a gap its strides skip), the first few in ascending order, or empty where
     a GPU read was seen but cannot be located. `count` is the number of accesses (lanes)."""
+
     tensor: str
-    kind: str                   # "load", "store" or "atomic"
+    kind: str  # "load", "store" or "atomic"
     offsets: Tuple[int, ...]
     count: int
     numel: int
-    span: int                   # elements from the first to the last one of the tensor (numel if contiguous)
-    far: bool = False           # outside every guarded buffer: `tensor` is only the nearest one
-    more: bool = False          # more distinct offsets than `offsets` lists
+    span: int  # elements from the first to the last one of the tensor (numel if contiguous)
+    far: bool = False  # outside every guarded buffer: `tensor` is only the nearest one
+    more: bool = False  # more distinct offsets than `offsets` lists
 
     def describe(self) -> str:
         if not self.offsets:
-            return (f"{self.kind}s outside {self.tensor} (its results changed when only the memory around "
-                    f"{self.tensor} changed)")
+            return (
+                f"{self.kind}s outside {self.tensor} (its results changed when only the memory around "
+                f"{self.tensor} changed)"
+            )
         shown = ", ".join(str(o) for o in self.offsets)
         more = " and more" if self.more else ""
         if self.far:
-            return (f"{self.count} {self.kind}(s) far outside every tensor (the nearest is {self.tensor}: element "
-                    f"offsets {shown}{more} from its start): check the strides and offsets")
-        where = ("before the first element" if self.offsets[-1] < 0 else
-                 f"past the {self.numel} elements" if self.offsets[0] >= self.span else
-                 f"outside the {self.numel} elements (in gaps its strides skip, or around it)")
+            return (
+                f"{self.count} {self.kind}(s) far outside every tensor (the nearest is {self.tensor}: element "
+                f"offsets {shown}{more} from its start): check the strides and offsets"
+            )
+        where = (
+            "before the first element"
+            if self.offsets[-1] < 0
+            else f"past the {self.numel} elements"
+            if self.offsets[0] >= self.span
+            else f"outside the {self.numel} elements (in gaps its strides skip, or around it)"
+        )
         return f"{self.count} {self.kind}(s) {where} of {self.tensor}, at element offsets {shown}{more}"
 
 
@@ -98,6 +108,7 @@ class Access:
     """One load, store or atomic of one program, on one tensor (recorded by the interpreter's check).
     `offsets`: element offsets from the tensor's first element, one per active lane; `in_bounds`: which of
     them lie inside the tensor."""
+
     program: Tuple[int, int, int]
     kind: str
     tensor: str
@@ -109,23 +120,27 @@ class Access:
 class GuardedRun:
     """What one guarded launch did. `tensors` maps each tensor argument's parameter name to its contents
     after the launch (a copy, same shape and dtype as given); `error` is what the launch raised."""
+
     tensors: Dict[str, torch.Tensor]
     out_of_bounds: List[OutOfBounds] = field(default_factory=list)
     error: Optional[BaseException] = None
-    checked_by: str = "interpreter"   # or "interpreter, then canaries" (a GPU)
-    accesses: List[Access] = field(default_factory=list)   # every program's accesses, in order (interpreter)
+    checked_by: str = "interpreter"  # or "interpreter, then canaries" (a GPU)
+    accesses: List[Access] = field(default_factory=list)  # every program's accesses, in order (interpreter)
 
     @property
     def clean(self) -> bool:
         return self.error is None and not self.out_of_bounds
 
-    def offsets(self, tensor: Optional[str] = None, kind: Optional[str] = None,
-                outside_only: bool = True) -> np.ndarray:
+    def offsets(
+        self, tensor: Optional[str] = None, kind: Optional[str] = None, outside_only: bool = True
+    ) -> np.ndarray:
         """Every element offset the launch's accesses of `tensor` of `kind` (None: any) reached, only those
         outside the tensor by default; from the interpreter's record of each access, else (an access seen
         on a GPU only) the offsets the out-of-bounds reports list."""
+
         def wanted(a):
             return (tensor is None or a.tensor == tensor) and (kind is None or a.kind == kind)
+
         chunks = [a.offsets[~a.in_bounds] if outside_only else a.offsets for a in self.accesses if wanted(a)]
         found = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
         if outside_only and not found.size:
@@ -152,8 +167,10 @@ def _not_a_kernel(kernel) -> str:
     if getattr(kernel, "__name__", "") == "<lambda>" or type(kernel).__name__ == "partial":
         return "got kernel[grid] (a launcher): pass the kernel itself, the checker chooses the grid"
     if callable(kernel):
-        return (f"got {getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: a Triton "
-                "kernel needs the @triton.jit decorator")
+        return (
+            f"got {getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: a Triton "
+            "kernel needs the @triton.jit decorator"
+        )
     return f"expected a @triton.jit function, got {type(kernel).__name__}"
 
 
@@ -162,25 +179,28 @@ def describe_error(exc: BaseException) -> str:
     text = str(exc).strip() or repr(exc)
     lines = [line for line in text.splitlines() if line.strip()]
     if "illegal memory access" in text or "illegal instruction" in text:
-        return (f"the GPU stopped the kernel ({lines[0]}): an access it cannot make, such as an address far "
-                "outside its tensors or a descriptor offset that breaks the 16-byte rule. The CUDA context is "
-                "now unusable: restart the Python kernel, then run this exercise under the interpreter "
-                "(TRITON_INTERPRET=1, no GPU needed) to see which access goes where")
+        return (
+            f"the GPU stopped the kernel ({lines[0]}): an access it cannot make, such as an address far "
+            "outside its tensors or a descriptor offset that breaks the 16-byte rule. The CUDA context is "
+            "now unusable: restart the Python kernel, then run this exercise under the interpreter "
+            "(TRITON_INTERPRET=1, no GPU needed) to see which access goes where"
+        )
     return f"the kernel raised {type(exc).__name__}: " + " | ".join(lines[-4:])[:600]
 
 
 @dataclass
 class _Guarded:
     """One tensor argument inside its guarded buffer."""
+
     name: str
     original: torch.Tensor
-    buffer: torch.Tensor          # uint8, guard + span + guard bytes
-    view: torch.Tensor            # the tensor handed to the kernel: `original`'s shape, strides and values
-    inside: np.ndarray            # bool per buffer byte: True where a byte of `view` lies
-    canary: int                   # the byte value of its guard
+    buffer: torch.Tensor  # uint8, guard + span + guard bytes
+    view: torch.Tensor  # the tensor handed to the kernel: `original`'s shape, strides and values
+    inside: np.ndarray  # bool per buffer byte: True where a byte of `view` lies
+    canary: int  # the byte value of its guard
 
     @property
-    def start(self) -> int:       # byte address of view's first element
+    def start(self) -> int:  # byte address of view's first element
         return self.view.data_ptr()
 
     def extent(self) -> Tuple[int, int]:
@@ -223,7 +243,8 @@ class _CheckedMemory:
         self._calls = 0
         self._started = time.monotonic()
         from triton.runtime import interpreter
-        self._builder = interpreter.interpreter_builder   # knows which program runs
+
+        self._builder = interpreter.interpreter_builder  # knows which program runs
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -232,12 +253,15 @@ class _CheckedMemory:
         self._calls += 1
         seconds = time.monotonic() - self._started
         if self._calls > MAX_ACCESSES or seconds > MAX_SECONDS:
-            raise RuntimeError(f"stopped after {self._calls - 1} memory accesses in {seconds:.0f} s, far more than this "
-                               "exercise needs: does a loop never end (a while loop without a step, a bound that "
-                               "is far too large)?")
+            raise RuntimeError(
+                f"stopped after {self._calls - 1} memory accesses in {seconds:.0f} s, far more than this "
+                "exercise needs: does a loop never end (a while loop without a step, a bound that "
+                "is far too large)?"
+            )
         addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
-        active = np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool),
-                                                                                      addresses.shape)
+        active = (
+            np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), addresses.shape)
+        )
         ok = np.zeros(addresses.shape, bool)
         placed = np.zeros(addresses.shape, bool)
         for g in self._guarded:
@@ -251,8 +275,15 @@ class _CheckedMemory:
             hit[in_buffer] = g.inside[index[in_buffer]]
             ok |= hit
             bad = in_buffer & ~hit
-            self.accesses.append(Access(tuple(getattr(self._builder, "grid_idx", (0, 0, 0))), kind, g.name,
-                                        g.element_offsets(index[in_buffer]), hit[in_buffer]))
+            self.accesses.append(
+                Access(
+                    tuple(getattr(self._builder, "grid_idx", (0, 0, 0))),
+                    kind,
+                    g.name,
+                    g.element_offsets(index[in_buffer]),
+                    hit[in_buffer],
+                )
+            )
             if bad.any():
                 self.findings.setdefault((g.name, kind, False), []).append(g.element_offsets(index[bad]))
         wild = active & ~placed
@@ -260,7 +291,8 @@ class _CheckedMemory:
             first = int(addresses[wild].min())
             g = min(self._guarded, key=lambda g: abs(first - g.start))
             self.findings.setdefault((g.name, kind, True), []).append(
-                (addresses[wild] - g.start) // g.original.element_size())
+                (addresses[wild] - g.start) // g.original.element_size()
+            )
         return active & ok
 
     def load(self, ptrs, mask, other, dtype):
@@ -283,8 +315,17 @@ def _findings_to_reports(findings, guarded: Dict[str, _Guarded]) -> List[OutOfBo
     for (name, kind, far), chunks in findings.items():
         offsets = np.unique(np.concatenate(chunks))
         count = int(sum(len(c) for c in chunks))
-        reports.append(OutOfBounds(name, kind, tuple(int(o) for o in offsets[:SHOWN_OFFSETS]), count,
-                                   *guarded[name].extent(), far=far, more=len(offsets) > SHOWN_OFFSETS))
+        reports.append(
+            OutOfBounds(
+                name,
+                kind,
+                tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
+                count,
+                *guarded[name].extent(),
+                far=far,
+                more=len(offsets) > SHOWN_OFFSETS,
+            )
+        )
     return reports
 
 
@@ -294,8 +335,16 @@ def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
         changed = (g.buffer.cpu().numpy() != g.canary) & ~g.inside
         if changed.any():
             offsets = np.unique(g.element_offsets(np.nonzero(changed)[0]))
-            reports.append(OutOfBounds(g.name, "store", tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
-                                       len(offsets), *g.extent(), more=len(offsets) > SHOWN_OFFSETS))
+            reports.append(
+                OutOfBounds(
+                    g.name,
+                    "store",
+                    tuple(int(o) for o in offsets[:SHOWN_OFFSETS]),
+                    len(offsets),
+                    *g.extent(),
+                    more=len(offsets) > SHOWN_OFFSETS,
+                )
+            )
     return reports
 
 
@@ -316,6 +365,7 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
     checker, error = None, None
     if check_accesses:
         from triton.runtime import interpreter as interp
+
         checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
         interp._interpreter = checker
     try:
@@ -340,15 +390,19 @@ def _deadline(seconds: Optional[float]):
     """Stop an interpreted launch after `seconds` even where it touches no memory (a loop of arithmetic
     only never reaches the access checker's clock): a SIGALRM timer, where there is one (the main thread
     of a Unix process, as a Jupyter kernel runs cells); elsewhere nothing."""
-    usable = (seconds is not None and hasattr(signal, "setitimer")
-              and threading.current_thread() is threading.main_thread())
+    usable = (
+        seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    )
     if not usable:
         yield
         return
 
     def stop(signum, frame):
-        raise _Deadline(f"stopped after {seconds:.0f} s, far more than this exercise needs: does a loop never end "
-                        "(a while loop without a step, a bound that is far too large)?")
+        raise _Deadline(
+            f"stopped after {seconds:.0f} s, far more than this exercise needs: does a loop never end "
+            "(a while loop without a step, a bound that is far too large)?"
+        )
+
     previous = signal.signal(signal.SIGALRM, stop)
     signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
@@ -377,9 +431,12 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
         raise KernelMismatch(_not_a_kernel(kernel))
     unknown = [name for name in args if name not in names]
     if unknown:
-        raise KernelMismatch(f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
-                             f"exercise passes {', '.join(args)}. Keep the stub's parameter names.")
+        raise KernelMismatch(
+            f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
+            f"exercise passes {', '.join(args)}. Keep the stub's parameter names."
+        )
     from triton.runtime.jit import JITFunction
+
     if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1
         return _interpreted_run(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
@@ -398,14 +455,20 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     control, _, error = _launch(kernel, grid, args, check_accesses=False)
     if error is not None or any(not torch.equal(control[n].buffer, g.buffer) for n, g in guarded.items()):
         # The same launch wrote something else (a race between programs): changing canaries proves nothing.
-        return GuardedRun(tensors, reports, error, "interpreter, then canaries (writes only: the kernel's "
-                          "results vary from launch to launch)", first.accesses)
+        return GuardedRun(
+            tensors,
+            reports,
+            error,
+            "interpreter, then canaries (writes only: the kernel's results vary from launch to launch)",
+            first.accesses,
+        )
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
         if error is not None:
             return GuardedRun(tensors, reports, error, "interpreter, then canaries", first.accesses)
-        moved = any(not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded
-                    if other != name) or not _same(again[name].view, tensors[name])
+        moved = any(
+            not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded if other != name
+        ) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
     return GuardedRun(tensors, reports, None, "interpreter, then canaries", first.accesses)
@@ -414,13 +477,13 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
 def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
     guarded, checker, error = _launch(kernel, grid, args, check_accesses=True)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
-    return GuardedRun(tensors, _findings_to_reports(checker.findings, guarded), error, "interpreter",
-                      checker.accesses)
+    return GuardedRun(tensors, _findings_to_reports(checker.findings, guarded), error, "interpreter", checker.accesses)
 
 
 def _interpreted(kernel):
     """The interpreter's version of a compiled `@triton.jit` kernel (same Python source)."""
     from triton.runtime.interpreter import InterpretedFunction
+
     return InterpretedFunction(kernel.fn)
 
 

@@ -20,6 +20,7 @@ def test_demo_edges(capsys):
     assert "Why these load paths" not in out and "rounds H 2048/100 -> 32" in out
     # the device's TMA note once, not in every reason
     from moe_lab import tma_support
+
     assert main(["demo", "--model", "olmoe-1b-7b", "--tokens", "3", "--scale", "128"]) == 0
     out = capsys.readouterr().out
     assert out.count(tma_support().reason) == 1
@@ -29,6 +30,7 @@ def test_demo_asks_before_minutes_of_interpreter(capsys):
     import pytest
 
     from moe_lab import interpreter_active
+
     if not interpreter_active():
         pytest.skip("a GPU runs large token counts without asking")
     assert main(["demo", "--tokens", "100000"]) == 2
@@ -37,20 +39,22 @@ def test_demo_asks_before_minutes_of_interpreter(capsys):
 
 def test_demo_help_explains_every_option(capsys):
     import pytest
+
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     out = capsys.readouterr().out
     for option in ("--model", "--tokens", "--dtype", "--use-tma", "--scale", "--force"):
-        line = out[out.index(option):].split("\n--")[0]
+        line = out[out.index(option) :].split("\n--")[0]
         assert len(line.split()) > 4, f"{option} has no help"
 
 
 def test_bench_help_says_what_it_times_and_where_results_go(capsys):
     import pytest
+
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps the description
-    description = out[:out.index("-h, --help")]
+    description = out[: out.index("-h, --help")]
     assert "JSON and CSV to the --out folder" in description and "fp8/ folder" in description
     assert "Needs a CUDA GPU" in description
 
@@ -67,14 +71,22 @@ def _demo_rows(out):
 
 def test_demo_fp8_reports_kernel_and_quantization_errors(capsys):
     # DeepSeek-V3's preset names its checkpoint's [128, 128] blocks; Mixtral takes the same by default
-    assert main(["demo", "--dtype", "fp8", "--model", "deepseek-v3", "mixtral-8x7b", "--tokens", "0", "2",
-                 "--scale", "128"]) == 0
+    assert (
+        main(
+            ["demo", "--dtype", "fp8", "--model", "deepseek-v3", "mixtral-8x7b", "--tokens", "0", "2", "--scale", "128"]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "[128, 128] block" in out and "the checkpoint of deepseek-v3 ships its experts" in out
     assert "quant err" in out and "rel err: the FP8 layer against the float32 PyTorch reference on the same FP8" in out
     rows = _demo_rows(out)
-    assert [(m, t) for m, t, _, _ in rows] == [("deepseek-v3", 0), ("deepseek-v3", 2), ("mixtral-8x7b", 0),
-                                               ("mixtral-8x7b", 2)]
+    assert [(m, t) for m, t, _, _ in rows] == [
+        ("deepseek-v3", 0),
+        ("deepseek-v3", 2),
+        ("mixtral-8x7b", 0),
+        ("mixtral-8x7b", 2),
+    ]
     for model, tokens, kernel_err, quant_err in rows:
         if tokens:  # the kernels: about bf16 rounding; FP8 itself: several times more
             assert kernel_err < 1e-2 < quant_err < 0.2, (model, kernel_err, quant_err)
@@ -82,8 +94,9 @@ def test_demo_fp8_reports_kernel_and_quantization_errors(capsys):
 
 
 def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
-    from moe_lab.tools import cli
     from moe_lab.capability import Fp8Support
+    from moe_lab.tools import cli
+
     monkeypatch.setattr(cli, "fp8_support", lambda device: Fp8Support(False, "NVIDIA A100 has compute capability 8.0"))
     assert main(["demo", "--dtype", "fp8", "--tokens", "1"]) == 2
     captured = capsys.readouterr()
@@ -94,6 +107,7 @@ def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
 
 def test_dtype_choices(capsys):
     import pytest
+
     for command in ("demo", "bench", "tune"):
         with pytest.raises(SystemExit) as exc:
             main([command, "--dtype", "fp4"])
@@ -107,6 +121,7 @@ def test_dtype_choices(capsys):
 
 def test_fp8_tune_candidates_step_whole_scale_blocks():
     from moe_lab.tools.tune import candidates
+
     for rows_per_expert in (1, 16, 1000):
         space = candidates(rows_per_expert, 1, 227 * 1024)
         configs = [c for ups, downs in space.values() for c in ups + downs]
@@ -121,6 +136,7 @@ def test_bench_refuses_without_a_gpu(capsys):
     import pytest
 
     from moe_lab import interpreter_active
+
     if not interpreter_active():
         pytest.skip("a GPU runs the benchmark")
     for dtype in ("bf16", "fp8"):
@@ -134,6 +150,7 @@ def test_deepseek_v3_preset_says_its_checkpoint_is_fp8():
     import torch
 
     from moe_lab import PRESETS, get_preset
+
     preset = get_preset("deepseek-v3")
     assert (preset.quantization, preset.weight_block_size) == ("fp8", (128, 128))
     assert preset.scaled(64).weight_block_size == (128, 128)

@@ -3,6 +3,7 @@
 Each test runs in a child process: this one has Triton's interpreter on (conftest imports moe_lab first),
 and the check needs real JITFunctions (TRITON_INTERPRET=0 before any kernel is defined).
 """
+
 import json
 import os
 import subprocess
@@ -57,11 +58,17 @@ CHILD = textwrap.dedent("""
 
 
 def run_child(code, **env):
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, TRITON_INTERPRET="0", **env))
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, TRITON_INTERPRET="0", **env),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_tma_copy_only_on_the_tma_path(tmp_path):
@@ -98,9 +105,26 @@ def test_a_notebook_kernel_that_does_not_compile_fails_the_check(tmp_path):
     """fp8 e4m3 runs under the interpreter and compiles for sm_90, but sm_80 has no such type."""
     script = tmp_path / "09_fp8.py"
     script.write_text(BROKEN_NOTEBOOK)
-    proc = subprocess.run([sys.executable, ".ci/compile_check.py", "--only", "notebooks", "--notebooks", str(script),
-                           "--targets", "80", "90", "--jobs", "1"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, MOE_LAB_COMPILE_CHECK_CACHE=str(tmp_path / "cache")))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            ".ci/compile_check.py",
+            "--only",
+            "notebooks",
+            "--notebooks",
+            str(script),
+            "--targets",
+            "80",
+            "90",
+            "--jobs",
+            "1",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, MOE_LAB_COMPILE_CHECK_CACHE=str(tmp_path / "cache")),
+    )
     out = proc.stdout
     assert proc.returncode == 1, out + proc.stderr
     fail = [ln for ln in out.splitlines() if ln.startswith("FAIL ")]
@@ -158,8 +182,9 @@ def test_swiglu_weight_loads_vectorize_as_the_plain_gemm_does(pad):
     elements apart (pad 1) they are scalar loads, as without it. A first version's indices made Triton
     emit 16-byte copies from odd addresses there ("misaligned address" on an H200)."""
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT)
-    done = subprocess.run([sys.executable, "-c", SWIGLU_CHILD, str(pad)], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", SWIGLU_CHILD, str(pad)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     counts = json.loads(done.stdout.strip().splitlines()[-1])
     plain, fused = counts["False"], counts["True"]

@@ -37,6 +37,7 @@ def test_doctor_notes_ipywidgets_7_beside_jupyterlab_4(monkeypatch):
 
 def test_doctor_names_a_cpu_without_the_interpreter(monkeypatch):
     import torch
+
     if torch.cuda.is_available():
         return
     monkeypatch.setenv("TRITON_INTERPRET", "0")

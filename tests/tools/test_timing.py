@@ -1,4 +1,5 @@
 """Timing helpers: refused where times would mean nothing; the cost model is plain arithmetic."""
+
 import pytest
 
 from moe_lab import get_preset
@@ -8,8 +9,10 @@ from ..conftest import ON_GPU
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal without a GPU")
-@pytest.mark.parametrize("call", [lambda: timing.median_ms(lambda: None), lambda: timing.graph_ms(lambda: None),
-                                  lambda: timing.measure_ceilings()])
+@pytest.mark.parametrize(
+    "call",
+    [lambda: timing.median_ms(lambda: None), lambda: timing.graph_ms(lambda: None), lambda: timing.measure_ceilings()],
+)
 def test_timing_refuses_the_interpreter_with_the_bench_message(call):
     with pytest.raises(RuntimeError, match="refused: no CUDA GPU is visible to PyTorch"):
         call()

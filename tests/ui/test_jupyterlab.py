@@ -3,6 +3,7 @@
 Skipped by `pytest tests`; `make test-ui` installs playwright and Debian's chromium and runs
 `pytest tests/ui --run-ui`. Screenshots go to tests/ui/artifacts/ (git-ignored).
 """
+
 import json
 import os
 import secrets
@@ -24,13 +25,21 @@ NOTEBOOKS = sorted(p.stem for p in (REPO / "notebooks").glob("[0-9]*.ipynb"))
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = os.environ.get("MOE_LAB_CHROMIUM", "/usr/bin/chromium")
 # The closed network refuses Chromium's background connections; these flags keep it from trying.
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 SERVER_START_S = 120
 PAGE_LOAD_MS = 120_000
 KERNEL_START_MS = 120_000
-RUN_ALL_MS = 180_000      # the slowest notebook takes ~25 s under the interpreter; leave room on 2 cores
+RUN_ALL_MS = 180_000  # the slowest notebook takes ~25 s under the interpreter; leave room on 2 cores
 WIDGET_MS = 60_000
 
 # Per-user JupyterLab settings for the test server: no news prompt over the notebook, no autosave.
@@ -56,25 +65,42 @@ class LabServer:
         for rel, value in LAB_SETTINGS.items():
             (settings / rel).parent.mkdir(parents=True, exist_ok=True)
             (settings / rel).write_text(json.dumps(value))
-        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1",
-               f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
-               f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-               # window.jupyterapp: the test runs lab commands and reads cell outputs through it
-               "--LabApp.expose_app_in_browser=True",
-               f"--LabApp.user_settings_dir={settings}", f"--LabApp.workspaces_dir={scratch / 'workspaces'}",
-               # a safety net: should this process die without its finalizer, the server stops itself
-               "--ServerApp.shutdown_no_activity_timeout=900"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyterlab",
+            "--no-browser",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={self.port}",
+            "--ServerApp.port_retries=0",
+            f"--IdentityProvider.token={self.token}",
+            f"--ServerApp.root_dir={root}",
+            # window.jupyterapp: the test runs lab commands and reads cell outputs through it
+            "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={scratch / 'workspaces'}",
+            # a safety net: should this process die without its finalizer, the server stops itself
+            "--ServerApp.shutdown_no_activity_timeout=900",
+        ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         env = dict(os.environ, JUPYTER_RUNTIME_DIR=str(scratch / "runtime"))
         self._log = open(self.log_path, "w")
         # Own process group, so the finalizer can stop the server and anything it started.
-        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=root,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def api(self, path: str, method: str = "GET"):
-        req = urllib.request.Request(f"{self.url}/api/{path}", method=method,
-                                     headers={"Authorization": f"token {self.token}"})
+        req = urllib.request.Request(
+            f"{self.url}/api/{path}", method=method, headers={"Authorization": f"token {self.token}"}
+        )
         with urllib.request.urlopen(req, timeout=30) as resp:
             body = resp.read()
         return json.loads(body) if body else None
@@ -143,8 +169,12 @@ def browser_context(tmp_path_factory):
         pytest.fail(f"{CHROMIUM} is missing: `make test-ui` installs Debian's chromium")
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            tmp_path_factory.mktemp("chromium-profile"), executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-            headless=True, viewport={"width": 1400, "height": 1000})
+            tmp_path_factory.mktemp("chromium-profile"),
+            executable_path=CHROMIUM,
+            args=CHROMIUM_ARGS,
+            headless=True,
+            viewport={"width": 1400, "height": 1000},
+        )
         try:
             yield context
         finally:
@@ -166,13 +196,13 @@ def open_and_run_all(page, lab, name: str):
     """Open notebooks/<name>.ipynb in JupyterLab, run all cells, wait until the kernel is idle again."""
     # reset: a fresh workspace, so lab does not reopen (and start kernels for) the notebooks of earlier tests
     page.goto(f"{lab.url}/lab/tree/{name}.ipynb?reset&token={lab.token}")
-    page.wait_for_function(
-        f"() => window.jupyterapp?.shell.currentWidget?.context?.path === '{name}.ipynb'")
+    page.wait_for_function(f"() => window.jupyterapp?.shell.currentWidget?.context?.path === '{name}.ipynb'")
     page.evaluate("() => window.jupyterapp.commands.execute('application:toggle-left-area')")  # room for the notebook
     # The notebook's language_info picks the kernel; without it lab asks, and a learner takes the default.
     kernel_idle = "window.jupyterapp.shell.currentWidget.sessionContext.session?.kernel?.status === 'idle'"
-    page.wait_for_function(f"() => {kernel_idle} || document.querySelector('.jp-Dialog') !== null",
-                           timeout=KERNEL_START_MS)
+    page.wait_for_function(
+        f"() => {kernel_idle} || document.querySelector('.jp-Dialog') !== null", timeout=KERNEL_START_MS
+    )
     if page.locator(".jp-Dialog", has_text="Select Kernel").count():
         page.locator(".jp-Dialog .jp-mod-accept").click()
     page.wait_for_function(f"() => {kernel_idle}", timeout=KERNEL_START_MS)
@@ -208,10 +238,13 @@ def cell_problems(page) -> list:
 
 def wait_for_widgets(page):
     """Every widget view is drawn: no 'Loading widget...' placeholder, no 'Error displaying widget'."""
-    page.wait_for_function("""() => {
+    page.wait_for_function(
+        """() => {
         const text = document.querySelector('.jp-Notebook').innerText;
         return !text.includes('Loading widget') && !text.includes('Error displaying widget');
-    }""", timeout=WIDGET_MS)
+    }""",
+        timeout=WIDGET_MS,
+    )
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -251,7 +284,9 @@ def test_align_widget_redraws_on_slider(page, lab, artifacts):
     # The Output widget replaces its <img> on each redraw; look it up again inside the (kept) VBox.
     page.wait_for_function(
         "([box, before]) => { const img = box.querySelector('.widget-output img'); return img && img.src !== before; }",
-        arg=[box.element_handle(), src_before], timeout=WIDGET_MS)
+        arg=[box.element_handle(), src_before],
+        timeout=WIDGET_MS,
+    )
     assert slider.locator(".widget-readout").inner_text().strip() == "64"
     assert "BLOCK_SIZE_M= 64" in box.locator(".widget-html").inner_text()
     figure.wait_for()
@@ -265,5 +300,7 @@ def test_align_widget_redraws_on_slider(page, lab, artifacts):
     heading.evaluate("cell => cell.scrollIntoView({block: 'start'})")
     page.wait_for_timeout(500)  # let the windowed notebook settle after the scroll
     bottom = box.bounding_box()["y"] + box.bounding_box()["height"]
-    page.screenshot(path=artifacts / "02_align-widget-lab.png",
-                    clip={"x": 0, "y": 0, "width": page.viewport_size["width"], "height": bottom + 8})
+    page.screenshot(
+        path=artifacts / "02_align-widget-lab.png",
+        clip={"x": 0, "y": 0, "width": page.viewport_size["width"], "height": bottom + 8},
+    )

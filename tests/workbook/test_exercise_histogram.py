@@ -1,5 +1,6 @@
 """Exercise 02 (histogram_kernel): the notebook's solution passes; the notebook's stub and typical wrong
 kernels get NOT YET with their diagnosis, and FAIL when strict."""
+
 import pytest
 import triton
 import triton.language as tl
@@ -100,23 +101,49 @@ def test_solution_passes():
     assert verdict.passed and str(verdict).startswith("PASS histogram_kernel:")
 
 
-@pytest.mark.parametrize("kernel, says", [
-    (unmasked, ["load(s) past the 270 elements of topk_ids_ptr", "offsets 270, 271", "not a multiple of BLOCK",
-                "offs < num_slots"]),
-    (atomic_unmasked, ["expert 0 got 50 counts too many", "Mask the tl.atomic_add"]),
-    (atomic_unmasked_other_minus_one, ["atomic(s) before the first element of counts_ptr", "offsets -1",
-                                       "its `other`", "mask the tl.atomic_add with offs < num_slots"]),
-    (store_not_atomic, ["counts too low", "use tl.atomic_add"]),
-    (store_ones, ["counts too low", "use tl.atomic_add"]),
-    (no_expert_offset, ["bin 0", "counts[0] = 270", "expert id offset is missing", "counts_ptr + ids"]),
-    (indexed_by_slot, ["atomic(s) past the 10 elements of counts_ptr", "counts_ptr + ids",
-                       "not at counts_ptr + offs"]),
-    (ids_plus_one, ["atomic(s) past the 10 elements of counts_ptr", "off by one on the expert id: counts_ptr + ids",
-                    "counts_ptr + 10 = E"]),
-    (first_block_only, ["block 0", "tl.program_id(0) * BLOCK"]),
-    (adds_the_id, ["add 1 for each slot"]),
-    (shape_error, ["raised", "64 and 128"]),
-], ids=lambda v: getattr(v, "__name__", ""))
+@pytest.mark.parametrize(
+    "kernel, says",
+    [
+        (
+            unmasked,
+            [
+                "load(s) past the 270 elements of topk_ids_ptr",
+                "offsets 270, 271",
+                "not a multiple of BLOCK",
+                "offs < num_slots",
+            ],
+        ),
+        (atomic_unmasked, ["expert 0 got 50 counts too many", "Mask the tl.atomic_add"]),
+        (
+            atomic_unmasked_other_minus_one,
+            [
+                "atomic(s) before the first element of counts_ptr",
+                "offsets -1",
+                "its `other`",
+                "mask the tl.atomic_add with offs < num_slots",
+            ],
+        ),
+        (store_not_atomic, ["counts too low", "use tl.atomic_add"]),
+        (store_ones, ["counts too low", "use tl.atomic_add"]),
+        (no_expert_offset, ["bin 0", "counts[0] = 270", "expert id offset is missing", "counts_ptr + ids"]),
+        (
+            indexed_by_slot,
+            ["atomic(s) past the 10 elements of counts_ptr", "counts_ptr + ids", "not at counts_ptr + offs"],
+        ),
+        (
+            ids_plus_one,
+            [
+                "atomic(s) past the 10 elements of counts_ptr",
+                "off by one on the expert id: counts_ptr + ids",
+                "counts_ptr + 10 = E",
+            ],
+        ),
+        (first_block_only, ["block 0", "tl.program_id(0) * BLOCK"]),
+        (adds_the_id, ["add 1 for each slot"]),
+        (shape_error, ["raised", "64 and 128"]),
+    ],
+    ids=lambda v: getattr(v, "__name__", ""),
+)
 def test_wrong_kernels_are_named(kernel, says, capsys):
     assert_not_yet(exercises.check_expert_histogram, kernel, says, "histogram_kernel", capsys)
 

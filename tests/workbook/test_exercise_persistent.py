@@ -1,5 +1,6 @@
 """Exercise 08 (persistent_copy_kernel): the notebook's solution passes; the stub and typical wrong tile
 walks get NOT YET with their diagnosis, and FAIL with strict=True."""
+
 import pytest
 import triton
 import triton.language as tl
@@ -11,9 +12,19 @@ pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported
 
 
 @triton.jit
-def _walk(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          START: tl.constexpr = 1, STEP: tl.constexpr = 1, COUNT: tl.constexpr = 0, MASK: tl.constexpr = True,
-          ONE_WORKER: tl.constexpr = False):
+def _walk(
+    x_ptr,
+    out_ptr,
+    num_rows_ptr,
+    N,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    START: tl.constexpr = 1,
+    STEP: tl.constexpr = 1,
+    COUNT: tl.constexpr = 0,
+    MASK: tl.constexpr = True,
+    ONE_WORKER: tl.constexpr = False,
+):
     """The solution, with switches that each make one typical mistake: START 0 starts every program at tile 0;
     STEP 0 steps by 1, 2 by one more than the grid (tiles skipped); COUNT 1 takes the tile count from the
     buffer's 128 rows instead of num_rows_ptr, 2 walks no loop (one tile per program), 3 writes 80 rows in,
@@ -112,34 +123,46 @@ def unmasked(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl
 
 
 def test_the_notebook_solution_and_the_switch_kernel_pass():
-    assert exercises.check_persistent_copy(notebook_kernel("08_persistent_and_fused", "persistent_copy_kernel_solution"),
-                                           strict=True).passed
+    assert exercises.check_persistent_copy(
+        notebook_kernel("08_persistent_and_fused", "persistent_copy_kernel_solution"), strict=True
+    ).passed
     verdict = exercises.check_persistent_copy(right, strict=True)
     assert verdict.passed and "two launches" in verdict.message
 
 
 def test_the_notebook_stub_is_not_yet(capsys):
-    assert_not_yet(exercises.check_persistent_copy, notebook_kernel("08_persistent_and_fused", "persistent_copy_kernel"),
-                   ["stores nothing"], "persistent_copy_kernel", capsys)
+    assert_not_yet(
+        exercises.check_persistent_copy,
+        notebook_kernel("08_persistent_and_fused", "persistent_copy_kernel"),
+        ["stores nothing"],
+        "persistent_copy_kernel",
+        capsys,
+    )
 
 
 def test_wrong_walks_are_named(capsys):
-    for kernel, words in ((every_program_from_tile_zero, ["stored more than once", "tl.program_id(0)"]),
-                          (step_by_one, ["stored more than once", "tl.num_programs(0)"]),
-                          (eighty_rows_written_in, ["with num_rows = 96", "sizes written into the kernel",
-                                                    "never copied: the loop stops early"]),
-                          (one_tile_short, ["tiles 14 .. 14 of 15 were never copied", "stops early"]),
-                          (program_zero_does_all, ["did not share the tiles", "[15, 0, 0]"]),
-                          (blocks_swapped, ["with num_rows = 96", "BLOCK_M and BLOCK_N swapped"]),
-                          (step_past_the_grid, ["tiles [3, 7, 11] of 15 were never copied", "tl.num_programs(0)"]),
-                          (count_from_buffer, ["rows 80 .. 127 were written", "tl.load(num_rows_ptr)"]),
-                          (one_tile_each, ["only tiles 0 .. 2 were copied"]),
-                          (unmasked, ["next row", "cols < N"])):
+    for kernel, words in (
+        (every_program_from_tile_zero, ["stored more than once", "tl.program_id(0)"]),
+        (step_by_one, ["stored more than once", "tl.num_programs(0)"]),
+        (
+            eighty_rows_written_in,
+            ["with num_rows = 96", "sizes written into the kernel", "never copied: the loop stops early"],
+        ),
+        (one_tile_short, ["tiles 14 .. 14 of 15 were never copied", "stops early"]),
+        (program_zero_does_all, ["did not share the tiles", "[15, 0, 0]"]),
+        (blocks_swapped, ["with num_rows = 96", "BLOCK_M and BLOCK_N swapped"]),
+        (step_past_the_grid, ["tiles [3, 7, 11] of 15 were never copied", "tl.num_programs(0)"]),
+        (count_from_buffer, ["rows 80 .. 127 were written", "tl.load(num_rows_ptr)"]),
+        (one_tile_each, ["only tiles 0 .. 2 were copied"]),
+        (unmasked, ["next row", "cols < N"]),
+    ):
         assert_not_yet(exercises.check_persistent_copy, kernel, words, "persistent_copy_kernel", capsys)
 
 
 def test_a_loop_that_never_ends_is_stopped(monkeypatch, capsys):
     import moe_lab.workbook.guarded as guarded
+
     monkeypatch.setattr(guarded, "MAX_SECONDS", 3.0)
-    assert_not_yet(exercises.check_persistent_copy, never_ends, ["does a loop never end"], "persistent_copy_kernel",
-                   capsys)
+    assert_not_yet(
+        exercises.check_persistent_copy, never_ends, ["does a loop never end"], "persistent_copy_kernel", capsys
+    )

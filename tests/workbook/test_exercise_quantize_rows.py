@@ -1,22 +1,36 @@
 """Exercise 09 (quantize_rows_kernel): the notebook's solution passes; the stub and typical wrong FP8
 quantization kernels get NOT YET with their diagnosis, and FAIL with strict=True."""
+
 import pytest
 import triton
 import triton.language as tl
 
-from moe_lab.workbook import exercises
 from moe_lab._kernels.common import round_to_e4m3_grid
+from moe_lab.workbook import exercises
 from tests.notebook_source import assert_not_yet, notebook_kernel
 
 pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported Triton (make test-matrix)
 
 
 @triton.jit
-def _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr, MASK: tl.constexpr = True,
-              SCALE: tl.constexpr = "amax/448", ABS: tl.constexpr = True, FLOOR: tl.constexpr = True,
-              START: tl.constexpr = "group*GROUP", ROW: tl.constexpr = "row*K", LAYOUT: tl.constexpr = "row-major",
-              Q: tl.constexpr = "x/scale", ROUND: tl.constexpr = True, AXES: tl.constexpr = "row,group",
-              CAST: tl.constexpr = "e4m3"):
+def _quantize(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    K,
+    GROUP: tl.constexpr,
+    MASK: tl.constexpr = True,
+    SCALE: tl.constexpr = "amax/448",
+    ABS: tl.constexpr = True,
+    FLOOR: tl.constexpr = True,
+    START: tl.constexpr = "group*GROUP",
+    ROW: tl.constexpr = "row*K",
+    LAYOUT: tl.constexpr = "row-major",
+    Q: tl.constexpr = "x/scale",
+    ROUND: tl.constexpr = True,
+    AXES: tl.constexpr = "row,group",
+    CAST: tl.constexpr = "e4m3",
+):
     """The solution, with switches that each make one typical mistake: MASK False drops the `cols < K` mask;
     SCALE "amax" forgets the 448, "448/amax" stores the inverse (and multiplies x by it), "amax*(1/448)"
     multiplies by a rounded reciprocal, "row" takes one amax per row; ABS False takes max(x); FLOOR False
@@ -253,31 +267,32 @@ def test_the_notebook_stub_is_not_yet(capsys):
 
 
 def test_wrong_kernels_are_named(capsys):
-    for kernel, words in ((unmasked, ["past the 1000 elements of x_ptr", "not a multiple of GROUP", "cols < K"]),
-                          (scale_is_amax, ["group's amax", "divide it by 448"]),
-                          (inverse_scale, ["448 / amax, the inverse"]),
-                          (reciprocal_multiply, ["amax * (1 / 448)", "rounds twice"]),
-                          (one_scale_per_row, ["the row's scale"]),
-                          (max_not_abs, ["max(x), not max(|x|)"]),
-                          (no_floor, ["got scale 0", "0 / 0 = NaN", "1e-10"]),
-                          (groups_start_at_group, ["start at channel `group`, not `group * GROUP`"]),
-                          (groups_all_at_zero, ["values of q were never written", "cols = group * GROUP"]),
-                          (cast_e5m2, ["e5m2", "tl.float8e4nv"]),
-                          (rounded_then_e5m2, ["e5m2", "tl.float8e4nv"]),
-                          (q_over_448, ["q is x / 448", "group's scale"]),
-                          (scale_448, ["every scale is 448", "amax divided by 448"]),
-                          (x_without_row, ["row 0's scales", "x_ptr + row * K + cols"]),
-                          (load_without_other, ["no other=", "other=0.0", "undefined"]),
-                          (cast_e4b15, ["e4b15", "largest value 1.875", "tl.float8e4nv"]),
-                          (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
-                          (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),
-                          (scales_at_row_times_k, ["past the 10 elements of scale_ptr",
-                                                   "row * tl.cdiv(K, GROUP) + group"]),
-                          (two_groups_written_in, ["with 3 rows, K = 300, GROUP = 64", "written into the kernel"]),
-                          (q_times_scale, ["q is x times the scale: divide instead"]),
-                          (q_not_scaled, ["x cast as it is"]),
-                          (axes_swapped, ["never"]),
-                          (scale_only, ["q was never stored"])):
+    for kernel, words in (
+        (unmasked, ["past the 1000 elements of x_ptr", "not a multiple of GROUP", "cols < K"]),
+        (scale_is_amax, ["group's amax", "divide it by 448"]),
+        (inverse_scale, ["448 / amax, the inverse"]),
+        (reciprocal_multiply, ["amax * (1 / 448)", "rounds twice"]),
+        (one_scale_per_row, ["the row's scale"]),
+        (max_not_abs, ["max(x), not max(|x|)"]),
+        (no_floor, ["got scale 0", "0 / 0 = NaN", "1e-10"]),
+        (groups_start_at_group, ["start at channel `group`, not `group * GROUP`"]),
+        (groups_all_at_zero, ["values of q were never written", "cols = group * GROUP"]),
+        (cast_e5m2, ["e5m2", "tl.float8e4nv"]),
+        (rounded_then_e5m2, ["e5m2", "tl.float8e4nv"]),
+        (q_over_448, ["q is x / 448", "group's scale"]),
+        (scale_448, ["every scale is 448", "amax divided by 448"]),
+        (x_without_row, ["row 0's scales", "x_ptr + row * K + cols"]),
+        (load_without_other, ["no other=", "other=0.0", "undefined"]),
+        (cast_e4b15, ["e4b15", "largest value 1.875", "tl.float8e4nv"]),
+        (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
+        (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),
+        (scales_at_row_times_k, ["past the 10 elements of scale_ptr", "row * tl.cdiv(K, GROUP) + group"]),
+        (two_groups_written_in, ["with 3 rows, K = 300, GROUP = 64", "written into the kernel"]),
+        (q_times_scale, ["q is x times the scale: divide instead"]),
+        (q_not_scaled, ["x cast as it is"]),
+        (axes_swapped, ["never"]),
+        (scale_only, ["q was never stored"]),
+    ):
         assert_not_yet(exercises.check_quantize_rows, kernel, words, "quantize_rows_kernel", capsys)
 
 
@@ -288,8 +303,13 @@ def test_no_kernel_at_all_is_labelled_with_the_exercises_kernel(capsys):
 
 def test_the_interpreters_cast_is_named_and_the_helper_fixes_it(capsys):
     # on a GPU too: the checker grades the kernel's interpreted run (see the test below)
-    assert_not_yet(exercises.check_quantize_rows, no_e4m3_rounding,
-                   ["half what they should be", "round_to_e4m3_grid(q)", "interpreter"], "quantize_rows_kernel", capsys)
+    assert_not_yet(
+        exercises.check_quantize_rows,
+        no_e4m3_rounding,
+        ["half what they should be", "round_to_e4m3_grid(q)", "interpreter"],
+        "quantize_rows_kernel",
+        capsys,
+    )
 
 
 def test_a_kernel_compiled_for_a_gpu_is_graded_by_its_interpreted_run(capsys):
@@ -297,7 +317,13 @@ def test_a_kernel_compiled_for_a_gpu_is_graded_by_its_interpreted_run(capsys):
     compiled `/` is approximate, bit-for-bit grading needs the IEEE one). Simulated here by wrapping the
     kernels' Python functions in JITFunction, as `@triton.jit` does without TRITON_INTERPRET."""
     from triton.runtime.jit import JITFunction
+
     assert exercises.check_quantize_rows(JITFunction(right.fn), strict=True).passed
     capsys.readouterr()
-    assert_not_yet(exercises.check_quantize_rows, JITFunction(scale_is_amax.fn), ["divide it by 448"],
-                   "quantize_rows_kernel", capsys)
+    assert_not_yet(
+        exercises.check_quantize_rows,
+        JITFunction(scale_is_amax.fn),
+        ["divide it by 448"],
+        "quantize_rows_kernel",
+        capsys,
+    )

@@ -1,5 +1,6 @@
 """moe_lab.workbook.guarded: a learner's kernel runs on guarded copies; out-of-bounds accesses are reported with the
 tensor's parameter name and offsets (dropped under the interpreter, found by canaries on a GPU)."""
+
 import re
 
 import pytest
@@ -7,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from moe_lab.workbook.guarded import GUARD_BYTES, KernelMismatch, run_guarded
 from moe_lab.runtime import interpreter_active
+from moe_lab.workbook.guarded import GUARD_BYTES, KernelMismatch, run_guarded
 
 from ..conftest import ON_GPU
 
@@ -40,8 +41,7 @@ def test_a_right_kernel_runs_clean_and_leaves_the_callers_tensors_alone(device):
 
 def test_an_unmasked_tail_is_reported_per_tensor_with_offsets(device):
     x = torch.randn(100, device=device)
-    run = run_guarded(copy_kernel, (4,), x_ptr=x, out_ptr=torch.zeros_like(x), n=100, stride=1, BLOCK=32,
-                      MASK=False)
+    run = run_guarded(copy_kernel, (4,), x_ptr=x, out_ptr=torch.zeros_like(x), n=100, stride=1, BLOCK=32, MASK=False)
     stores = [o for o in run.out_of_bounds if o.kind == "store"]
     assert len(stores) == 1 and stores[0].tensor == "out_ptr"
     assert stores[0].offsets[:3] == (100, 101, 102) and stores[0].count == 28
@@ -53,25 +53,26 @@ def test_an_unmasked_tail_is_reported_per_tensor_with_offsets(device):
 def test_a_wild_pointer_far_outside_every_buffer_is_dropped_and_named(device):
     """On a GPU too: the interpreter's run on CPU copies finds it, and the GPU never sees it."""
     x = torch.randn(64, device=device)
-    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros_like(x), n=64, stride=10**7, BLOCK=64,
-                      MASK=True)
+    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros_like(x), n=64, stride=10**7, BLOCK=64, MASK=True)
     (load,) = run.out_of_bounds
-    assert load.far and load.kind == "load" and load.count == 63   # lane 0 reads x[0]
+    assert load.far and load.kind == "load" and load.count == 63  # lane 0 reads x[0]
     assert "far outside every tensor" in run.problem()
 
 
 def test_gaps_of_a_strided_view_are_out_of_bounds(device):
-    x = torch.randn(8, 40, device=device)[:, :32]   # rows of 32 in a row stride of 40
-    run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(256, device=device), n=256, stride=1,
-                      BLOCK=256, MASK=True)
+    x = torch.randn(8, 40, device=device)[:, :32]  # rows of 32 in a row stride of 40
+    run = run_guarded(
+        copy_kernel, (1,), x_ptr=x, out_ptr=torch.zeros(256, device=device), n=256, stride=1, BLOCK=256, MASK=True
+    )
     (load,) = run.out_of_bounds
     assert load.tensor == "x_ptr" and load.offsets[0] == 32 and "gaps its strides skip" in load.describe()
 
 
 def test_atomics_out_of_bounds_are_reported(device):
-    ids = torch.tensor([0, 1, 2, 5, 9], dtype=torch.int32, device=device)   # 9: past 6 counters
-    run = run_guarded(count_kernel, (1,), ids_ptr=ids, counts_ptr=torch.zeros(6, dtype=torch.int32,
-                      device=device), n=5, BLOCK=8)
+    ids = torch.tensor([0, 1, 2, 5, 9], dtype=torch.int32, device=device)  # 9: past 6 counters
+    run = run_guarded(
+        count_kernel, (1,), ids_ptr=ids, counts_ptr=torch.zeros(6, dtype=torch.int32, device=device), n=5, BLOCK=8
+    )
     (bad,) = run.out_of_bounds
     assert bad.tensor == "counts_ptr" and bad.offsets == (9,)
     assert run.tensors["counts_ptr"].tolist() == [1, 1, 1, 0, 0, 1]
@@ -80,15 +81,19 @@ def test_atomics_out_of_bounds_are_reported(device):
 def test_an_error_in_the_kernel_is_returned_not_raised(device):
     x = torch.randn(10, device=device)
     run = run_guarded(copy_kernel, (1,), x_ptr=x, out_ptr=x.clone(), n=10, stride=1, BLOCK=10, MASK=True)
-    assert run.error is not None and run.problem().startswith("the kernel raised")   # arange of 10
+    assert run.error is not None and run.problem().startswith("the kernel raised")  # arange of 10
 
 
 def test_wrong_calls_of_the_runner_raise_type_errors():
     def plain(x_ptr):
         pass
 
-    for kernel, says in ((None, "got None"), (plain, "plain Python function"), (copy_kernel[(1,)], "kernel[grid]"),
-                         ("copy_kernel", "expected a @triton.jit function, got str")):
+    for kernel, says in (
+        (None, "got None"),
+        (plain, "plain Python function"),
+        (copy_kernel[(1,)], "kernel[grid]"),
+        ("copy_kernel", "expected a @triton.jit function, got str"),
+    ):
         with pytest.raises(KernelMismatch, match=re.escape(says)):
             run_guarded(kernel, (1,))
     with pytest.raises(TypeError, match="has no parameter y_ptr: this exercise passes y_ptr"):
@@ -96,7 +101,7 @@ def test_wrong_calls_of_the_runner_raise_type_errors():
 
 
 def test_guard_keeps_descriptor_alignment():
-    assert GUARD_BYTES % 128 == 0   # a guarded tensor starts 16-byte (and 128-byte) aligned, as TMA wants
+    assert GUARD_BYTES % 128 == 0  # a guarded tensor starts 16-byte (and 128-byte) aligned, as TMA wants
 
 
 @triton.jit
@@ -111,15 +116,20 @@ def test_on_a_gpu_the_canaries_see_what_the_gpu_did():
     """The GPU half alone (the interpreter's pre-run is skipped by giving a clean kernel a short output):
     stores into the guard are found with offsets, reads by changing the input's canaries."""
     from moe_lab.workbook import guarded
+
     x = torch.randn(64, device="cuda")
-    seen = guarded._launch(row_copy_kernel, (1,), {"x_ptr": x[:48], "out_ptr": torch.zeros(40, device="cuda"),
-                                                   "n": 48, "BLOCK": 64}, check_accesses=False)[0]
+    seen = guarded._launch(
+        row_copy_kernel,
+        (1,),
+        {"x_ptr": x[:48], "out_ptr": torch.zeros(40, device="cuda"), "n": 48, "BLOCK": 64},
+        check_accesses=False,
+    )[0]
     (store,) = guarded._written_guards(seen)
     assert store.tensor == "out_ptr" and store.offsets[0] == 40 and store.count == 24
     assert interpreter_active() is False and ON_GPU
 
 
-CALLS_A_HELPER = '''
+CALLS_A_HELPER = """
 import torch, triton, triton.language as tl
 import moe_lab
 from moe_lab.workbook import guarded
@@ -150,7 +160,7 @@ run = run_guarded(helper_kernel, (2,), x_ptr=torch.ones(100), out_ptr=torch.zero
 print("RESULT", run.checked_by, run.problem())
 changed = sorted(str(key) for key, value in language().items() if key in before and before[key] is not value)
 print("CHANGED", changed, interpreter._patch_lang_tensor is patch_tensor)
-'''
+"""
 
 
 def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_first(tmp_path):
@@ -161,11 +171,18 @@ def test_compiled_kernels_calling_jit_helpers_are_checked_by_the_interpreter_fir
     import os
     import subprocess
     import sys
+
     script = tmp_path / "helper_kernel.py"
     script.write_text(CALLS_A_HELPER)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=root,
-                          env=dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root))
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+        env=dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=root),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "RESULT interpreter 28 store(s) past the 100 elements of out_ptr" in done.stdout, done.stdout
     assert "CHANGED [] True" in done.stdout, done.stdout
@@ -181,6 +198,7 @@ def _spins_without_memory(x_ptr, n):
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's deadline; compiled for a GPU, this loop would spin there")
 def test_a_loop_without_memory_accesses_is_stopped_too(monkeypatch):
     import moe_lab.workbook.guarded as guarded
+
     monkeypatch.setattr(guarded, "MAX_SECONDS", 2.0)
     run = guarded.run_guarded(_spins_without_memory, (1,), x_ptr=torch.zeros(4), n=5)
     assert run.error is not None and "does a loop never end" in str(run.error)

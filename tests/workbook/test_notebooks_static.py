@@ -4,6 +4,7 @@ A viewer draws a widget only from the widget state stored in the notebook's meta
 (`metadata.widgets`, written by `make notebooks`); without it it prints the widget's text repr,
 `VBox(children=(SelectionSlider(...`. No kernel: reads the .ipynb files and exports HTML in-process.
 """
+
 import glob
 import html
 import json
@@ -30,8 +31,9 @@ def read(path):
 
 def widget_views(nb):
     """(cell index, output) of every output that shows a widget."""
-    return [(i, out) for i, cell in enumerate(nb.cells) for out in cell.get("outputs", [])
-            if VIEW in out.get("data", {})]
+    return [
+        (i, out) for i, cell in enumerate(nb.cells) for out in cell.get("outputs", []) if VIEW in out.get("data", {})
+    ]
 
 
 def stored_state(nb):
@@ -66,8 +68,9 @@ def test_every_widget_view_has_its_state_stored(path):
             # The widget's picture, stored once: in its Output widget, not a second time in the cell.
             pictures = [o for o in out_state.get("outputs", []) if "image/png" in o.get("data", {})]
             assert len(pictures) == 1, f"cell {i}: the Output widget stores {len(pictures)} pictures"
-        assert not any(k.startswith("image/") for o in nb.cells[i].outputs for k in o.get("data", {})), \
+        assert not any(k.startswith("image/") for o in nb.cells[i].outputs for k in o.get("data", {})), (
             f"cell {i}: the widget's figure is also a cell output"
+        )
     if not widget_views(nb):
         assert not state, "widget state stored for a notebook without widgets"
 
@@ -90,7 +93,7 @@ def test_html_export_draws_widgets(path):
         assert f'<script type="{STATE}">' in body, "no widget state script in the HTML"
         assert body.count(f'<script type="{VIEW}">') == len(views)
     found = BARE_REPR.search(body)
-    assert found is None, f"a widget's text repr in place of the widget: ...{body[found.start():found.end() + 60]}"
+    assert found is None, f"a widget's text repr in place of the widget: ...{body[found.start() : found.end() + 60]}"
     for _, out in views:
         text = "".join(out["data"].get("text/plain", ""))
         assert html.escape(text) not in body and text not in body, f"widget shown as text: {text[:80]}"

@@ -1,9 +1,10 @@
 """plot_accesses: one row per program, the out-of-bounds cells red."""
+
 import pytest
 import torch
 
-from moe_lab.workbook.guarded import run_guarded
 from moe_lab.runtime import default_device
+from moe_lab.workbook.guarded import run_guarded
 from tests.workbook.test_exercise_scale import unmasked
 
 pytest.importorskip("matplotlib")

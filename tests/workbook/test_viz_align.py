@@ -1,4 +1,5 @@
 """moe_lab.workbook.viz.align: the alignment strip, the padding report, and the BLOCK_SIZE_M widget."""
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -41,13 +42,21 @@ def test_strip_on_given_ax_and_large_schedule():
     ax = fig.add_subplot()
     ids = torch.randint(0, 16, (512, 2), dtype=torch.int32)
     assert va.plot_alignment_strip(moe_lab.moe_align_reference(ids, 16, 64), ax=ax) is fig
-    assert len(va.plot_alignment_cases({"a": moe_lab.moe_align_reference(ids, 16, 16),
-                                        "b": moe_lab.moe_align_reference(ids[:2], 16, 16)}).axes) >= 2
+    assert (
+        len(
+            va.plot_alignment_cases(
+                {"a": moe_lab.moe_align_reference(ids, 16, 16), "b": moe_lab.moe_align_reference(ids[:2], 16, 16)}
+            ).axes
+        )
+        >= 2
+    )
 
 
 def test_widget_redraws_on_block_size_change():
-    cases = {"prefill": torch.randint(0, 8, (64, 2), dtype=torch.int32),
-             "decode": torch.randint(0, 8, (2, 2), dtype=torch.int32)}
+    cases = {
+        "prefill": torch.randint(0, 8, (64, 2), dtype=torch.int32),
+        "decode": torch.randint(0, 8, (2, 2), dtype=torch.int32),
+    }
     box = va.align_explorer(cases, 8, value=16)
     assert box.control.continuous_update is False
     first_fig, first_text = box.figure, box.summary.value
@@ -60,9 +69,11 @@ def test_widget_redraws_on_block_size_change():
 
 def test_slot_order_routing_is_refused_with_a_pointer_to_moe_align():
     import pytest
+
     from moe_lab.align import slot_order_routing
     from moe_lab.workbook.viz.align import padding_report
     from moe_lab.workbook.viz.tiles import tile_report
+
     routing = slot_order_routing(torch.tensor([[1, 3]], dtype=torch.int32), 4, 16)
     with pytest.raises(ValueError, match="slot order .*moe_lab.moe_align"):
         padding_report(routing)

@@ -1,4 +1,5 @@
 """moe_lab.workbook.viz.dataflow: stage shapes, the diagram, and its widget."""
+
 import matplotlib
 
 matplotlib.use("Agg")

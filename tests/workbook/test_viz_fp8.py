@@ -1,5 +1,6 @@
 """moe_lab.workbook.viz.fp8: the e4m3 grid (data and picture), scales drawn over their matrix, and the committed FP8
 timings."""
+
 import json
 
 import matplotlib
@@ -13,17 +14,18 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import moe_lab  # noqa: E402
 from moe_lab.workbook.viz import fp8  # noqa: E402
+
 from ..conftest import DEVICE  # noqa: E402
 
 
 def test_e4m3_values_and_binades():
     values = fp8.e4m3_values()
-    assert len(values) == 127 and values[0] == 0 and values[1] == 2.0 ** -9 and values[-1] == 448
+    assert len(values) == 127 and values[0] == 0 and values[1] == 2.0**-9 and values[-1] == 448
     assert values == sorted(values)
     binades = fp8.e4m3_binades()
-    assert binades[0].subnormal and len(binades[0].values) == 7 and binades[0].spacing == 2.0 ** -9
+    assert binades[0].subnormal and len(binades[0].values) == 7 and binades[0].spacing == 2.0**-9
     normal = binades[1:]
-    assert [b.low for b in normal] == [2.0 ** e for e in range(-6, 9)]
+    assert [b.low for b in normal] == [2.0**e for e in range(-6, 9)]
     for b in normal:  # eight values, evenly spaced, the spacing doubling from one binade to the next
         assert np.allclose(np.diff(b.values), b.spacing) and b.spacing == b.low / 8
         assert len(b.values) == (7 if b.low == 256 else 8)
@@ -60,8 +62,11 @@ def test_scale_blocks_bad_inputs_raise():
 
 
 def test_committed_experiment_and_speedup_plot(tmp_path):
-    rows = [dict(model=m, T=t, bf16_pair_ms=1.0, fp8_pair_ms=1 / s, speedup=s)
-            for m in ("a", "b") for t, s in ((1, 1.5), (64, 1.9), (4096, 1.0))]
+    rows = [
+        dict(model=m, T=t, bf16_pair_ms=1.0, fp8_pair_ms=1 / s, speedup=s)
+        for m in ("a", "b")
+        for t, s in ((1, 1.5), (64, 1.9), (4096, 1.0))
+    ]
     rows.append(dict(model="a", T=8, bf16_pair_ms="failed", fp8_pair_ms=1.0))  # skipped, not drawn
     fig = fp8.plot_fp8_speedup(dict(environment=dict(device="NVIDIA H200", triton="3.6.0"), rows=rows))
     assert isinstance(fig, Figure)
@@ -79,6 +84,7 @@ def test_committed_experiment_and_speedup_plot(tmp_path):
         committed = fp8.load_fp8_experiment()
     except FileNotFoundError:
         pytest.skip("benchmarks/experiments/fp8-H200-2026-12-01.json is not in this checkout")
-    assert committed["rows"] and all({"model", "T", "bf16_pair_ms", "fp8_pair_ms", "speedup"} <= set(r)
-                                     for r in committed["rows"])
+    assert committed["rows"] and all(
+        {"model", "T", "bf16_pair_ms", "fp8_pair_ms", "speedup"} <= set(r) for r in committed["rows"]
+    )
     assert isinstance(fp8.plot_fp8_speedup(committed), Figure)

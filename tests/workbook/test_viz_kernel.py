@@ -8,6 +8,7 @@ The protocol differs between ipywidgets 7.7 (models 1.x, `display_data`) and 8 (
 `echo_update`); `make test-widgets7` runs this file with ipywidgets 7.7.1, `make test` with 8. One kernel for
 the module, no `%matplotlib inline` in it (the builders must draw without it).
 """
+
 import json
 import queue
 
@@ -44,14 +45,20 @@ class FrontEnd:
     """The part of a widget front end that matters here: model states and the Output widgets' capture."""
 
     def __init__(self):
-        self.models = {}      # comm_id -> state
-        self.captured = {}    # Output comm_id -> outputs it shows
+        self.models = {}  # comm_id -> state
+        self.captured = {}  # Output comm_id -> outputs it shows
         self._clear_next = set()
 
     def output_for(self, parent_id):
         """The Output widget capturing messages of `parent_id` now (its msg_id), or None (the cell)."""
-        return next((cid for cid, s in self.models.items()
-                     if s.get("_model_name") == "OutputModel" and s.get("msg_id") == parent_id), None)
+        return next(
+            (
+                cid
+                for cid, s in self.models.items()
+                if s.get("_model_name") == "OutputModel" and s.get("msg_id") == parent_id
+            ),
+            None,
+        )
 
     def feed(self, msgs, cell):
         for msg in msgs:
@@ -96,8 +103,11 @@ class FrontEnd:
         """The image/png of every output the Output widgets of `model_id`'s tree show."""
         outs = [cid for cid in self.tree(model_id) if self.models[cid].get("_model_name") == "OutputModel"]
         assert len(outs) == 1, f"expected one Output widget, found {len(outs)}"
-        return [m["content"]["data"]["image/png"] for m in self.captured.get(outs[0], [])
-                if "image/png" in m["content"].get("data", {})]
+        return [
+            m["content"]["data"]["image/png"]
+            for m in self.captured.get(outs[0], [])
+            if "image/png" in m["content"].get("data", {})
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -139,8 +149,9 @@ def run(kc, code):
 
 def send_update(kc, comm_id, state):
     """What a front end sends when the user changes a control: a comm `update` with the new state."""
-    msg = kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "update", "state": state,
-                                                                   "buffer_paths": []}})
+    msg = kc.session.msg(
+        "comm_msg", {"comm_id": comm_id, "data": {"method": "update", "state": state, "buffer_paths": []}}
+    )
     kc.shell_channel.send(msg)
     return collect(kc, msg["header"]["msg_id"])
 
@@ -162,8 +173,9 @@ def test_widget_draws_into_its_output_and_redraws_on_update(kernel, name):
     summary = [s["value"] for s in front.state_of(box, "HTMLModel")]
     assert summary and summary[0]
 
-    comm_id = "".join(m["content"]["text"] for m in run(kernel, f"print({control}.model_id)")
-                      if m["msg_type"] == "stream").strip()
+    comm_id = "".join(
+        m["content"]["text"] for m in run(kernel, f"print({control}.model_id)") if m["msg_type"] == "stream"
+    ).strip()
     assert comm_id in front.tree(box)
     front.feed(send_update(kernel, comm_id, state), cell)
     after = front.pictures(box)

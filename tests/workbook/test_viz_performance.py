@@ -1,4 +1,5 @@
 """moe_lab.workbook.viz.performance: results loading, cost model, plots, and the guarded block-size widget."""
+
 import json
 import os
 
@@ -85,13 +86,18 @@ def test_block_size_widget_refuses_and_shows_committed(results):
     assert w.timings == []
 
 
-@pytest.mark.parametrize("bad, error", [(12.5, TypeError), (True, TypeError), ("64", TypeError), (None, TypeError),
-                                        (-3, ValueError), (0, ValueError)])
+@pytest.mark.parametrize(
+    "bad, error",
+    [(12.5, TypeError), (True, TypeError), ("64", TypeError), (None, TypeError), (-3, ValueError), (0, ValueError)],
+)
 def test_token_count_must_be_a_whole_number(bad, error, results):
     p = moe_lab.get_preset("qwen3-30b-a3b")
-    calls = [lambda: perf.layer_cost(p, bad), lambda: perf.cost_table(["qwen3-30b-a3b"], [1, bad]),
-             lambda: perf.plot_roofline(results["ceilings"], presets=["qwen3-30b-a3b"], tokens=(1, bad)),
-             lambda: perf.block_size_widget("qwen3-30b-a3b", bad, results=results)]
+    calls = [
+        lambda: perf.layer_cost(p, bad),
+        lambda: perf.cost_table(["qwen3-30b-a3b"], [1, bad]),
+        lambda: perf.plot_roofline(results["ceilings"], presets=["qwen3-30b-a3b"], tokens=(1, bad)),
+        lambda: perf.block_size_widget("qwen3-30b-a3b", bad, results=results),
+    ]
     for call in calls:
         with pytest.raises(error, match=r"^T \(the token count\) must be"):
             call()
@@ -99,6 +105,7 @@ def test_token_count_must_be_a_whole_number(bad, error, results):
 
 def test_token_count_accepts_integers():
     import numpy as np
+
     assert perf.check_token_count(64) == 64 and perf.check_token_count(np.int64(4)) == 4
     p = moe_lab.get_preset("qwen3-30b-a3b")
     assert perf.layer_cost(p, np.int32(64)) == perf.layer_cost(p, 64)
@@ -109,9 +116,9 @@ def test_stage_sweep_cost_model():
     by = {(r["block_n"], r["num_stages"]): r for r in rows}
     assert by[(128, 1)]["smem_bytes"] == (128 * 64 + 64 * 128) * 2 == 32 * 1024
     assert by[(256, 4)]["smem_bytes"] == 192 * 1024 and by[(256, 4)]["fits"]
-    assert by[(256, 5)]["smem_bytes"] == 240 * 1024 and not by[(256, 5)]["fits"]   # past 227 KiB
-    assert by[(128, 1)]["intensity"] == pytest.approx(64.0)                       # 2*128*128 / (256 * 2)
-    assert all("ms" not in r for r in rows)                                        # nothing timed
+    assert by[(256, 5)]["smem_bytes"] == 240 * 1024 and not by[(256, 5)]["fits"]  # past 227 KiB
+    assert by[(128, 1)]["intensity"] == pytest.approx(64.0)  # 2*128*128 / (256 * 2)
+    assert all("ms" not in r for r in rows)  # nothing timed
     text = perf.stage_sweep_table(rows)
     assert "fits 227 KiB" in text and "NO" in text and "TFLOP/s" not in text
     assert isinstance(perf.plot_stage_sweep(rows), Figure)
@@ -120,6 +127,7 @@ def test_stage_sweep_cost_model():
 @pytest.mark.skipif(not moe_lab.interpreter_active(), reason="checks the refusal under the interpreter")
 def test_stage_sweep_refuses_to_time_under_interpreter():
     from tests.notebook_source import notebook_kernel
+
     kernel = notebook_kernel("07_performance", "matmul_kernel_solution")
     with pytest.raises(RuntimeError, match="interpreter"):
         perf.stage_sweep([(64, 64, 32)], [2], kernel=kernel)
@@ -128,7 +136,7 @@ def test_stage_sweep_refuses_to_time_under_interpreter():
 def test_stage_sweep_table_and_plot_with_times():
     """Rows as a GPU sweep returns them (one launch failed): the table and the figure show the times."""
     rows = perf.stage_sweep([(128, 256, 64)], [4, 5], limit=perf.H200_SHARED_MEMORY_BYTES)
-    rows[0].update(ms=0.25, tflops=2 * 4096 ** 3 / 0.25 / 1e9)
+    rows[0].update(ms=0.25, tflops=2 * 4096**3 / 0.25 / 1e9)
     rows[1].update(ms=None, tflops=None, error="OutOfResources: out of resource: shared memory")
     text = perf.stage_sweep_table(rows)
     assert "TFLOP/s" in text and "0.250" in text and "failed: OutOfResources" in text

@@ -1,10 +1,10 @@
 """moe_lab.workbook.viz.routing: plot functions return Figures; the widget redraws when a slider moves."""
+
 import matplotlib
 
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import moe_lab  # noqa: E402

@@ -1,5 +1,6 @@
 """moe_lab.workbook.viz.schedule: the persistent tile schedule (data and picture), the SwiGLU rows picture, and the
 committed persistent timings."""
+
 import pytest
 from matplotlib.figure import Figure
 

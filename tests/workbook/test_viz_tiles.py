@@ -1,4 +1,5 @@
 """moe_lab.workbook.viz.tiles: GROUP_SIZE_M ordering, the tile map and its widget."""
+
 import matplotlib
 
 matplotlib.use("Agg")

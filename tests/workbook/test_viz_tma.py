@@ -1,4 +1,5 @@
 """moe_lab.workbook.viz.tma: every plot function returns a Figure; the widgets redraw when driven."""
+
 import matplotlib
 
 matplotlib.use("Agg")

@@ -14,6 +14,7 @@ run of a notebook.
 One module per exercise; the checkers are reached from here (`exercises.check_scale(kernel)`), and a
 module is imported when its checker is first asked for.
 """
+
 import functools
 import importlib
 
@@ -22,17 +23,17 @@ from ._grade import Verdict, grade, report
 
 # checker -> module, in workbook order
 CHECKERS = {
-    "check_scale": "scale",                              # 00: a masked kernel
-    "check_renormalize": "renormalize",                  # 01: top-k weights renormalised per token
-    "check_expert_histogram": "histogram",               # 02: tokens per expert, with atomics
-    "check_gather_rows": "gather",                       # 03: the gathered A tile of the grouped GEMM
-    "check_descriptor_copy": "descriptor_copy",          # 04: a 2-D copy through a host TensorDescriptor
-    "check_device_descriptor_copy": "descriptor_copy",   # 04: the same with tl.make_tensor_descriptor
-    "check_expert_tile": "expert_tile",                  # 05: a 3-D weight descriptor at [expert, n0, k0]
-    "check_topk_reduce": "topk_reduce",                  # 06: the weighted sum of each token's k rows
-    "check_pipelined_matmul": "pipelined_matmul",        # 07: a K loop with num_stages
-    "check_persistent_copy": "persistent_walk",          # 08: a persistent grid walking the tiles in use
-    "check_quantize_rows": "quantize_rows",              # 09: FP8 quantization, one scale per row per group
+    "check_scale": "scale",  # 00: a masked kernel
+    "check_renormalize": "renormalize",  # 01: top-k weights renormalised per token
+    "check_expert_histogram": "histogram",  # 02: tokens per expert, with atomics
+    "check_gather_rows": "gather",  # 03: the gathered A tile of the grouped GEMM
+    "check_descriptor_copy": "descriptor_copy",  # 04: a 2-D copy through a host TensorDescriptor
+    "check_device_descriptor_copy": "descriptor_copy",  # 04: the same with tl.make_tensor_descriptor
+    "check_expert_tile": "expert_tile",  # 05: a 3-D weight descriptor at [expert, n0, k0]
+    "check_topk_reduce": "topk_reduce",  # 06: the weighted sum of each token's k rows
+    "check_pipelined_matmul": "pipelined_matmul",  # 07: a K loop with num_stages
+    "check_persistent_copy": "persistent_walk",  # 08: a persistent grid walking the tiles in use
+    "check_quantize_rows": "quantize_rows",  # 09: FP8 quantization, one scale per row per group
 }
 
 __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
@@ -50,6 +51,7 @@ def _verdict_for_any_kernel(checker, exercise: str):
     """The checker, answering NOT YET (not a traceback) when handed something that is not a kernel taking
     the exercise's arguments: None, a plain function, kernel[grid], renamed parameters. The verdict is
     labelled with the learner's function's name, or `exercise` where there is none (None, kernel[grid])."""
+
     @functools.wraps(checker)
     def checked(kernel, *args, strict: bool = False, **kwargs):
         try:
@@ -57,4 +59,5 @@ def _verdict_for_any_kernel(checker, exercise: str):
         except KernelMismatch as mismatch:
             name = getattr(kernel, "__name__", None)
             return report(exercise if name in (None, "<lambda>") else name, str(mismatch), "", strict)
+
     return checked

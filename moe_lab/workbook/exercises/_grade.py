@@ -1,4 +1,5 @@
 """The verdict of an exercise checker and the diagnosis every checker shares."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,13 +7,14 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-from ..guarded import GuardedRun
 from ...reference import relative_error
+from ..guarded import GuardedRun
 
 
 @dataclass(frozen=True)
 class Verdict:
     """An exercise checker's result: `status` is "PASS" or "NOT YET" ("FAIL" is raised, not returned)."""
+
     exercise: str
     status: str
     message: str
@@ -51,8 +53,10 @@ def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
     parts = []
     if wrong.any():
         first = tuple(wrong.nonzero()[0].tolist())
-        text = (f"{int(wrong.sum())} of {int((~leave).sum())} values are wrong, the first at index "
-                f"{first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, expected {w[first].item():.6g})")
+        text = (
+            f"{int(wrong.sum())} of {int((~leave).sum())} values are wrong, the first at index "
+            f"{first if len(first) > 1 else first[0]} (got {g[first].item():.6g}, expected {w[first].item():.6g})"
+        )
         if unwritten:
             text += f"; {unwritten} were never written (still NaN)"
         elif got.is_floating_point():
@@ -61,8 +65,10 @@ def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
     written = leave & ~torch.isnan(g)
     if written.any():
         first = tuple(written.nonzero()[0].tolist())
-        parts.append(f"{int(written.sum())} values that must be left alone were written, the first at index "
-                     f"{first if len(first) > 1 else first[0]}")
+        parts.append(
+            f"{int(written.sum())} values that must be left alone were written, the first at index "
+            f"{first if len(first) > 1 else first[0]}"
+        )
     return "; ".join(parts) or "the values differ"
 
 
@@ -76,10 +82,19 @@ def report(exercise: str, problem: Optional[str], passed: str, strict: bool = Fa
     return verdict
 
 
-def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, tol: float = 1e-5,
-          mistakes: Sequence[Tuple[str, torch.Tensor]] = (), out_of_bounds_hint: str = "",
-          nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
-          untouched: Optional[torch.Tensor] = None, strict: bool = False) -> Verdict:
+def grade(
+    exercise: str,
+    run: GuardedRun,
+    output: str,
+    want: torch.Tensor,
+    *,
+    tol: float = 1e-5,
+    mistakes: Sequence[Tuple[str, torch.Tensor]] = (),
+    out_of_bounds_hint: str = "",
+    nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
+    untouched: Optional[torch.Tensor] = None,
+    strict: bool = False,
+) -> Verdict:
     """Grade one guarded launch: print and return the verdict, or raise "FAIL ..." if `strict`.
 
     run: the launch; output: the parameter name of the tensor to grade; want: the right result (same
@@ -94,14 +109,20 @@ def grade(exercise: str, run: GuardedRun, output: str, want: torch.Tensor, *, to
         problem += f". {out_of_bounds_hint}"
     if problem is None and not _close(got, want, tol):
         before = untouched if untouched is not None else torch.full_like(got, float("nan"))
-        if torch.equal(torch.nan_to_num(got.cpu().double(), nan=-1.5e300),
-                       torch.nan_to_num(before.cpu().double(), nan=-1.5e300)):
+        if torch.equal(
+            torch.nan_to_num(got.cpu().double(), nan=-1.5e300), torch.nan_to_num(before.cpu().double(), nan=-1.5e300)
+        ):
             elsewhere = sorted({a.tensor for a in run.accesses if a.kind != "load" and a.tensor != output})
-            problem = (f"nothing was stored into {output}; the kernel stored into {', '.join(elsewhere)} instead: "
-                       "check which pointer each tl.store writes to" if elsewhere else nothing_written)
+            problem = (
+                f"nothing was stored into {output}; the kernel stored into {', '.join(elsewhere)} instead: "
+                "check which pointer each tl.store writes to"
+                if elsewhere
+                else nothing_written
+            )
         else:
-            problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) \
-                or _difference(got, want, tol)
+            problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) or _difference(
+                got, want, tol
+            )
     if problem is None:
         kept = ~torch.isnan(want) if want.is_floating_point() else None  # NaN where the kernel must not write
         error = relative_error(got[kept], want[kept]) if kept is not None and not kept.all() else None

@@ -8,6 +8,7 @@ boxes of 16 x 32 on a (4, 3) grid: the boxes of the last row and column stick ou
 the descriptor, not a mask, keeps them inside. The grid is not square, so program axes taken the other
 way round (the row block from program_id(1)) leave boxes uncopied.
 """
+
 from __future__ import annotations
 
 import re
@@ -17,11 +18,11 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..guarded import GuardedRun, run_guarded
 from ...runtime import default_device, interpreter_active
+from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, grade
 
-M, N, ROW_STRIDE = 60, 84, 100   # src = x[:, :N] of x [M, ROW_STRIDE]: neither size a multiple of its block
+M, N, ROW_STRIDE = 60, 84, 100  # src = x[:, :N] of x [M, ROW_STRIDE]: neither size a multiple of its block
 BLOCK_M, BLOCK_N = 16, 32
 GRID = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
 
@@ -29,14 +30,21 @@ GRID = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
 ALIGNMENT_HINT = (
     "a descriptor offset in the last dimension is not a multiple of 16 bytes: the offsets are the element "
     "offsets of the box's corner, pid_n * BLOCK_N, not the block index pid_n (on an H200 such a load is an "
-    "'illegal instruction', and the CUDA context stays unusable until the Python kernel restarts)")
-STRIDES_HINT = ("the strides are swapped: strides=[stride_m, 1], the row stride first; the last stride is the "
-                "constant 1 (the elements of a row are contiguous)")
-OFFSETS_LIST_HINT = ("the offsets go in one list, one per dimension of the descriptor: desc.load([row, col]) and "
-                     "desc.store([row, col], tile), not desc.load(row, col)")
-NOT_A_POINTER_HINT = ("a tensor descriptor is not a pointer: tl.load, tl.store and pointer arithmetic do not take "
-                      "it. Load a box with tile = desc.load([row, col]) and store one with desc.store([row, col], "
-                      "tile)")
+    "'illegal instruction', and the CUDA context stays unusable until the Python kernel restarts)"
+)
+STRIDES_HINT = (
+    "the strides are swapped: strides=[stride_m, 1], the row stride first; the last stride is the "
+    "constant 1 (the elements of a row are contiguous)"
+)
+OFFSETS_LIST_HINT = (
+    "the offsets go in one list, one per dimension of the descriptor: desc.load([row, col]) and "
+    "desc.store([row, col], tile), not desc.load(row, col)"
+)
+NOT_A_POINTER_HINT = (
+    "a tensor descriptor is not a pointer: tl.load, tl.store and pointer arithmetic do not take "
+    "it. Load a box with tile = desc.load([row, col]) and store one with desc.store([row, col], "
+    "tile)"
+)
 ERROR_HINTS = [
     (r"16-byte aligned|illegal instruction", ALIGNMENT_HINT),
     (r"(load|store)\(\) got multiple values for argument '_(semantic|builder)'", OFFSETS_LIST_HINT),
@@ -87,39 +95,56 @@ def _window(box, tensor, row, col, into_box):
     if r0 >= r1 or c0 >= c1:
         return
     if into_box:
-        box[r0 - row:r1 - row, c0 - col:c1 - col] = tensor[r0:r1, c0:c1]
+        box[r0 - row : r1 - row, c0 - col : c1 - col] = tensor[r0:r1, c0:c1]
     else:
-        tensor[r0:r1, c0:c1] = box[r0 - row:r1 - row, c0 - col:c1 - col]
+        tensor[r0:r1, c0:c1] = box[r0 - row : r1 - row, c0 - col : c1 - col]
 
 
 def _inputs():
     x = torch.randn(M, ROW_STRIDE, device=default_device())
-    src = x[:, :N]                                     # non-contiguous: rows 100 elements apart
+    src = x[:, :N]  # non-contiguous: rows 100 elements apart
     dst = torch.full((M, N), float("nan"), device=src.device)
     return src, dst
 
 
 def _mistakes(src: torch.Tensor, dst: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
-    right = lambda pm, pn: (pm * BLOCK_M, pn * BLOCK_N)      # noqa: E731
-    swapped = lambda pm, pn: (pn * BLOCK_N, pm * BLOCK_M)    # noqa: E731
-    first = lambda pm, pn: (0, 0)                            # noqa: E731
-    axes = lambda pm, pn: (pn * BLOCK_M, pm * BLOCK_N)      # noqa: E731
-    mixed = lambda pm, pn: (pm * BLOCK_N, pn * BLOCK_M)     # noqa: E731
+    right = lambda pm, pn: (pm * BLOCK_M, pn * BLOCK_N)  # noqa: E731
+    swapped = lambda pm, pn: (pn * BLOCK_N, pm * BLOCK_M)  # noqa: E731
+    first = lambda pm, pn: (0, 0)  # noqa: E731
+    axes = lambda pm, pn: (pn * BLOCK_M, pm * BLOCK_N)  # noqa: E731
+    mixed = lambda pm, pn: (pm * BLOCK_N, pn * BLOCK_M)  # noqa: E731
     return [
-        (f"the program axes are swapped: the grid is (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) = {GRID}, so the row "
-         "block is tl.program_id(0) and the column block tl.program_id(1): row = tl.program_id(0) * BLOCK_M, "
-         "col = tl.program_id(1) * BLOCK_N", box_copy(src, dst, axes, axes)),
-        ("row and column offsets swapped (or BLOCK_M and BLOCK_N mixed up): the first offset is the row, "
-         "pid_m * BLOCK_M, the second the column, pid_n * BLOCK_N; as written, some boxes are copied twice and "
-         "others never", box_copy(src, dst, swapped, swapped)),
-        ("BLOCK_M and BLOCK_N mixed up: the row offset is pid_m * BLOCK_M (boxes are BLOCK_M rows tall), the "
-         "column offset pid_n * BLOCK_N", box_copy(src, dst, mixed, mixed)),
-        ("the load's row and column offsets are swapped: load at [pid_m * BLOCK_M, pid_n * BLOCK_N], the row first",
-         box_copy(src, dst, swapped, right)),
-        ("the store's row and column offsets are swapped: store at [pid_m * BLOCK_M, pid_n * BLOCK_N], the row first",
-         box_copy(src, dst, right, swapped)),
-        ("every program copies the box at [0, 0]: offset the box by this program's position, "
-         "[pid_m * BLOCK_M, pid_n * BLOCK_N]", box_copy(src, dst, first, first)),
+        (
+            f"the program axes are swapped: the grid is (cdiv(M, BLOCK_M), cdiv(N, BLOCK_N)) = {GRID}, so the row "
+            "block is tl.program_id(0) and the column block tl.program_id(1): row = tl.program_id(0) * BLOCK_M, "
+            "col = tl.program_id(1) * BLOCK_N",
+            box_copy(src, dst, axes, axes),
+        ),
+        (
+            "row and column offsets swapped (or BLOCK_M and BLOCK_N mixed up): the first offset is the row, "
+            "pid_m * BLOCK_M, the second the column, pid_n * BLOCK_N; as written, some boxes are copied twice and "
+            "others never",
+            box_copy(src, dst, swapped, swapped),
+        ),
+        (
+            "BLOCK_M and BLOCK_N mixed up: the row offset is pid_m * BLOCK_M (boxes are BLOCK_M rows tall), the "
+            "column offset pid_n * BLOCK_N",
+            box_copy(src, dst, mixed, mixed),
+        ),
+        (
+            "the load's row and column offsets are swapped: load at [pid_m * BLOCK_M, pid_n * BLOCK_N], the row first",
+            box_copy(src, dst, swapped, right),
+        ),
+        (
+            "the store's row and column offsets are swapped: store at [pid_m * BLOCK_M, pid_n * BLOCK_N], "
+            "the row first",
+            box_copy(src, dst, right, swapped),
+        ),
+        (
+            "every program copies the box at [0, 0]: offset the box by this program's position, "
+            "[pid_m * BLOCK_M, pid_n * BLOCK_N]",
+            box_copy(src, dst, first, first),
+        ),
     ]
 
 
@@ -137,13 +162,26 @@ def check_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     (`desc.load(row, col)`), a descriptor used as a pointer (`tl.load(desc)`).
     """
     src, dst = _inputs()
-    run = run_guarded(kernel, GRID, src_desc=TensorDescriptor(src, [M, N], [src.stride(0), 1], [BLOCK_M, BLOCK_N]),
-                      dst_desc=TensorDescriptor.from_tensor(dst, [BLOCK_M, BLOCK_N]), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    run = run_guarded(
+        kernel,
+        GRID,
+        src_desc=TensorDescriptor(src, [M, N], [src.stride(0), 1], [BLOCK_M, BLOCK_N]),
+        dst_desc=TensorDescriptor.from_tensor(dst, [BLOCK_M, BLOCK_N]),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+    )
     exercise = "copy_2d_kernel"
     return error_verdict(exercise, run, ERROR_HINTS, strict) or grade(
-        exercise, run, "dst_desc", src, tol=1e-6, strict=strict, mistakes=_mistakes(src, dst),
+        exercise,
+        run,
+        "dst_desc",
+        src,
+        tol=1e-6,
+        strict=strict,
+        mistakes=_mistakes(src, dst),
         nothing_written="the kernel stores nothing: load the box (tile = src_desc.load([row, col])) and store it "
-                        "with dst_desc.store([row, col], tile)")
+        "with dst_desc.store([row, col], tile)",
+    )
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -154,14 +192,20 @@ def _scratch(size: int, alignment: int, stream):
 def _bounds_hint(run: GuardedRun) -> str:
     """What an access outside src or dst means in a kernel that reaches memory only through descriptors."""
     names = {o.tensor for o in run.out_of_bounds}
-    hint = ("A descriptor never reaches outside its shape, so a shape or stride given to tl.make_tensor_descriptor "
-            "does not describe its tensor")
+    hint = (
+        "A descriptor never reaches outside its shape, so a shape or stride given to tl.make_tensor_descriptor "
+        "does not describe its tensor"
+    )
     if {"src_ptr", "dst_ptr"} <= names:
-        hint += (". The shape is the real tensor's [M, N], not the grid's padded size [cdiv(M, BLOCK_M) * BLOCK_M, "
-                 "...]: boxes that stick out are the descriptor's job")
+        hint += (
+            ". The shape is the real tensor's [M, N], not the grid's padded size [cdiv(M, BLOCK_M) * BLOCK_M, "
+            "...]: boxes that stick out are the descriptor's job"
+        )
     if "src_ptr" in names:
-        hint += (f". src: shape=[M, N], strides=[stride_src_m, 1]; src is a view of a wider tensor, its rows are "
-                 f"stride_src_m = {ROW_STRIDE} elements apart, not N = {N}")
+        hint += (
+            f". src: shape=[M, N], strides=[stride_src_m, 1]; src is a view of a wider tensor, its rows are "
+            f"stride_src_m = {ROW_STRIDE} elements apart, not N = {N}"
+        )
     if "dst_ptr" in names:
         hint += ". dst: shape=[M, N], strides=[stride_dst_m, 1]"
     return hint
@@ -184,12 +228,28 @@ def check_device_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     src, dst = _inputs()
     if not interpreter_active():
         triton.set_allocator(_scratch)
-    run = run_guarded(kernel, GRID, src_ptr=src, dst_ptr=dst, M=M, N=N, stride_src_m=src.stride(0),
-                      stride_dst_m=dst.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    run = run_guarded(
+        kernel,
+        GRID,
+        src_ptr=src,
+        dst_ptr=dst,
+        M=M,
+        N=N,
+        stride_src_m=src.stride(0),
+        stride_dst_m=dst.stride(0),
+        BLOCK_M=BLOCK_M,
+        BLOCK_N=BLOCK_N,
+    )
     exercise = "copy_2d_device_kernel"
     return error_verdict(exercise, run, ERROR_HINTS, strict) or grade(
-        exercise, run, "dst_ptr", src, tol=1e-6, strict=strict, mistakes=_mistakes(src, dst),
+        exercise,
+        run,
+        "dst_ptr",
+        src,
+        tol=1e-6,
+        strict=strict,
+        mistakes=_mistakes(src, dst),
         out_of_bounds_hint=_bounds_hint(run) if run.out_of_bounds else "",
         nothing_written="the kernel stores nothing: build both descriptors, load the box from src's and store it "
-                        "into dst's at the same offsets")
-
+        "into dst's at the same offsets",
+    )

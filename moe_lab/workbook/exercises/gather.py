@@ -9,6 +9,7 @@ BLOCK_SIZE_M x BLOCK_SIZE_K tile at a time along K, row `slot // TOP_K` of A [T,
 m*BLOCK_SIZE_M + i of out [num_tokens_post_padded, K]; padding rows get zeros. These are the A tiles the
 grouped GEMM feeds to `tl.dot`.
 """
+
 from __future__ import annotations
 
 from typing import List, Optional, Tuple
@@ -18,30 +19,35 @@ import torch
 import triton
 
 from ...align import moe_align
-from ..guarded import GuardedRun, run_guarded
 from ...runtime import default_device
+from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, grade
 
 EXERCISE = "gather_rows_kernel"
-NUM_TOKENS, TOP_K, NUM_EXPERTS = 6, 6, 7   # top_k = 6 is not a power of two; 36 slots over 7 experts
-K, BLOCK_SIZE_K = 24, 16                   # K is not a multiple of BLOCK_SIZE_K: the last K block is half empty
+NUM_TOKENS, TOP_K, NUM_EXPERTS = 6, 6, 7  # top_k = 6 is not a power of two; 36 slots over 7 experts
+K, BLOCK_SIZE_K = 24, 16  # K is not a multiple of BLOCK_SIZE_K: the last K block is half empty
 BLOCK_SIZE_M = 16
-K_PADDED = triton.cdiv(K, BLOCK_SIZE_K) * BLOCK_SIZE_K   # 32: the columns the K blocks reach
-ROW_STRIDE = K + 8                         # A is a [T, K + 8] buffer sliced to [:, :K]: stride_am = 32, not K
+K_PADDED = triton.cdiv(K, BLOCK_SIZE_K) * BLOCK_SIZE_K  # 32: the columns the K blocks reach
+ROW_STRIDE = K + 8  # A is a [T, K + 8] buffer sliced to [:, :K]: stride_am = 32, not K
 # Small on purpose: a kernel that forgets `// TOP_K` reads up to row T*TOP_K of A, and that stays inside
 # the guard bytes around A (4 KiB), so on a GPU too the read is seen and nothing far away is touched.
 
-GENERAL_HINT = (f"usual causes: the row of A is `slots // TOP_K` (slot t*TOP_K + j belongs to token t); padding "
-                f"rows hold the sentinel num_slots = {NUM_TOKENS * TOP_K}: mask rows with `slots < num_slots`; "
-                f"rows of A are stride_am = {ROW_STRIDE} elements apart (not K = {K}); the last K block is "
-                f"partial: mask columns with `(k0 + offs_k) < K`")
-K_MASK_HINT = (f"no K mask: K = {K} is not a multiple of BLOCK_SIZE_K = {BLOCK_SIZE_K}, so the last K block "
-               f"reaches columns {K}..{triton.cdiv(K, BLOCK_SIZE_K) * BLOCK_SIZE_K - 1}, which A and out do not "
-               "have: mask the load (with the row mask) and the store with `k_ok = (k0 + offs_k) < K`")
+GENERAL_HINT = (
+    f"usual causes: the row of A is `slots // TOP_K` (slot t*TOP_K + j belongs to token t); padding "
+    f"rows hold the sentinel num_slots = {NUM_TOKENS * TOP_K}: mask rows with `slots < num_slots`; "
+    f"rows of A are stride_am = {ROW_STRIDE} elements apart (not K = {K}); the last K block is "
+    f"partial: mask columns with `(k0 + offs_k) < K`"
+)
+K_MASK_HINT = (
+    f"no K mask: K = {K} is not a multiple of BLOCK_SIZE_K = {BLOCK_SIZE_K}, so the last K block "
+    f"reaches columns {K}..{triton.cdiv(K, BLOCK_SIZE_K) * BLOCK_SIZE_K - 1}, which A and out do not "
+    "have: mask the load (with the row mask) and the store with `k_ok = (k0 + offs_k) < K`"
+)
 
 
-def _read_a(a: torch.Tensor, rows: torch.Tensor, row_stride: int, loaded: torch.Tensor,
-            column: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def _read_a(
+    a: torch.Tensor, rows: torch.Tensor, row_stride: int, loaded: torch.Tensor, column: Optional[torch.Tensor] = None
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """What out holds when out row r loads A's memory at `rows[r] * row_stride + column` (column c of out
     reads `column[c]`, default c) where `loaded[r]`, and 0 elsewhere. Returns (values [P, K], outside
     [P, K]): `outside` marks the loads that fall outside A's elements (its row gaps, or past its end),
@@ -104,9 +110,11 @@ def _out_stride_hint(run: GuardedRun, out: torch.Tensor) -> Optional[str]:
     rows = np.arange(out.shape[0])[:, None] * ROW_STRIDE
     like_a = any(np.array_equal(stored, np.unique(rows + np.arange(width)[None, :])) for width in (K, K_PADDED))
     used = f"stride_am = {ROW_STRIDE} (A's row stride)" if like_a else "another stride"
-    return (f"wrong out stride: out's rows are stride_om = {out.stride(0)} elements apart (out is a contiguous "
-            f"[num_tokens_post_padded, {K}] tensor), and the kernel stepped them by {used}, so the last rows land "
-            "past its end: store at `out_ptr + offs_m[:, None] * stride_om + (k0 + offs_k)[None, :]`")
+    return (
+        f"wrong out stride: out's rows are stride_om = {out.stride(0)} elements apart (out is a contiguous "
+        f"[num_tokens_post_padded, {K}] tensor), and the kernel stepped them by {used}, so the last rows land "
+        "past its end: store at `out_ptr + offs_m[:, None] * stride_om + (k0 + offs_k)[None, :]`"
+    )
 
 
 def check_gather_rows(kernel, strict: bool = False) -> Verdict:
@@ -133,10 +141,21 @@ def check_gather_rows(kernel, strict: bool = False) -> Verdict:
     num_slots = routing.num_slots
     a = torch.randn(NUM_TOKENS, ROW_STRIDE, device=device)[:, :K]
     out = torch.full((padded, K), float("nan"), device=device)
-    run = run_guarded(kernel, (padded // BLOCK_SIZE_M,), a_ptr=a, out_ptr=out,
-                      sorted_token_ids_ptr=routing.sorted_token_ids, num_slots=num_slots, K=K,
-                      stride_am=a.stride(0), stride_ak=a.stride(1), stride_om=out.stride(0), TOP_K=TOP_K,
-                      BLOCK_SIZE_M=BLOCK_SIZE_M, BLOCK_SIZE_K=BLOCK_SIZE_K)
+    run = run_guarded(
+        kernel,
+        (padded // BLOCK_SIZE_M,),
+        a_ptr=a,
+        out_ptr=out,
+        sorted_token_ids_ptr=routing.sorted_token_ids,
+        num_slots=num_slots,
+        K=K,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_om=out.stride(0),
+        TOP_K=TOP_K,
+        BLOCK_SIZE_M=BLOCK_SIZE_M,
+        BLOCK_SIZE_K=BLOCK_SIZE_K,
+    )
     got = run.tensors["out_ptr"]
 
     slots = routing.sorted_token_ids[:padded].long()
@@ -145,36 +164,63 @@ def check_gather_rows(kernel, strict: bool = False) -> Verdict:
     everywhere = torch.ones_like(real)
     want, _ = _read_a(a, tokens, ROW_STRIDE, real)
 
-    wrong_token = (f"`// TOP_K` forgotten: slot t*TOP_K + j holds token t, so the row of A is `slots // TOP_K`; "
-                   f"reading row `slot` gives the wrong token's row, and slots >= T = {NUM_TOKENS} lie past "
-                   "the end of A")
+    wrong_token = (
+        f"`// TOP_K` forgotten: slot t*TOP_K + j holds token t, so the row of A is `slots // TOP_K`; "
+        f"reading row `slot` gives the wrong token's row, and slots >= T = {NUM_TOKENS} lie past "
+        "the end of A"
+    )
     signatures: List[Tuple[str, Tuple[torch.Tensor, torch.Tensor]]] = [
         (wrong_token, _read_a(a, slots, ROW_STRIDE, real)),
-        (f"no row mask: padding rows hold the sentinel num_slots = {num_slots}, whose row num_slots // TOP_K = "
-         f"{NUM_TOKENS} is past the last row of A; load with `mask=row_ok[:, None] & k_ok[None, :]`, "
-         "`row_ok = slots < num_slots`, and other=0.0", _read_a(a, tokens, ROW_STRIDE, everywhere)),
-        (f"{wrong_token}; and no row mask: the sentinel num_slots = {num_slots} must be masked with "
-         "`slots < num_slots`", _read_a(a, slots, ROW_STRIDE, everywhere)),
-        (f"wrong stride: rows of A are stride_am = {ROW_STRIDE} elements apart (A is a [T, {ROW_STRIDE}] buffer "
-         f"sliced to [:, :{K}]), not K = {K}: point at `a_ptr + tokens[:, None] * stride_am + "
-         "(k0 + offs_k)[None, :] * stride_ak`", _read_a(a, tokens, K, real)),
-        ("every K step read A's first BLOCK_SIZE_K columns: add k0 to the column offsets of the A pointers, "
-         "`(k0 + offs_k)[None, :] * stride_ak`",
-         _read_a(a, tokens, ROW_STRIDE, real, torch.arange(K, device=device) % BLOCK_SIZE_K)),
-        (f"the row mask compares the slot with T = {NUM_TOKENS}: slots run up to T*TOP_K - 1 = {num_slots - 1} "
-         f"and the padding sentinel is num_slots = {num_slots}; use `slots < num_slots`",
-         _read_a(a, tokens, ROW_STRIDE, slots < NUM_TOKENS)),
+        (
+            f"no row mask: padding rows hold the sentinel num_slots = {num_slots}, whose row num_slots // TOP_K = "
+            f"{NUM_TOKENS} is past the last row of A; load with `mask=row_ok[:, None] & k_ok[None, :]`, "
+            "`row_ok = slots < num_slots`, and other=0.0",
+            _read_a(a, tokens, ROW_STRIDE, everywhere),
+        ),
+        (
+            f"{wrong_token}; and no row mask: the sentinel num_slots = {num_slots} must be masked with "
+            "`slots < num_slots`",
+            _read_a(a, slots, ROW_STRIDE, everywhere),
+        ),
+        (
+            f"wrong stride: rows of A are stride_am = {ROW_STRIDE} elements apart (A is a [T, {ROW_STRIDE}] buffer "
+            f"sliced to [:, :{K}]), not K = {K}: point at `a_ptr + tokens[:, None] * stride_am + "
+            "(k0 + offs_k)[None, :] * stride_ak`",
+            _read_a(a, tokens, K, real),
+        ),
+        (
+            "every K step read A's first BLOCK_SIZE_K columns: add k0 to the column offsets of the A pointers, "
+            "`(k0 + offs_k)[None, :] * stride_ak`",
+            _read_a(a, tokens, ROW_STRIDE, real, torch.arange(K, device=device) % BLOCK_SIZE_K),
+        ),
+        (
+            f"the row mask compares the slot with T = {NUM_TOKENS}: slots run up to T*TOP_K - 1 = {num_slots - 1} "
+            f"and the padding sentinel is num_slots = {num_slots}; use `slots < num_slots`",
+            _read_a(a, tokens, ROW_STRIDE, slots < NUM_TOKENS),
+        ),
     ]
     unwritten = want.clone()
     unwritten[~real] = float("nan")
-    signatures.append(("padding rows left unwritten (still NaN): they must hold zeros for the GEMM; load with "
-                       "other=0.0 and store every row of the block (mask the store with the K mask only)",
-                       (unwritten, torch.zeros_like(unwritten, dtype=torch.bool))))
+    signatures.append(
+        (
+            "padding rows left unwritten (still NaN): they must hold zeros for the GEMM; load with "
+            "other=0.0 and store every row of the block (mask the store with the K mask only)",
+            (unwritten, torch.zeros_like(unwritten, dtype=torch.bool)),
+        )
+    )
 
     why = next((text for text, (values, outside) in signatures if _matches(run, got, values, outside)), None)
     if why is None and run.error is None and run.out_of_bounds:
         why = _out_stride_hint(run, out) or (K_MASK_HINT if _k_mask_missing(run, a, out) else None)
-    return grade(EXERCISE, run, "out_ptr", want, tol=1e-6, strict=strict,
-                 out_of_bounds_hint=why or GENERAL_HINT, mistakes=[(why, got)] if why else [],
-                 nothing_written="out is untouched: every row or column is masked off (the stub's placeholders); "
-                                 "fill in tokens, row_ok, k_ok and a_ptrs")
+    return grade(
+        EXERCISE,
+        run,
+        "out_ptr",
+        want,
+        tol=1e-6,
+        strict=strict,
+        out_of_bounds_hint=why or GENERAL_HINT,
+        mistakes=[(why, got)] if why else [],
+        nothing_written="out is untouched: every row or column is masked off (the stub's placeholders); "
+        "fill in tokens, row_ok, k_ok and a_ptrs",
+    )

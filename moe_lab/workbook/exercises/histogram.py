@@ -5,33 +5,42 @@
 Program p reads slots p*BLOCK ... p*BLOCK + BLOCK - 1 of the flattened topk_ids and adds 1 to
 counts[expert] for each of them: counts[e] = number of slots i < num_slots with topk_ids[i] == e.
 """
+
 from __future__ import annotations
 
 import torch
 import triton
 
-from ..guarded import run_guarded
 from ...runtime import default_device
+from ..guarded import run_guarded
 from ._grade import Verdict, grade
 
-NUM_TOKENS, TOP_K, NUM_EXPERTS = 45, 6, 10   # E = 10 is not a power of two
-NUM_SLOTS = NUM_TOKENS * TOP_K               # 270 slots: not a multiple of BLOCK
+NUM_TOKENS, TOP_K, NUM_EXPERTS = 45, 6, 10  # E = 10 is not a power of two
+NUM_SLOTS = NUM_TOKENS * TOP_K  # 270 slots: not a multiple of BLOCK
 BLOCK = 64
 NUM_PROGRAMS = triton.cdiv(NUM_SLOTS, BLOCK)  # 5; the last one has 14 slots and 50 lanes past the end
 SPARE_LANES = NUM_PROGRAMS * BLOCK - NUM_SLOTS
 
-MASK_HINT = (f"num_slots = {NUM_SLOTS} is not a multiple of BLOCK = {BLOCK}: in the last program, lanes with "
-             "offs >= num_slots are not slots (on a GPU they read garbage ids and add 1 to counts far out of "
-             "bounds). Mask the last block: `offs < num_slots` on the load and on the tl.atomic_add")
-SLOT_INDEX_HINT = (f"The counts have E = {NUM_EXPERTS} bins: add 1 at counts_ptr + ids, where ids are the expert ids "
-                   "loaded from topk_ids, not at counts_ptr + offs (the slot offsets)")
-SPARE_LANES_HINT = ("The last block's lanes past num_slots added 1 at the id the masked load gave them (its "
-                    "`other`): mask the tl.atomic_add with offs < num_slots too")
+MASK_HINT = (
+    f"num_slots = {NUM_SLOTS} is not a multiple of BLOCK = {BLOCK}: in the last program, lanes with "
+    "offs >= num_slots are not slots (on a GPU they read garbage ids and add 1 to counts far out of "
+    "bounds). Mask the last block: `offs < num_slots` on the load and on the tl.atomic_add"
+)
+SLOT_INDEX_HINT = (
+    f"The counts have E = {NUM_EXPERTS} bins: add 1 at counts_ptr + ids, where ids are the expert ids "
+    "loaded from topk_ids, not at counts_ptr + offs (the slot offsets)"
+)
+SPARE_LANES_HINT = (
+    "The last block's lanes past num_slots added 1 at the id the masked load gave them (its "
+    "`other`): mask the tl.atomic_add with offs < num_slots too"
+)
 
 
-OFF_BY_ONE_HINT = (f"off by one on the expert id: counts_ptr + ids, not counts_ptr + ids + 1. Every atomic outside "
-                   f"counts is at counts_ptr + {NUM_EXPERTS} = E, one past the last bin: expert ids run 0 .. E - 1 = "
-                   f"{NUM_EXPERTS - 1}, and expert e's count goes in bin e")
+OFF_BY_ONE_HINT = (
+    f"off by one on the expert id: counts_ptr + ids, not counts_ptr + ids + 1. Every atomic outside "
+    f"counts is at counts_ptr + {NUM_EXPERTS} = E, one past the last bin: expert ids run 0 .. E - 1 = "
+    f"{NUM_EXPERTS - 1}, and expert e's count goes in bin e"
+)
 
 
 def _out_of_bounds_hint(run) -> str:
@@ -55,9 +64,11 @@ def _lost_counts(got: torch.Tensor, want: torch.Tensor):
     other: the exact result depends on the order of the writes, so it is recognised by this shape)."""
     g, w = got.cpu().long(), want.cpu().long()
     if bool((g >= 0).all() and (g <= w).all()) and int(g.sum()) < int(w.sum()):
-        return (f"counts too low: {int(g.sum())} of {NUM_SLOTS} slots counted. Lanes and programs that hit "
-                "the same expert overwrite each other's counts (a tl.store, or a load, +1, store): use "
-                "tl.atomic_add(counts_ptr + ids, 1, mask=...), which adds every one of them")
+        return (
+            f"counts too low: {int(g.sum())} of {NUM_SLOTS} slots counted. Lanes and programs that hit "
+            "the same expert overwrite each other's counts (a tl.store, or a load, +1, store): use "
+            "tl.atomic_add(counts_ptr + ids, 1, mask=...), which adds every one of them"
+        )
     return None
 
 
@@ -79,8 +90,9 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
     topk_ids = logits.topk(TOP_K, dim=-1).indices.to(torch.int32).to(device)
     flat = topk_ids.reshape(-1).long()
     counts = torch.zeros(NUM_EXPERTS, dtype=torch.int32, device=device)
-    run = run_guarded(kernel, (NUM_PROGRAMS,), topk_ids_ptr=topk_ids, counts_ptr=counts, num_slots=NUM_SLOTS,
-                      BLOCK=BLOCK)
+    run = run_guarded(
+        kernel, (NUM_PROGRAMS,), topk_ids_ptr=topk_ids, counts_ptr=counts, num_slots=NUM_SLOTS, BLOCK=BLOCK
+    )
     want = torch.bincount(flat, minlength=NUM_EXPERTS).to(torch.int32)
     got = run.tensors["counts_ptr"]
 
@@ -89,21 +101,41 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
     in_bin_zero = [torch.zeros_like(want) for _ in range(2)]
     in_bin_zero[0][0], in_bin_zero[1][0] = NUM_SLOTS, NUM_PROGRAMS * BLOCK
     mistakes = [
-        (f"expert 0 got {SPARE_LANES} counts too many: the {SPARE_LANES} lanes of the last block past num_slots "
-         "were counted, as expert 0 (the load's other=0). Mask the tl.atomic_add with offs < num_slots too",
-         spare_as_zero),
-        *[(f"every slot was counted in bin 0 (counts[0] = {int(z[0])}): the expert id offset is missing; add "
-           "at counts_ptr + ids, ids being the expert ids loaded from topk_ids", z) for z in in_bin_zero],
-        (f"every program counted block 0: the counts are {NUM_PROGRAMS} times those of the first {BLOCK} slots; "
-         "program p's slots start at tl.program_id(0) * BLOCK",
-         NUM_PROGRAMS * torch.bincount(flat[:BLOCK], minlength=NUM_EXPERTS).to(torch.int32)),
-        ("counts[e] is e times the right count: add 1 for each slot, not its expert id",
-         want * torch.arange(NUM_EXPERTS, dtype=torch.int32, device=device)),
+        (
+            f"expert 0 got {SPARE_LANES} counts too many: the {SPARE_LANES} lanes of the last block past num_slots "
+            "were counted, as expert 0 (the load's other=0). Mask the tl.atomic_add with offs < num_slots too",
+            spare_as_zero,
+        ),
+        *[
+            (
+                f"every slot was counted in bin 0 (counts[0] = {int(z[0])}): the expert id offset is missing; add "
+                "at counts_ptr + ids, ids being the expert ids loaded from topk_ids",
+                z,
+            )
+            for z in in_bin_zero
+        ],
+        (
+            f"every program counted block 0: the counts are {NUM_PROGRAMS} times those of the first {BLOCK} slots; "
+            "program p's slots start at tl.program_id(0) * BLOCK",
+            NUM_PROGRAMS * torch.bincount(flat[:BLOCK], minlength=NUM_EXPERTS).to(torch.int32),
+        ),
+        (
+            "counts[e] is e times the right count: add 1 for each slot, not its expert id",
+            want * torch.arange(NUM_EXPERTS, dtype=torch.int32, device=device),
+        ),
     ]
     lost = _lost_counts(got, want)
     if lost:
         mistakes.append((lost, got))
-    return grade("histogram_kernel", run, "counts_ptr", want, strict=strict, untouched=counts,
-                 out_of_bounds_hint=_out_of_bounds_hint(run), mistakes=mistakes,
-                 nothing_written="every count is still 0: the kernel adds nothing. Load each slot's expert id "
-                                 "and tl.atomic_add 1 at counts_ptr + that id")
+    return grade(
+        "histogram_kernel",
+        run,
+        "counts_ptr",
+        want,
+        strict=strict,
+        untouched=counts,
+        out_of_bounds_hint=_out_of_bounds_hint(run),
+        mistakes=mistakes,
+        nothing_written="every count is still 0: the kernel adds nothing. Load each slot's expert id "
+        "and tl.atomic_add 1 at counts_ptr + that id",
+    )

@@ -12,6 +12,7 @@ The checker launches it twice, with different sizes and program counts (so sizes
 or BLOCK_M and BLOCK_N swapped, show), and reads the interpreter's record of every store: which tiles each
 program stored, whether a store covers exactly one tile, and whether anything past num_rows was touched.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ import numpy as np
 import torch
 import triton
 
-from ..guarded import run_guarded
 from ...runtime import default_device
+from ..guarded import run_guarded
 from ._grade import Verdict, _close, _difference, report
 
 EXERCISE = "persistent_copy_kernel"
@@ -51,30 +52,41 @@ class Case:
         return self.num_pid_n * self.block_n - self.n
 
     def describe(self) -> str:
-        return (f"num_rows = {self.num_rows} of {self.max_rows}, N = {self.n}, BLOCK_M = {self.block_m}, "
-                f"BLOCK_N = {self.block_n}, {self.programs} programs, {self.num_tiles} tiles")
+        return (
+            f"num_rows = {self.num_rows} of {self.max_rows}, N = {self.n}, BLOCK_M = {self.block_m}, "
+            f"BLOCK_N = {self.block_n}, {self.programs} programs, {self.num_tiles} tiles"
+        )
 
 
 # The notebook's case first; the second has other sizes, BLOCK_M != BLOCK_N, a program count that does not
 # divide the tiles, and an N for which a tile count from swapped block sizes comes out different.
 CASES = (Case(128, 80, 40, 16, 16, 3), Case(160, 96, 72, 32, 16, 4))
 
-LOOP_HINT = ("Loop over tiles with `for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0))`: "
-             "start at this program's id, step by the number of programs")
+LOOP_HINT = (
+    "Loop over tiles with `for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0))`: "
+    "start at this program's id, step by the number of programs"
+)
 COUNT_HINT = "num_tiles = (tl.load(num_rows_ptr) // BLOCK_M) * tl.cdiv(N, BLOCK_N)"
-TILE_HINT = ("tile t covers rows m * BLOCK_M + tl.arange(0, BLOCK_M) and columns n * BLOCK_N + tl.arange(0, BLOCK_N), "
-             "m = t // tl.cdiv(N, BLOCK_N), n = t % tl.cdiv(N, BLOCK_N), at offsets rows[:, None] * N + cols[None, :] "
-             "(masked: cols < N)")
-SIZES_HINT = ("it passes the notebook's sizes but not these: look for sizes written into the kernel (80 rows, "
-              "3 programs, 15 tiles, 16) instead of num_rows, tl.num_programs(0), BLOCK_M and BLOCK_N, and for "
-              "BLOCK_M and BLOCK_N swapped")
+TILE_HINT = (
+    "tile t covers rows m * BLOCK_M + tl.arange(0, BLOCK_M) and columns n * BLOCK_N + tl.arange(0, BLOCK_N), "
+    "m = t // tl.cdiv(N, BLOCK_N), n = t % tl.cdiv(N, BLOCK_N), at offsets rows[:, None] * N + cols[None, :] "
+    "(masked: cols < N)"
+)
+SIZES_HINT = (
+    "it passes the notebook's sizes but not these: look for sizes written into the kernel (80 rows, "
+    "3 programs, 15 tiles, 16) instead of num_rows, tl.num_programs(0), BLOCK_M and BLOCK_N, and for "
+    "BLOCK_M and BLOCK_N swapped"
+)
 
 
 def _tile_of(case: Case, rows: np.ndarray, cols: np.ndarray) -> Optional[int]:
     """The tile number whose elements are exactly (rows, cols), or None."""
     m, n = int(rows.min()) // case.block_m, int(cols.min()) // case.block_n
-    r, c = np.meshgrid(np.arange(m * case.block_m, (m + 1) * case.block_m),
-                       np.arange(n * case.block_n, min((n + 1) * case.block_n, case.n)), indexing="ij")
+    r, c = np.meshgrid(
+        np.arange(m * case.block_m, (m + 1) * case.block_m),
+        np.arange(n * case.block_n, min((n + 1) * case.block_n, case.n)),
+        indexing="ij",
+    )
     want = set(zip(r.ravel().tolist(), c.ravel().tolist()))
     if set(zip(rows.tolist(), cols.tolist())) != want:
         return None
@@ -98,49 +110,66 @@ def _walk_problem(case: Case, run) -> Optional[str]:
     if not stores:
         elsewhere = sorted({a.tensor for a in run.accesses if a.kind != "load"})
         if elsewhere:
-            return (f"nothing was stored into out_ptr; the kernel stored into {', '.join(elsewhere)} instead: "
-                    "check which pointer each tl.store writes to")
+            return (
+                f"nothing was stored into out_ptr; the kernel stored into {', '.join(elsewhere)} instead: "
+                "check which pointer each tl.store writes to"
+            )
         return "the kernel stores nothing: load each tile of x and tl.store it into out"
     for a in stores:
         if _unmasked_last_block(case, a.offsets[a.in_bounds]):
-            return (f"the last N-block of a row also stored into the first {case.spill} columns of the next row: N = "
-                    f"{case.n} is not a multiple of BLOCK_N = {case.block_n}; mask the columns with `cols < N` "
-                    "(on the load and on the store)")
+            return (
+                f"the last N-block of a row also stored into the first {case.spill} columns of the next row: N = "
+                f"{case.n} is not a multiple of BLOCK_N = {case.block_n}; mask the columns with `cols < N` "
+                "(on the load and on the store)"
+            )
     offsets = np.concatenate([a.offsets[a.in_bounds] for a in stores])
     past = offsets[offsets >= case.num_rows * case.n]
     if past.size:
-        return (f"rows {case.num_rows} .. {int(past.max()) // case.n} were written, but only the first num_rows = "
-                f"{case.num_rows} rows are in use (the rest must stay as they are): read the count on the device "
-                f"and walk only its tiles, {COUNT_HINT}")
+        return (
+            f"rows {case.num_rows} .. {int(past.max()) // case.n} were written, but only the first num_rows = "
+            f"{case.num_rows} rows are in use (the rest must stay as they are): read the count on the device "
+            f"and walk only its tiles, {COUNT_HINT}"
+        )
     owners = {}
     for a in stores:
         rows, cols = a.offsets[a.in_bounds] // case.n, a.offsets[a.in_bounds] % case.n
         tile = _tile_of(case, rows, cols)
         if tile is None:
-            return (f"a tl.store of program {a.program[0]} covers rows {int(rows.min())} .. {int(rows.max())} and "
-                    f"columns {int(cols.min())} .. {int(cols.max())} ({len(rows)} elements), not one tile: "
-                    f"{TILE_HINT}")
+            return (
+                f"a tl.store of program {a.program[0]} covers rows {int(rows.min())} .. {int(rows.max())} and "
+                f"columns {int(cols.min())} .. {int(cols.max())} ({len(rows)} elements), not one tile: "
+                f"{TILE_HINT}"
+            )
         owners.setdefault(tile, []).append(a.program[0])
     twice = {t: p for t, p in owners.items() if len(p) > 1}
     if twice:
         t, programs = min(twice.items())
-        who = (f"programs {sorted(set(programs))}" if len(set(programs)) > 1
-               else f"program {programs[0]}, {len(programs)} times")
+        who = (
+            f"programs {sorted(set(programs))}"
+            if len(set(programs)) > 1
+            else f"program {programs[0]}, {len(programs)} times"
+        )
         return f"{len(twice)} tile(s) were stored more than once (tile {t} by {who}). {LOOP_HINT}"
     missing = sorted(set(range(case.num_tiles)) - set(owners))
     if missing:
         done = sorted(owners)
         if done == list(range(min(case.programs, case.num_tiles))):
-            return (f"only tiles 0 .. {done[-1]} were copied, one per program, of {case.num_tiles}: each program "
-                    f"must go on to its next tile (use the loop variable as the tile). {LOOP_HINT}")
+            return (
+                f"only tiles 0 .. {done[-1]} were copied, one per program, of {case.num_tiles}: each program "
+                f"must go on to its next tile (use the loop variable as the tile). {LOOP_HINT}"
+            )
         if missing == list(range(missing[0], case.num_tiles)):
-            return (f"tiles {missing[0]} .. {case.num_tiles - 1} of {case.num_tiles} were never copied: the loop "
-                    f"stops early ({COUNT_HINT}), or tiles land on the wrong rows and columns ({TILE_HINT})")
+            return (
+                f"tiles {missing[0]} .. {case.num_tiles - 1} of {case.num_tiles} were never copied: the loop "
+                f"stops early ({COUNT_HINT}), or tiles land on the wrong rows and columns ({TILE_HINT})"
+            )
         return f"tiles {missing} of {case.num_tiles} were never copied. {LOOP_HINT}; {TILE_HINT}"
     per_program = np.bincount([p for ps in owners.values() for p in ps], minlength=case.programs)
     if per_program.max() - per_program.min() > 1:
-        return (f"the programs did not share the tiles: they copied {per_program.tolist()} tiles each. A persistent "
-                f"grid spreads them evenly, program p taking tiles p, p + P, .... {LOOP_HINT}")
+        return (
+            f"the programs did not share the tiles: they copied {per_program.tolist()} tiles each. A persistent "
+            f"grid spreads them evenly, program p taking tiles p, p + P, .... {LOOP_HINT}"
+        )
     return None
 
 
@@ -155,9 +184,16 @@ def _case_problem(kernel, case: Case):
     """(problem or None, relative error) of one launch."""
     device = default_device()
     x = torch.randn(case.max_rows, case.n, device=device)
-    run = run_guarded(kernel, (case.programs,), x_ptr=x, out_ptr=torch.full_like(x, float("nan")),
-                      num_rows_ptr=torch.tensor([case.num_rows], dtype=torch.int32, device=device), N=case.n,
-                      BLOCK_M=case.block_m, BLOCK_N=case.block_n)
+    run = run_guarded(
+        kernel,
+        (case.programs,),
+        x_ptr=x,
+        out_ptr=torch.full_like(x, float("nan")),
+        num_rows_ptr=torch.tensor([case.num_rows], dtype=torch.int32, device=device),
+        N=case.n,
+        BLOCK_M=case.block_m,
+        BLOCK_N=case.block_n,
+    )
     problem = run.problem()
     if problem is not None:
         return (problem + f". {_bounds_hint(run)}" if run.out_of_bounds else problem), None
@@ -165,11 +201,11 @@ def _case_problem(kernel, case: Case):
     if problem is not None:
         return problem, None
     want = torch.full_like(x, float("nan"))
-    want[:case.num_rows] = x[:case.num_rows]
+    want[: case.num_rows] = x[: case.num_rows]
     got = run.tensors["out_ptr"]
     if not _close(got, want, 1e-6):
         return "every tile was stored once, but " + _difference(got, want, 1e-6), None
-    return None, float((got[:case.num_rows] - want[:case.num_rows]).abs().max())
+    return None, float((got[: case.num_rows] - want[: case.num_rows]).abs().max())
 
 
 def check_persistent_copy(kernel, strict: bool = False) -> Verdict:
@@ -186,5 +222,11 @@ def check_persistent_copy(kernel, strict: bool = False) -> Verdict:
             if i:
                 problem = f"with {case.describe()}, {SIZES_HINT}: {problem}"
             return report(EXERCISE, problem, "", strict)
-    return report(EXERCISE, None, "every tile copied once, by programs taking turns, on two launches ("
-                  + "; ".join(c.describe() for c in CASES) + "), nothing else touched, no access out of bounds", strict)
+    return report(
+        EXERCISE,
+        None,
+        "every tile copied once, by programs taking turns, on two launches ("
+        + "; ".join(c.describe() for c in CASES)
+        + "), nothing else touched, no access out of bounds",
+        strict,
+    )

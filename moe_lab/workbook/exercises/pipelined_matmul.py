@@ -8,6 +8,7 @@ stores C = A @ B: A [M, K] and B [K, N] float16, C [M, N] float32, accumulated i
 per (BLOCK_SIZE_M, BLOCK_SIZE_N) tile of C (grid (cdiv(M, BLOCK_SIZE_M), cdiv(N, BLOCK_SIZE_N))), looping
 `for k in tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES)` over the K blocks.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -15,9 +16,9 @@ from typing import Optional
 import torch
 import triton
 
-from ..guarded import GuardedRun, run_guarded
 from ...reference import relative_error
 from ...runtime import default_device
+from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, grade, report
 
 # K = 200 is not a multiple of BLOCK_SIZE_K = 32: 7 K blocks, the last one 8 columns wide. M and N are
@@ -29,14 +30,15 @@ from ._grade import Verdict, grade, report
 # Every tl.dot tile is at least 16 x 16.
 M, N, K = 64, 96, 200
 BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES = 32, 32, 32, 3
-TOL = 2e-5   # float32 accumulation of float16 products: ~1e-7; float16 rounding anywhere: ~1e-4
+TOL = 2e-5  # float32 accumulation of float16 products: ~1e-7; float16 rounding anywhere: ~1e-4
 
 
 def _blocks(width=None):
     """(start, valid columns) of each K block; `width(i)` overrides the valid columns of block i."""
     count = triton.cdiv(K, BLOCK_SIZE_K)
-    return [(i * BLOCK_SIZE_K, min(BLOCK_SIZE_K, K - i * BLOCK_SIZE_K) if width is None else width(i))
-            for i in range(count)]
+    return [
+        (i * BLOCK_SIZE_K, min(BLOCK_SIZE_K, K - i * BLOCK_SIZE_K) if width is None else width(i)) for i in range(count)
+    ]
 
 
 def _product(a, b, pieces) -> torch.Tensor:
@@ -46,7 +48,7 @@ def _product(a, b, pieces) -> torch.Tensor:
     for a_start, b_start, n in pieces:
         n = max(0, min(n, K - a_start, K - b_start))
         if n:
-            out += a64[:, a_start:a_start + n] @ b64[b_start:b_start + n, :]
+            out += a64[:, a_start : a_start + n] @ b64[b_start : b_start + n, :]
     return out.float()
 
 
@@ -78,8 +80,10 @@ def _walk(a, b, a_step: int, b_step: int, dot_ba: bool = False) -> torch.Tensor:
 
     def tile(flat, offsets, valid):
         inside = valid & (offsets >= 0) & (offsets < flat.numel())
-        return torch.where(inside, flat[offsets.clamp(0, flat.numel() - 1)], torch.zeros((), dtype=flat.dtype,
-                                                                                       device=flat.device))
+        return torch.where(
+            inside, flat[offsets.clamp(0, flat.numel() - 1)], torch.zeros((), dtype=flat.dtype, device=flat.device)
+        )
+
     for s in range(triton.cdiv(K, BLOCK_SIZE_K)):
         valid = kk < K - s * BLOCK_SIZE_K
         at = tile(fa, rows[:, None] * a.stride(0) + kk[None, :] * a.stride(1) + s * a_step, valid[None, :])
@@ -89,17 +93,34 @@ def _walk(a, b, a_step: int, b_step: int, dot_ba: bool = False) -> torch.Tensor:
             continue
         for i in range(0, M, BLOCK_SIZE_M):
             for j in range(0, N, BLOCK_SIZE_N):
-                out[i:i + BLOCK_SIZE_M, j:j + BLOCK_SIZE_N] += bt[:, j:j + BLOCK_SIZE_N] @ at[i:i + BLOCK_SIZE_M, :]
+                out[i : i + BLOCK_SIZE_M, j : j + BLOCK_SIZE_N] += (
+                    bt[:, j : j + BLOCK_SIZE_N] @ at[i : i + BLOCK_SIZE_M, :]
+                )
     return out.float()
 
 
 def _launch(kernel, a, b) -> GuardedRun:
     c = torch.full((M, N), float("nan"), device=a.device)
-    return run_guarded(kernel, (triton.cdiv(M, BLOCK_SIZE_M), triton.cdiv(N, BLOCK_SIZE_N)),
-                       a_ptr=a, b_ptr=b, c_ptr=c, M=M, N=N, K=K,
-                       stride_am=a.stride(0), stride_ak=a.stride(1), stride_bk=b.stride(0), stride_bn=b.stride(1),
-                       stride_cm=c.stride(0), stride_cn=c.stride(1), BLOCK_SIZE_M=BLOCK_SIZE_M,
-                       BLOCK_SIZE_N=BLOCK_SIZE_N, BLOCK_SIZE_K=BLOCK_SIZE_K, NUM_STAGES=NUM_STAGES)
+    return run_guarded(
+        kernel,
+        (triton.cdiv(M, BLOCK_SIZE_M), triton.cdiv(N, BLOCK_SIZE_N)),
+        a_ptr=a,
+        b_ptr=b,
+        c_ptr=c,
+        M=M,
+        N=N,
+        K=K,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_bk=b.stride(0),
+        stride_bn=b.stride(1),
+        stride_cm=c.stride(0),
+        stride_cn=c.stride(1),
+        BLOCK_SIZE_M=BLOCK_SIZE_M,
+        BLOCK_SIZE_N=BLOCK_SIZE_N,
+        BLOCK_SIZE_K=BLOCK_SIZE_K,
+        NUM_STAGES=NUM_STAGES,
+    )
 
 
 def _right(run: GuardedRun, want: torch.Tensor) -> bool:
@@ -115,15 +136,23 @@ def _row_major_b_problem(kernel, a, b) -> Optional[str]:
     want = _product(a, b_rows, [(s, s, n) for s, n in _blocks()])
     if _right(again, want):
         return None
-    layouts = (f"right with B a transposed view (stride_bk = 1, stride_bn = {K}), but not with B row-major "
-               f"(stride_bk = {N}, stride_bn = 1)")
-    if again.clean and relative_error(again.tensors["c_ptr"],
-                                      _walk(a, b_rows, BLOCK_SIZE_K * a.stride(1), BLOCK_SIZE_K)) < TOL:
-        return (f"{layouts}: b_ptrs moved by BLOCK_SIZE_K elements per step, which is one K block only while "
-                "stride_bk = 1. Advance b_ptrs by BLOCK_SIZE_K * stride_bk (and a_ptrs by BLOCK_SIZE_K * stride_ak)")
+    layouts = (
+        f"right with B a transposed view (stride_bk = 1, stride_bn = {K}), but not with B row-major "
+        f"(stride_bk = {N}, stride_bn = 1)"
+    )
+    if (
+        again.clean
+        and relative_error(again.tensors["c_ptr"], _walk(a, b_rows, BLOCK_SIZE_K * a.stride(1), BLOCK_SIZE_K)) < TOL
+    ):
+        return (
+            f"{layouts}: b_ptrs moved by BLOCK_SIZE_K elements per step, which is one K block only while "
+            "stride_bk = 1. Advance b_ptrs by BLOCK_SIZE_K * stride_bk (and a_ptrs by BLOCK_SIZE_K * stride_ak)"
+        )
     detail = again.problem() or f"relative error {relative_error(again.tensors['c_ptr'], want):.1e}"
-    return (f"{layouts} ({detail}): use stride_bk and stride_bn in every B offset and step, b_ptrs += "
-            "BLOCK_SIZE_K * stride_bk")
+    return (
+        f"{layouts} ({detail}): use stride_bk and stride_bn in every B offset and step, b_ptrs += "
+        "BLOCK_SIZE_K * stride_bk"
+    )
 
 
 def _out_of_bounds_hint(kernel, run: GuardedRun, a, b) -> str:
@@ -132,24 +161,44 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, a, b) -> str:
     if not {o.tensor for o in run.out_of_bounds} & {"a_ptr", "b_ptr"}:
         return ""
     whole = K // BLOCK_SIZE_K * BLOCK_SIZE_K
-    a_cut, b_cut = a[:, :whole].T.contiguous().T, b[:whole, :].T.contiguous().T   # same layouts, K = 192
+    a_cut, b_cut = a[:, :whole].T.contiguous().T, b[:whole, :].T.contiguous().T  # same layouts, K = 192
     c = torch.full((M, N), float("nan"), device=a.device)
-    again = run_guarded(kernel, (triton.cdiv(M, BLOCK_SIZE_M), triton.cdiv(N, BLOCK_SIZE_N)),
-                        a_ptr=a_cut, b_ptr=b_cut, c_ptr=c, M=M, N=N, K=whole,
-                        stride_am=a_cut.stride(0), stride_ak=a_cut.stride(1), stride_bk=b_cut.stride(0),
-                        stride_bn=b_cut.stride(1), stride_cm=c.stride(0), stride_cn=c.stride(1),
-                        BLOCK_SIZE_M=BLOCK_SIZE_M, BLOCK_SIZE_N=BLOCK_SIZE_N, BLOCK_SIZE_K=BLOCK_SIZE_K,
-                        NUM_STAGES=NUM_STAGES)
-    mask = ("mask both loads, A with `offs_k[None, :] < K - k * BLOCK_SIZE_K` and B with "
-            "`offs_k[:, None] < K - k * BLOCK_SIZE_K`, other=0.0")
+    again = run_guarded(
+        kernel,
+        (triton.cdiv(M, BLOCK_SIZE_M), triton.cdiv(N, BLOCK_SIZE_N)),
+        a_ptr=a_cut,
+        b_ptr=b_cut,
+        c_ptr=c,
+        M=M,
+        N=N,
+        K=whole,
+        stride_am=a_cut.stride(0),
+        stride_ak=a_cut.stride(1),
+        stride_bk=b_cut.stride(0),
+        stride_bn=b_cut.stride(1),
+        stride_cm=c.stride(0),
+        stride_cn=c.stride(1),
+        BLOCK_SIZE_M=BLOCK_SIZE_M,
+        BLOCK_SIZE_N=BLOCK_SIZE_N,
+        BLOCK_SIZE_K=BLOCK_SIZE_K,
+        NUM_STAGES=NUM_STAGES,
+    )
+    mask = (
+        "mask both loads, A with `offs_k[None, :] < K - k * BLOCK_SIZE_K` and B with "
+        "`offs_k[:, None] < K - k * BLOCK_SIZE_K`, other=0.0"
+    )
     if again.clean and relative_error(again.tensors["c_ptr"], _product(a_cut, b_cut, [(0, 0, whole)])) < TOL:
-        return (f"no K mask on the last block: the loop is right when K is a multiple of BLOCK_SIZE_K (K = {whole}), "
-                f"but K = {K} is not: its last K block has {K - whole} valid columns. {mask[0].upper() + mask[1:]}")
-    return (f"the loads leave A or B even when K is a multiple of BLOCK_SIZE_K (K = {whole}): an off-by-one block "
-            "offset (the mask and the pointers describe different K blocks: load block k with the mask "
-            "offs_k < K - k * BLOCK_SIZE_K, then advance), or pointers advanced by the wrong stride (a_ptrs by "
-            f"BLOCK_SIZE_K * stride_ak, b_ptrs by BLOCK_SIZE_K * stride_bk; A is column-major here: stride_am = 1, "
-            f"stride_ak = {M}; B is a transposed view: stride_bk = 1, stride_bn = {K}). And with K = {K}, {mask}")
+        return (
+            f"no K mask on the last block: the loop is right when K is a multiple of BLOCK_SIZE_K (K = {whole}), "
+            f"but K = {K} is not: its last K block has {K - whole} valid columns. {mask[0].upper() + mask[1:]}"
+        )
+    return (
+        f"the loads leave A or B even when K is a multiple of BLOCK_SIZE_K (K = {whole}): an off-by-one block "
+        "offset (the mask and the pointers describe different K blocks: load block k with the mask "
+        "offs_k < K - k * BLOCK_SIZE_K, then advance), or pointers advanced by the wrong stride (a_ptrs by "
+        f"BLOCK_SIZE_K * stride_ak, b_ptrs by BLOCK_SIZE_K * stride_bk; A is column-major here: stride_am = 1, "
+        f"stride_ak = {M}; B is a transposed view: stride_bk = 1, stride_bn = {K}). And with K = {K}, {mask}"
+    )
 
 
 def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
@@ -168,43 +217,62 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
     off-by-one block offset (the mask of the next block, the first block skipped, the last partial block
     left out); nothing accumulated."""
     device = default_device()
-    a = torch.randn(K, M, device=device).half().T     # column-major: stride_am = 1, stride_ak = M
-    b = torch.randn(N, K, device=device).half().T     # W.T: stride_bk = 1, stride_bn = K
+    a = torch.randn(K, M, device=device).half().T  # column-major: stride_am = 1, stride_ak = M
+    b = torch.randn(N, K, device=device).half().T  # W.T: stride_bk = 1, stride_bn = K
     run = _launch(kernel, a, b)
     full = _blocks()
     last_start, last_width = full[-1]
     step_a, step_b = BLOCK_SIZE_K * a.stride(1), BLOCK_SIZE_K * b.stride(0)
     mistakes = [
-        ("C is all zeros: the K loop adds nothing to the accumulator. In each step load the A tile and the B "
-         "tile and add tl.dot(a, b) to it", torch.zeros(M, N, device=device)),
-        ("every step read the first K block: the pointers are not advanced. At the end of each step move "
-         "a_ptrs by BLOCK_SIZE_K * stride_ak and b_ptrs by BLOCK_SIZE_K * stride_bk",
-         _product(a, b, [(0, 0, n) for _, n in full])),
-        (f"a_ptrs moved by BLOCK_SIZE_K elements per step, not by one K block: A is column-major here "
-         f"(stride_am = 1, stride_ak = {a.stride(1)}), so the next K block is BLOCK_SIZE_K * stride_ak elements "
-         "further. Advance a_ptrs by BLOCK_SIZE_K * stride_ak and b_ptrs by BLOCK_SIZE_K * stride_bk",
-         _walk(a, b, BLOCK_SIZE_K, step_b)),
-        ("only the last K block counts: the accumulator is overwritten in each step (accumulator = "
-         "tl.dot(a, b)). Add to it: accumulator += tl.dot(a, b) (or accumulator = tl.dot(a, b, accumulator))",
-         _product(a, b, [(last_start, last_start, last_width)])),
-        ("only the first K block counts: every later block was masked off. A loop written as "
-         "`tl.range(0, K, BLOCK_SIZE_K)` gives k = 0, 32, 64, ... (column offsets), and used as a block index "
-         "in the mask `offs_k < K - k * BLOCK_SIZE_K` it leaves nothing after the first step: loop over the "
-         "blocks, `tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES)`",
-         _product(a, b, [(0, 0, BLOCK_SIZE_K)])),
-        ("tl.dot(b, a): the operands are swapped (the 32 x 32 tiles let it run). C's tile is A's "
-         "[BLOCK_SIZE_M, BLOCK_SIZE_K] tile times B's [BLOCK_SIZE_K, BLOCK_SIZE_N] tile: tl.dot(a, b)",
-         _walk(a, b, step_a, step_b, dot_ba=True)),
-        ("off-by-one block offset: each block was masked as if it were the next one (K - (k + 1) * "
-         "BLOCK_SIZE_K), so the last valid columns are dropped. Block k covers columns k * BLOCK_SIZE_K + "
-         "offs_k; mask it with offs_k < K - k * BLOCK_SIZE_K",
-         _product(a, b, [(s, s, n) for s, n in _blocks(lambda i: min(BLOCK_SIZE_K, K - (i + 1) * BLOCK_SIZE_K))])),
-        ("off-by-one block offset: the first K block is missing (the pointers moved before the first load, "
-         "or the loop started at 1). Load block k, then advance; the loop runs k = 0 .. cdiv(K, BLOCK_SIZE_K) - 1",
-         _product(a, b, [(s, s, n) for s, n in full[1:]])),
-        (f"the last, partial K block is missing (its {last_width} columns): loop over tl.cdiv(K, BLOCK_SIZE_K) "
-         "blocks, not K // BLOCK_SIZE_K, and mask the last one",
-         _product(a, b, [(s, s, n) for s, n in full[:-1]])),
+        (
+            "C is all zeros: the K loop adds nothing to the accumulator. In each step load the A tile and the B "
+            "tile and add tl.dot(a, b) to it",
+            torch.zeros(M, N, device=device),
+        ),
+        (
+            "every step read the first K block: the pointers are not advanced. At the end of each step move "
+            "a_ptrs by BLOCK_SIZE_K * stride_ak and b_ptrs by BLOCK_SIZE_K * stride_bk",
+            _product(a, b, [(0, 0, n) for _, n in full]),
+        ),
+        (
+            f"a_ptrs moved by BLOCK_SIZE_K elements per step, not by one K block: A is column-major here "
+            f"(stride_am = 1, stride_ak = {a.stride(1)}), so the next K block is BLOCK_SIZE_K * stride_ak elements "
+            "further. Advance a_ptrs by BLOCK_SIZE_K * stride_ak and b_ptrs by BLOCK_SIZE_K * stride_bk",
+            _walk(a, b, BLOCK_SIZE_K, step_b),
+        ),
+        (
+            "only the last K block counts: the accumulator is overwritten in each step (accumulator = "
+            "tl.dot(a, b)). Add to it: accumulator += tl.dot(a, b) (or accumulator = tl.dot(a, b, accumulator))",
+            _product(a, b, [(last_start, last_start, last_width)]),
+        ),
+        (
+            "only the first K block counts: every later block was masked off. A loop written as "
+            "`tl.range(0, K, BLOCK_SIZE_K)` gives k = 0, 32, 64, ... (column offsets), and used as a block index "
+            "in the mask `offs_k < K - k * BLOCK_SIZE_K` it leaves nothing after the first step: loop over the "
+            "blocks, `tl.range(0, tl.cdiv(K, BLOCK_SIZE_K), num_stages=NUM_STAGES)`",
+            _product(a, b, [(0, 0, BLOCK_SIZE_K)]),
+        ),
+        (
+            "tl.dot(b, a): the operands are swapped (the 32 x 32 tiles let it run). C's tile is A's "
+            "[BLOCK_SIZE_M, BLOCK_SIZE_K] tile times B's [BLOCK_SIZE_K, BLOCK_SIZE_N] tile: tl.dot(a, b)",
+            _walk(a, b, step_a, step_b, dot_ba=True),
+        ),
+        (
+            "off-by-one block offset: each block was masked as if it were the next one (K - (k + 1) * "
+            "BLOCK_SIZE_K), so the last valid columns are dropped. Block k covers columns k * BLOCK_SIZE_K + "
+            "offs_k; mask it with offs_k < K - k * BLOCK_SIZE_K",
+            _product(a, b, [(s, s, n) for s, n in _blocks(lambda i: min(BLOCK_SIZE_K, K - (i + 1) * BLOCK_SIZE_K))]),
+        ),
+        (
+            "off-by-one block offset: the first K block is missing (the pointers moved before the first load, "
+            "or the loop started at 1). Load block k, then advance; the loop runs k = 0 .. cdiv(K, BLOCK_SIZE_K) - 1",
+            _product(a, b, [(s, s, n) for s, n in full[1:]]),
+        ),
+        (
+            f"the last, partial K block is missing (its {last_width} columns): loop over tl.cdiv(K, BLOCK_SIZE_K) "
+            "blocks, not K // BLOCK_SIZE_K, and mask the last one",
+            _product(a, b, [(s, s, n) for s, n in full[:-1]]),
+        ),
     ]
     want = _product(a, b, [(s, s, n) for s, n in full])
     got = run.tensors["c_ptr"]
@@ -213,9 +281,23 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
         if problem is not None:
             return report("matmul_kernel", problem, "", strict=strict)
     if run.problem() is None and relative_error(got, want) >= TOL and _float16_fingerprint(got, a, b, want):
-        mistakes.insert(0, (f"float16 rounding (relative error {relative_error(got, want):.1e}): the accumulator "
-                            "or tl.dot's result went through float16. Keep the accumulator float32 "
-                            "(tl.zeros(..., dtype=tl.float32)) and add tl.dot(a, b), which is float32 for "
-                            "float16 inputs, without converting it", got))  # recognised by its rounding
-    return grade("matmul_kernel", run, "c_ptr", want, tol=TOL, strict=strict,
-                 out_of_bounds_hint=_out_of_bounds_hint(kernel, run, a, b), mistakes=mistakes)
+        mistakes.insert(
+            0,
+            (
+                f"float16 rounding (relative error {relative_error(got, want):.1e}): the accumulator "
+                "or tl.dot's result went through float16. Keep the accumulator float32 "
+                "(tl.zeros(..., dtype=tl.float32)) and add tl.dot(a, b), which is float32 for "
+                "float16 inputs, without converting it",
+                got,
+            ),
+        )  # recognised by its rounding
+    return grade(
+        "matmul_kernel",
+        run,
+        "c_ptr",
+        want,
+        tol=TOL,
+        strict=strict,
+        out_of_bounds_hint=_out_of_bounds_hint(kernel, run, a, b),
+        mistakes=mistakes,
+    )

@@ -38,6 +38,7 @@ amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_
 cast saturate at 448 anyway. The clamp is there for a static (calibrated) scale, which the package's kernel
 also takes.
 """
+
 from __future__ import annotations
 
 import ast
@@ -50,12 +51,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 import triton
-
 from triton.runtime.jit import JITFunction
 
-from ..guarded import _interpreted, _interpreting_beside_a_gpu, run_guarded
 from ...quantize import quantize_activations_fp8
 from ...runtime import default_device
+from ..guarded import _interpreted, _interpreting_beside_a_gpu, run_guarded
 from ._grade import Verdict, report
 
 EXERCISE = "quantize_rows_kernel"
@@ -63,13 +63,19 @@ FP8 = torch.float8_e4m3fn
 E4B15_MAX = 1.875  # tl.float8e4b15's largest value
 
 SCALE_HINT = "scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0"
-LAYOUT_HINT = ("scale is [rows, tl.cdiv(K, GROUP)], one float32 per program: store it at "
-               "scale_ptr + row * tl.cdiv(K, GROUP) + group")
-ROUND_HINT = ("call q = round_to_e4m3_grid(q) before q.to(tl.float8e4nv): Triton's interpreter drops the carry "
-              "when rounding to e4m3 goes up to the next power of two; the helper rounds to the e4m3 grid first, so "
-              "the cast is exact (on a GPU it changes nothing)")
-SIZES_HINT = ("it passes the first launch (5 rows, K = 200, GROUP = 128) but not this one: look for 128, 200 or 2 "
-              "written into the kernel instead of GROUP, K and tl.cdiv(K, GROUP)")
+LAYOUT_HINT = (
+    "scale is [rows, tl.cdiv(K, GROUP)], one float32 per program: store it at "
+    "scale_ptr + row * tl.cdiv(K, GROUP) + group"
+)
+ROUND_HINT = (
+    "call q = round_to_e4m3_grid(q) before q.to(tl.float8e4nv): Triton's interpreter drops the carry "
+    "when rounding to e4m3 goes up to the next power of two; the helper rounds to the e4m3 grid first, so "
+    "the cast is exact (on a GPU it changes nothing)"
+)
+SIZES_HINT = (
+    "it passes the first launch (5 rows, K = 200, GROUP = 128) but not this one: look for 128, 200 or 2 "
+    "written into the kernel instead of GROUP, K and tl.cdiv(K, GROUP)"
+)
 
 
 @dataclass(frozen=True)
@@ -96,8 +102,8 @@ def _inputs(case: Case) -> torch.Tensor:
     channels shows), and one all-zero group (row rows-2, group 0: the amax floor)."""
     gen = torch.Generator().manual_seed(9)
     gain = 10.0 ** (4 * torch.rand(case.rows, case.groups, generator=gen) - 2)
-    x = torch.randn(case.rows, case.k, generator=gen) * gain.repeat_interleave(case.group, 1)[:, :case.k]
-    x[case.rows - 2, :case.group] = 0.0
+    x = torch.randn(case.rows, case.k, generator=gen) * gain.repeat_interleave(case.group, 1)[:, : case.k]
+    x[case.rows - 2, : case.group] = 0.0
     return x
 
 
@@ -131,7 +137,7 @@ def _cast_as_e5m2(got: torch.Tensor, v: torch.Tensor) -> bool:
     g, v = got.float(), v.float()
     if not bool(torch.isfinite(g).all()) or _q_matches(got, v.to(FP8)):
         return False
-    exponent = torch.floor(torch.log2(v.abs().clamp(min=2.0 ** -14)))
+    exponent = torch.floor(torch.log2(v.abs().clamp(min=2.0**-14)))
     ulp = torch.exp2(exponent - 2)  # e5m2's spacing at |v|
     on_grid = g.to(torch.float8_e5m2).float() == g
     # the interpreter's cast drops the carry where rounding goes up to a power of two (as it does for e4m3)
@@ -150,8 +156,11 @@ def _cast_as_e4b15(got: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _stored(run, tensor: str) -> torch.Tensor:
     """Element offsets (in bounds) that the kernel stored into `tensor`, from the interpreter's record."""
-    chunks = [torch.from_numpy(a.offsets[a.in_bounds]) for a in run.accesses
-              if a.tensor == tensor and a.kind != "load" and a.in_bounds.any()]
+    chunks = [
+        torch.from_numpy(a.offsets[a.in_bounds])
+        for a in run.accesses
+        if a.tensor == tensor and a.kind != "load" and a.in_bounds.any()
+    ]
     return torch.unique(torch.cat(chunks)) if chunks else torch.zeros(0, dtype=torch.int64)
 
 
@@ -160,15 +169,16 @@ def _group_amax(x: torch.Tensor, case: Case, starts=None) -> torch.Tensor:
     if starts is None:
         padded = F.pad(x.abs(), (0, case.groups * case.group - case.k))
         return padded.view(case.rows, case.groups, case.group).amax(dim=2)
-    return torch.stack([x[:, s:min(s + case.group, case.k)].abs().amax(dim=1) for s in starts], dim=1)
+    return torch.stack([x[:, s : min(s + case.group, case.k)].abs().amax(dim=1) for s in starts], dim=1)
 
 
 def _div448(t: torch.Tensor) -> torch.Tensor:
     return t / torch.full_like(t, 448.0)  # an IEEE division, as the kernel's div_rn
 
 
-def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor,
-                   stored: torch.Tensor, named_only: bool = False) -> Optional[str]:
+def _scale_problem(
+    case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, stored: torch.Tensor, named_only: bool = False
+) -> Optional[str]:
     """What is wrong with the scales: a mistake recognized by name, or (unless named_only) what differs."""
     if _same(got, want):
         return None
@@ -179,27 +189,53 @@ def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.T
     per_row = x.abs().amax(dim=1, keepdim=True).expand(case.rows, case.groups).clamp(min=1e-10)
     shifted = _group_amax(x, case, starts=range(case.groups)).clamp(min=1e-10)
     candidates = (
-        (floored, f"each scale is its group's amax: divide it by 448, FP8's largest value, so that the group's "
-                  f"largest |x| becomes 448 ({SCALE_HINT})"),
-        (torch.full_like(floored, 448.0) / floored,
-         "each scale is 448 / amax, the inverse: store scale = amax / 448, the number that multiplies q back into "
-         "x (x ~ q * scale), and divide x by it"),
-        (_div448(signed_max), f"the scales come from max(x), not max(|x|): a group whose largest magnitude is "
-                              f"negative gets too small a scale ({SCALE_HINT})"),
-        (_div448(per_row), "every group of a row has the row's scale: each group of GROUP channels has its own "
-                           "amax (that is the point: an outlier spoils only its own group)"),
-        (_div448(shifted), "the groups start at channel `group`, not `group * GROUP`: program (row, group) covers "
-                           "channels group * GROUP + tl.arange(0, GROUP)"),
-        (_div448(amax), f"the all-zero group (row {case.rows - 2}, group 0) got scale 0, so its q is 0 / 0 = NaN: "
-                        f"floor the amax at 1e-10 before dividing ({SCALE_HINT})"),
-        (floored * torch.tensor(1 / 448, dtype=torch.float32), "the scales are amax * (1 / 448), which rounds twice "
-         "(1 / 448 has no exact float32): divide, scale = amax / 448"),
-        (want.t().contiguous().view(case.rows, case.groups),
-         f"the scales are stored transposed (group-major, scale_ptr + group * rows + row): {LAYOUT_HINT}"),
-        (torch.full_like(floored, 448.0), f"every scale is 448: the scale is the group's amax divided by 448 "
-                                          f"({SCALE_HINT})"),
-        (want[:1].expand(case.rows, case.groups), "every row got row 0's scales: the load of x misses the row's "
-                                                  "start, x_ptr + row * K + cols"),
+        (
+            floored,
+            f"each scale is its group's amax: divide it by 448, FP8's largest value, so that the group's "
+            f"largest |x| becomes 448 ({SCALE_HINT})",
+        ),
+        (
+            torch.full_like(floored, 448.0) / floored,
+            "each scale is 448 / amax, the inverse: store scale = amax / 448, the number that multiplies q back into "
+            "x (x ~ q * scale), and divide x by it",
+        ),
+        (
+            _div448(signed_max),
+            f"the scales come from max(x), not max(|x|): a group whose largest magnitude is "
+            f"negative gets too small a scale ({SCALE_HINT})",
+        ),
+        (
+            _div448(per_row),
+            "every group of a row has the row's scale: each group of GROUP channels has its own "
+            "amax (that is the point: an outlier spoils only its own group)",
+        ),
+        (
+            _div448(shifted),
+            "the groups start at channel `group`, not `group * GROUP`: program (row, group) covers "
+            "channels group * GROUP + tl.arange(0, GROUP)",
+        ),
+        (
+            _div448(amax),
+            f"the all-zero group (row {case.rows - 2}, group 0) got scale 0, so its q is 0 / 0 = NaN: "
+            f"floor the amax at 1e-10 before dividing ({SCALE_HINT})",
+        ),
+        (
+            floored * torch.tensor(1 / 448, dtype=torch.float32),
+            "the scales are amax * (1 / 448), which rounds twice "
+            "(1 / 448 has no exact float32): divide, scale = amax / 448",
+        ),
+        (
+            want.t().contiguous().view(case.rows, case.groups),
+            f"the scales are stored transposed (group-major, scale_ptr + group * rows + row): {LAYOUT_HINT}",
+        ),
+        (
+            torch.full_like(floored, 448.0),
+            f"every scale is 448: the scale is the group's amax divided by 448 ({SCALE_HINT})",
+        ),
+        (
+            want[:1].expand(case.rows, case.groups),
+            "every row got row 0's scales: the load of x misses the row's start, x_ptr + row * K + cols",
+        ),
     )
     for wrong, why in candidates:
         if not _same(wrong, want) and _same(got, wrong):
@@ -209,17 +245,23 @@ def _scale_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.T
     if stored.numel() < want.numel():
         missing = sorted(set(range(want.numel())) - set(stored.tolist()))
         r, g = divmod(missing[0], case.groups)
-        return (f"{len(missing)} of {want.numel()} scales were never stored, the first for row {r}, group {g}: "
-                f"{LAYOUT_HINT}")
+        return (
+            f"{len(missing)} of {want.numel()} scales were never stored, the first for row {r}, group {g}: "
+            f"{LAYOUT_HINT}"
+        )
     g64, w64 = got.double().cpu(), want.double().cpu()
     close = torch.isclose(g64, w64, rtol=5e-7, atol=0)
     if close.all():
         n = int((_bits(got) != _bits(want)).sum())
-        return (f"{n} of {want.numel()} scales differ from amax / 448 in the last bit: compute it as one float32 "
-                "division of the floored amax by 448.0")
+        return (
+            f"{n} of {want.numel()} scales differ from amax / 448 in the last bit: compute it as one float32 "
+            "division of the floored amax by 448.0"
+        )
     wrong = (~close).nonzero()[0].tolist()
-    return (f"{int((~close).sum())} of {want.numel()} scales are wrong, the first for row {wrong[0]}, group {wrong[1]} "
-            f"(got {g64[tuple(wrong)].item():.6g}, expected {w64[tuple(wrong)].item():.6g}): {SCALE_HINT}")
+    return (
+        f"{int((~close).sum())} of {want.numel()} scales are wrong, the first for row {wrong[0]}, group {wrong[1]} "
+        f"(got {g64[tuple(wrong)].item():.6g}, expected {w64[tuple(wrong)].item():.6g}): {SCALE_HINT}"
+    )
 
 
 def _coverage_problem(case: Case, stored: torch.Tensor, whole_rows: bool) -> Optional[str]:
@@ -231,48 +273,72 @@ def _coverage_problem(case: Case, stored: torch.Tensor, whole_rows: bool) -> Opt
     written = written.view(case.rows, case.k)
     rows = [r for r in range(case.rows) if not written[r].any()]
     if whole_rows:
-        return (f"rows {rows} of q were never written (of {case.rows}): program (row, group) quantizes one group of "
-                "row `row = tl.program_id(0)` (group = tl.program_id(1)), at offsets row * K + cols") if rows else None
+        return (
+            (
+                f"rows {rows} of q were never written (of {case.rows}): program (row, group) quantizes one group of "
+                "row `row = tl.program_id(0)` (group = tl.program_id(1)), at offsets row * K + cols"
+            )
+            if rows
+            else None
+        )
     r, c = (~written).nonzero()[0].tolist()
-    return (f"{int((~written).sum())} values of q were never written, the first at row {r}, channel {c}: program "
-            "(row, group) covers channels cols = group * GROUP + tl.arange(0, GROUP) of its row (group = "
-            "tl.program_id(1))")
+    return (
+        f"{int((~written).sum())} values of q were never written, the first at row {r}, channel {c}: program "
+        "(row, group) covers channels cols = group * GROUP + tl.arange(0, GROUP) of its row (group = "
+        "tl.program_id(1))"
+    )
 
 
-def _q_problem(case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor,
-               scale: torch.Tensor) -> Optional[str]:
+def _q_problem(
+    case: Case, x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, scale: torch.Tensor
+) -> Optional[str]:
     if _same(got, want):
         return None
-    full = scale.repeat_interleave(case.group, 1)[:, :case.k]
+    full = scale.repeat_interleave(case.group, 1)[:, : case.k]
     if _q_matches(got, (x * full).clamp(-448, 448).to(FP8)):
-        return ("q is x times the scale: divide instead, q = x / scale (x ~ q * scale: the scale multiplies q back "
-                "into x)")
+        return (
+            "q is x times the scale: divide instead, q = x / scale (x ~ q * scale: the scale multiplies q back into x)"
+        )
     if _q_matches(got, x.clamp(-448, 448).to(FP8)):
         return "q is x cast as it is: divide x by its group's scale first, so the group's largest |x| becomes 448"
     if _q_matches(got, (x / 448.0).to(FP8)):
         return "q is x / 448: divide x by its group's scale (amax / 448), so the group's largest |x| becomes 448"
     clamped = (x / full).clamp(-448, 448)
     if _cast_as_e5m2(got, clamped):
-        return ("q was rounded as float8 e5m2 (2 mantissa bits), not e4m3: cast with q.to(tl.float8e4nv), after "
-                "round_to_e4m3_grid")
+        return (
+            "q was rounded as float8 e5m2 (2 mantissa bits), not e4m3: cast with q.to(tl.float8e4nv), after "
+            "round_to_e4m3_grid"
+        )
     if _cast_as_e4b15(got, clamped):
-        return ("q was cast to float8 e4b15 (exponent bias 15, largest value 1.875), not e4m3 (largest 448): cast "
-                "with q.to(tl.float8e4nv), after round_to_e4m3_grid")
+        return (
+            "q was cast to float8 e4b15 (exponent bias 15, largest value 1.875), not e4m3 (largest 448): cast "
+            "with q.to(tl.float8e4nv), after round_to_e4m3_grid"
+        )
     slips = _cast_slips(got, want)
     wrong = _bits(got) != _bits(want)
     if wrong.any() and bool((wrong == slips).all()):
         first = slips.nonzero()[0].tolist()
         got_v, want_v = got[tuple(first)].float().item(), want[tuple(first)].float().item()
-        return (f"{int(slips.sum())} of {want.numel()} values are half what they should be, all where rounding "
-                f"goes up to a power of two (row {first[0]}, channel {first[1]}: got {got_v:g}, expected {want_v:g}): "
-                f"{ROUND_HINT}")
+        return (
+            f"{int(slips.sum())} of {want.numel()} values are half what they should be, all where rounding "
+            f"goes up to a power of two (row {first[0]}, channel {first[1]}: got {got_v:g}, expected {want_v:g}): "
+            f"{ROUND_HINT}"
+        )
     first = wrong.nonzero()[0].tolist()
     got_v = got[tuple(first)].float().item()
-    nan = (" (±384 is what the interpreter's cast makes of a NaN: a 0 / 0, as from an all-zero group divided by "
-           "an amax without its floor, tl.maximum(amax, 1e-10)?)") if abs(got_v) == 384 else ""
-    return (f"{int(wrong.sum())} of {want.numel()} values of q are wrong, the first at row {first[0]}, channel "
-            f"{first[1]} (got {got_v:g}, expected {want[tuple(first)].float().item():g}){nan}: "
-            f"q = clamp(x / scale, -448, 448), then round_to_e4m3_grid, then the cast")
+    nan = (
+        (
+            " (±384 is what the interpreter's cast makes of a NaN: a 0 / 0, as from an all-zero group divided by "
+            "an amax without its floor, tl.maximum(amax, 1e-10)?)"
+        )
+        if abs(got_v) == 384
+        else ""
+    )
+    return (
+        f"{int(wrong.sum())} of {want.numel()} values of q are wrong, the first at row {first[0]}, channel "
+        f"{first[1]} (got {got_v:g}, expected {want[tuple(first)].float().item():g}){nan}: "
+        f"q = clamp(x / scale, -448, 448), then round_to_e4m3_grid, then the cast"
+    )
 
 
 def _bounds_hint(case: Case, run) -> str:
@@ -280,16 +346,23 @@ def _bounds_hint(case: Case, run) -> str:
     if "scale_ptr" in tensors:
         return LAYOUT_HINT
     if case.k % case.group:
-        return (f"K = {case.k} is not a multiple of GROUP = {case.group}: the last group of a row is "
-                f"{case.k % case.group} channels wide. Mask the load and the store with `cols < K` (load with "
-                "other=0.0, so the lanes past K add nothing to the amax)")
+        return (
+            f"K = {case.k} is not a multiple of GROUP = {case.group}: the last group of a row is "
+            f"{case.k % case.group} channels wide. Mask the load and the store with `cols < K` (load with "
+            "other=0.0, so the lanes past K add nothing to the amax)"
+        )
     return "row r starts at element r * K: offsets row * K + cols, cols < K"
 
 
 def _run(kernel, case: Case, x: torch.Tensor):
     """One guarded launch, interpreted on CPU buffers (see the module doc for why, also on a GPU)."""
-    args = dict(x_ptr=x, q_ptr=torch.full((case.rows, case.k), float("nan")).to(FP8),
-                scale_ptr=torch.full((case.rows, case.groups), float("nan")), K=case.k, GROUP=case.group)
+    args = dict(
+        x_ptr=x,
+        q_ptr=torch.full((case.rows, case.k), float("nan")).to(FP8),
+        scale_ptr=torch.full((case.rows, case.groups), float("nan")),
+        K=case.k,
+        GROUP=case.group,
+    )
     with warnings.catch_warnings():  # the interpreter's 0 / 0 of a kernel without the amax floor: named later
         warnings.simplefilter("ignore", RuntimeWarning)
         if isinstance(kernel, JITFunction):  # compiled for a GPU: its source, interpreted
@@ -306,8 +379,7 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
         return problem + f". {_bounds_hint(case, run)}" if run.out_of_bounds else problem
     stored_q, stored_s = _stored(run, "q_ptr"), _stored(run, "scale_ptr")
     if not stored_q.numel() and not stored_s.numel():
-        return ("the kernel stores nothing: load the group, compute its scale, and tl.store q (as float8) and the "
-                "scale")
+        return "the kernel stores nothing: load the group, compute its scale, and tl.store q (as float8) and the scale"
     if not stored_s.numel():
         return f"no scale was stored: {LAYOUT_HINT}"
     if not stored_q.numel():
@@ -316,9 +388,13 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
     got_q, got_s = run.tensors["q_ptr"].cpu(), run.tensors["scale_ptr"].cpu()
     # A mistake recognized by name first; then channels never written (a group's bounds or index gone wrong
     # also spoil its scale, and are the thing to fix), then whatever else differs.
-    return (_coverage_problem(case, stored_q, True) or _scale_problem(case, x, got_s, want_s, stored_s, True)
-            or _coverage_problem(case, stored_q, False) or _scale_problem(case, x, got_s, want_s, stored_s)
-            or _q_problem(case, x, got_q, want_q, want_s))
+    return (
+        _coverage_problem(case, stored_q, True)
+        or _scale_problem(case, x, got_s, want_s, stored_s, True)
+        or _coverage_problem(case, stored_q, False)
+        or _scale_problem(case, x, got_s, want_s, stored_s)
+        or _q_problem(case, x, got_q, want_q, want_s)
+    )
 
 
 def _masked_x_load_without_other(kernel) -> bool:
@@ -336,8 +412,12 @@ def _masked_x_load_without_other(kernel) -> bool:
             pointer = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "pointer"), None)
             names = {n.id for n in ast.walk(pointer) if isinstance(n, ast.Name)} if pointer is not None else set()
             words = {k.arg for k in node.keywords}
-            if x_name in names and ("mask" in words or len(node.args) >= 2) and "other" not in words \
-                    and len(node.args) < 3:
+            if (
+                x_name in names
+                and ("mask" in words or len(node.args) >= 2)
+                and "other" not in words
+                and len(node.args) < 3
+            ):
                 return True
     return False
 
@@ -353,8 +433,18 @@ def check_quantize_rows(kernel, strict: bool = False) -> Verdict:
                 problem = f"with {case.describe()}, {SIZES_HINT}: {problem}"
             return report(EXERCISE, problem, "", strict)
     if _masked_x_load_without_other(kernel):
-        return report(EXERCISE, "every value is right here, but the masked load of x has no other=: on a GPU the "
-                      "lanes past K are undefined and go into the group's amax (the interpreter fills 0, so these "
-                      "numbers cannot show it). Load with other=0.0", "", strict)
-    return report(EXERCISE, None, "q and every scale bit for bit as quantize_activations_fp8 makes them, on two "
-                  "launches (" + "; ".join(c.describe() for c in CASES) + "), no access out of bounds", strict)
+        return report(
+            EXERCISE,
+            "every value is right here, but the masked load of x has no other=: on a GPU the "
+            "lanes past K are undefined and go into the group's amax (the interpreter fills 0, so these "
+            "numbers cannot show it). Load with other=0.0",
+            "",
+            strict,
+        )
+    return report(
+        EXERCISE,
+        None,
+        "q and every scale bit for bit as quantize_activations_fp8 makes them, on two "
+        "launches (" + "; ".join(c.describe() for c in CASES) + "), no access out of bounds",
+        strict,
+    )

@@ -5,22 +5,25 @@
 
 One program per token t: out[t, j] = topk_weights[t, j] / sum_j' topk_weights[t, j'] for j < top_k.
 """
+
 from __future__ import annotations
 
 import torch
 
-from ..guarded import run_guarded
 from ...reference import relative_error
 from ...runtime import default_device
+from ..guarded import run_guarded
 from ._grade import Verdict, grade
 
 NUM_TOKENS, NUM_EXPERTS = 37, 64
-TOP_K, BLOCK_K = 6, 8            # top_k is not a power of two: lanes 6 and 7 of each program must be masked
-ROW_STRIDE = 8                   # topk_weights is a [T, 8] buffer sliced to [:, :6]
+TOP_K, BLOCK_K = 6, 8  # top_k is not a power of two: lanes 6 and 7 of each program must be masked
+ROW_STRIDE = 8  # topk_weights is a [T, 8] buffer sliced to [:, :6]
 
-MASK_HINT = (f"top_k = {TOP_K} is not a power of two, so each program has BLOCK_K = {BLOCK_K} lanes and the "
-             f"last {BLOCK_K - TOP_K} are not slots of the token: mask them with `j < top_k` on the load "
-             "(other=0.0, so they add nothing to the sum) and on the store")
+MASK_HINT = (
+    f"top_k = {TOP_K} is not a power of two, so each program has BLOCK_K = {BLOCK_K} lanes and the "
+    f"last {BLOCK_K - TOP_K} are not slots of the token: mask them with `j < top_k` on the load "
+    "(other=0.0, so they add nothing to the sum) and on the store"
+)
 
 
 def _stride_hint(run) -> str:
@@ -28,12 +31,16 @@ def _stride_hint(run) -> str:
     where = {o.tensor for o in run.out_of_bounds}
     hints = []
     if "topk_weights_ptr" in where or not where:
-        hints.append(f"Wrong stride: row t of topk_weights starts at t * weights_row_stride (= {ROW_STRIDE} "
-                     f"here: the weights are a [T, {ROW_STRIDE}] buffer sliced to [:, :{TOP_K}]), not at "
-                     "t * top_k; a kernel that assumes contiguous rows reads the wrong tokens' weights")
+        hints.append(
+            f"Wrong stride: row t of topk_weights starts at t * weights_row_stride (= {ROW_STRIDE} "
+            f"here: the weights are a [T, {ROW_STRIDE}] buffer sliced to [:, :{TOP_K}]), not at "
+            "t * top_k; a kernel that assumes contiguous rows reads the wrong tokens' weights"
+        )
     if "out_ptr" in where:
-        hints.append("Wrong stride: row t of out starts at t * out_row_stride (out is contiguous, "
-                     f"[T, {TOP_K}]), not at t * weights_row_stride")
+        hints.append(
+            "Wrong stride: row t of out starts at t * out_row_stride (out is contiguous, "
+            f"[T, {TOP_K}]), not at t * weights_row_stride"
+        )
     return "; ".join(hints)
 
 
@@ -60,38 +67,74 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
 
     def launch(w):
         out = torch.full((NUM_TOKENS, TOP_K), float("nan"), device=device)
-        return run_guarded(kernel, (NUM_TOKENS,), topk_weights_ptr=w, out_ptr=out,
-                           weights_row_stride=w.stride(0), out_row_stride=out.stride(0), top_k=TOP_K,
-                           BLOCK_K=BLOCK_K)
+        return run_guarded(
+            kernel,
+            (NUM_TOKENS,),
+            topk_weights_ptr=w,
+            out_ptr=out,
+            weights_row_stride=w.stride(0),
+            out_row_stride=out.stride(0),
+            top_k=TOP_K,
+            BLOCK_K=BLOCK_K,
+        )
 
     run = launch(topk_weights)
     row_zero_only = torch.full_like(want, float("nan"))
     row_zero_only[0] = want[0]
     hint = MASK_HINT
     if run.error is None and (run.out_of_bounds or not _close_enough(run.tensors["out_ptr"], want)):
-        contiguous = launch(weights.contiguous())   # weights_row_stride = top_k: a stride mistake is harmless
+        contiguous = launch(weights.contiguous())  # weights_row_stride = top_k: a stride mistake is harmless
         if contiguous.clean and _close_enough(contiguous.tensors["out_ptr"], want):
             hint = _stride_hint(run)
-            if not run.out_of_bounds:   # on a GPU a read in the gaps may go unseen: say it in the result
-                return grade("renormalize_kernel", run, "out_ptr", want, tol=1e-6, strict=strict,
-                             mistakes=[(hint, run.tensors["out_ptr"])])
-    return grade("renormalize_kernel", run, "out_ptr", want, tol=1e-6, strict=strict,
-                 out_of_bounds_hint=hint,
-                 mistakes=[("out equals topk_weights: not normalised; divide each weight by the sum of its "
-                            "row (tl.sum(w, axis=0))", weights),
-                           ("each row was divided by its largest weight: divide by the row's sum "
-                            "(tl.sum), not tl.max", weights / weights.amax(dim=-1, keepdim=True)),
-                           ("you applied a softmax: the weights are probabilities already; divide them by "
-                            "their sum instead", torch.softmax(weights, dim=-1)),
-                           ("every row is token 0's: each program must load and store its own token's row, "
-                            "t = tl.program_id(0)", want[:1].expand_as(want)),
-                           (f"the masked lanes added {BLOCK_K - TOP_K} to each row's sum: the load's other= gave "
-                            "them 1.0 (or another non-zero value); use other=0.0, which adds nothing",
-                            weights / (weights.sum(dim=-1, keepdim=True) + (BLOCK_K - TOP_K))),
-                           ("only row 0 was written: every program worked on token 0 (t = tl.program_id(1), or "
-                            "no program id at all, is 0 for every program of this 1-D grid); t = "
-                            "tl.program_id(0)", row_zero_only),
-                           *_float16_rounding(run.tensors["out_ptr"], want, weights)])
+            if not run.out_of_bounds:  # on a GPU a read in the gaps may go unseen: say it in the result
+                return grade(
+                    "renormalize_kernel",
+                    run,
+                    "out_ptr",
+                    want,
+                    tol=1e-6,
+                    strict=strict,
+                    mistakes=[(hint, run.tensors["out_ptr"])],
+                )
+    return grade(
+        "renormalize_kernel",
+        run,
+        "out_ptr",
+        want,
+        tol=1e-6,
+        strict=strict,
+        out_of_bounds_hint=hint,
+        mistakes=[
+            (
+                "out equals topk_weights: not normalised; divide each weight by the sum of its row (tl.sum(w, axis=0))",
+                weights,
+            ),
+            (
+                "each row was divided by its largest weight: divide by the row's sum (tl.sum), not tl.max",
+                weights / weights.amax(dim=-1, keepdim=True),
+            ),
+            (
+                "you applied a softmax: the weights are probabilities already; divide them by their sum instead",
+                torch.softmax(weights, dim=-1),
+            ),
+            (
+                "every row is token 0's: each program must load and store its own token's row, t = tl.program_id(0)",
+                want[:1].expand_as(want),
+            ),
+            (
+                f"the masked lanes added {BLOCK_K - TOP_K} to each row's sum: the load's other= gave "
+                "them 1.0 (or another non-zero value); use other=0.0, which adds nothing",
+                weights / (weights.sum(dim=-1, keepdim=True) + (BLOCK_K - TOP_K)),
+            ),
+            (
+                "only row 0 was written: every program worked on token 0 (t = tl.program_id(1), or "
+                "no program id at all, is 0 for every program of this 1-D grid); t = "
+                "tl.program_id(0)",
+                row_zero_only,
+            ),
+            *_float16_rounding(run.tensors["out_ptr"], want, weights),
+        ],
+    )
 
 
 def _float16_rounding(got: torch.Tensor, want: torch.Tensor, weights: torch.Tensor):
@@ -106,12 +149,20 @@ def _float16_rounding(got: torch.Tensor, want: torch.Tensor, weights: torch.Tens
         return []
     w16 = weights.half().float()
     sum32, sum16 = w16.sum(dim=-1, keepdim=True), w16.sum(dim=-1, keepdim=True).half().float()
-    rounded = [w16 / sum32, w16 / sum16, (w16 / sum16).half().float()]   # where float16 came in, and left
-    if not (torch.equal(got.half().float(), got) or min(relative_error(got, r) for r in rounded) < 0.3 * error
-            or error >= 5e-5):
+    rounded = [w16 / sum32, w16 / sum16, (w16 / sum16).half().float()]  # where float16 came in, and left
+    if not (
+        torch.equal(got.half().float(), got)
+        or min(relative_error(got, r) for r in rounded) < 0.3 * error
+        or error >= 5e-5
+    ):
         return []
-    return [(f"float16 rounding (relative error {error:.1e}): the weights or their sum went through float16. Keep "
-             "them float32, as loaded (no .to(tl.float16))", got)]
+    return [
+        (
+            f"float16 rounding (relative error {error:.1e}): the weights or their sum went through float16. Keep "
+            "them float32, as loaded (no .to(tl.float16))",
+            got,
+        )
+    ]
 
 
 def _close_enough(got: torch.Tensor, want: torch.Tensor) -> bool:

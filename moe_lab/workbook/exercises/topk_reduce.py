@@ -7,15 +7,16 @@ stores out[t, :] = sum over j < TOP_K of topk_weights[t, j] * y[t * TOP_K + j, :
 (token t = program_id(0), block of BLOCK_H columns = program_id(1)). y [num_slots, H] holds the down GEMM's
 rows, one per (token, k) slot: slot j of token t is row t * TOP_K + j.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 import triton
 
-from ..guarded import GuardedRun, run_guarded
 from ...reference import relative_error
 from ...runtime import default_device
+from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, grade
 
 # T * TOP_K = 30 slots; TOP_K = 6 is not a power of two; H = 200 is not a multiple of BLOCK_H = 64 (the last
@@ -29,7 +30,7 @@ def _inputs(device):
     y = torch.randn(T * TOP_K, Y_ROW_STRIDE, device=device)[:, :H]
     values = torch.rand(T, TOP_K, device=device) + 0.1
     weights = torch.zeros(T, W_ROW_STRIDE, device=device)[:, :TOP_K]
-    weights.copy_(values / values.sum(dim=1, keepdim=True))   # routed weights: positive, each row sums to 1
+    weights.copy_(values / values.sum(dim=1, keepdim=True))  # routed weights: positive, each row sums to 1
     return y, weights
 
 
@@ -43,9 +44,9 @@ def _applied_weights(got: torch.Tensor, y: torch.Tensor):
     None when `got` is not such a combination of each token's own rows."""
     if not torch.isfinite(got).all():
         return None
-    rows = y.double().cpu().reshape(T, TOP_K, H).transpose(1, 2)          # [T, H, TOP_K]
-    target = got.double().cpu()[:, :, None]                            # [T, H, 1]
-    coeffs = torch.linalg.lstsq(rows, target).solution                 # [T, TOP_K, 1]
+    rows = y.double().cpu().reshape(T, TOP_K, H).transpose(1, 2)  # [T, H, TOP_K]
+    target = got.double().cpu()[:, :, None]  # [T, H, 1]
+    coeffs = torch.linalg.lstsq(rows, target).solution  # [T, TOP_K, 1]
     if relative_error(rows @ coeffs, target) > 1e-4:
         return None
     return coeffs[:, :, 0]
@@ -67,9 +68,19 @@ def _permuted_weights(got, y, weights):
 
 def _launch(kernel, y, weights) -> GuardedRun:
     out = torch.full((T, H), float("nan"), device=y.device)
-    return run_guarded(kernel, (T, triton.cdiv(H, BLOCK_H)), y_ptr=y, topk_weights_ptr=weights, out_ptr=out,
-                       H=H, stride_y_row=y.stride(0), stride_w_token=weights.stride(0), stride_out_row=out.stride(0),
-                       TOP_K=TOP_K, BLOCK_H=BLOCK_H)
+    return run_guarded(
+        kernel,
+        (T, triton.cdiv(H, BLOCK_H)),
+        y_ptr=y,
+        topk_weights_ptr=weights,
+        out_ptr=out,
+        H=H,
+        stride_y_row=y.stride(0),
+        stride_w_token=weights.stride(0),
+        stride_out_row=out.stride(0),
+        TOP_K=TOP_K,
+        BLOCK_H=BLOCK_H,
+    )
 
 
 def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
@@ -81,35 +92,49 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
         if again.clean and relative_error(again.tensors["out_ptr"], _weighted(y, weights)) < 1e-5:
             strides = []
             if "y_ptr" in where:
-                strides.append(f"row r of y starts at y_ptr + r * stride_y_row (here {Y_ROW_STRIDE}, not H = {H}: "
-                               "y is a view of a wider buffer)")
+                strides.append(
+                    f"row r of y starts at y_ptr + r * stride_y_row (here {Y_ROW_STRIDE}, not H = {H}: "
+                    "y is a view of a wider buffer)"
+                )
             if "topk_weights_ptr" in where:
-                strides.append(f"topk_weights[t, j] is at topk_weights_ptr + t * stride_w_token + j (here "
-                               f"stride_w_token = {W_ROW_STRIDE}, not TOP_K = {TOP_K})")
-            return ("wrong stride: the kernel is right on contiguous tensors but ignores a row stride it is "
-                    "given: " + "; ".join(strides))
+                strides.append(
+                    f"topk_weights[t, j] is at topk_weights_ptr + t * stride_w_token + j (here "
+                    f"stride_w_token = {W_ROW_STRIDE}, not TOP_K = {TOP_K})"
+                )
+            return (
+                "wrong stride: the kernel is right on contiguous tensors but ignores a row stride it is "
+                "given: " + "; ".join(strides)
+            )
     hints = []
     stores = run.offsets("out_ptr", "store")
-    reach = (T - 1) * H + triton.cdiv(H, BLOCK_H) * BLOCK_H   # how far a store with the right stride but no mask goes
+    reach = (T - 1) * H + triton.cdiv(H, BLOCK_H) * BLOCK_H  # how far a store with the right stride but no mask goes
     if stores.size and stores.max() >= reach:
         stored = np.unique(run.offsets("out_ptr", "store", outside_only=False)) if run.accesses else np.unique(stores)
         rows = np.arange(T)[:, None] * Y_ROW_STRIDE
-        by_y = any(np.array_equal(stored, np.unique(rows + np.arange(width)[None, :]))
-                   for width in (H, triton.cdiv(H, BLOCK_H) * BLOCK_H))
+        by_y = any(
+            np.array_equal(stored, np.unique(rows + np.arange(width)[None, :]))
+            for width in (H, triton.cdiv(H, BLOCK_H) * BLOCK_H)
+        )
         used = f"not t * stride_y_row (= {Y_ROW_STRIDE}, y's row stride)" if by_y else "not t times another stride"
-        hints.append(f"wrong stride for out: row t of out starts at out_ptr + t * stride_out_row (out is a "
-                     f"contiguous [T, H] tensor: stride_out_row = {H}), {used}; the stores reach element "
-                     f"{int(stores.max())}, past the last row plus a whole BLOCK_H, which no missing mask explains")
+        hints.append(
+            f"wrong stride for out: row t of out starts at out_ptr + t * stride_out_row (out is a "
+            f"contiguous [T, H] tensor: stride_out_row = {H}), {used}; the stores reach element "
+            f"{int(stores.max())}, past the last row plus a whole BLOCK_H, which no missing mask explains"
+        )
         where = where - {"out_ptr"}
     if where & {"y_ptr", "out_ptr"}:
-        hints.append(f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its "
-                     "store with `offs_h < H`. Row r of y starts at y_ptr + r * stride_y_row (here "
-                     f"{Y_ROW_STRIDE}, not H: y is a view of a wider buffer), and slot j of token t is row "
-                     "t * TOP_K + j")
+        hints.append(
+            f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its "
+            "store with `offs_h < H`. Row r of y starts at y_ptr + r * stride_y_row (here "
+            f"{Y_ROW_STRIDE}, not H: y is a view of a wider buffer), and slot j of token t is row "
+            "t * TOP_K + j"
+        )
     if "topk_weights_ptr" in where:
-        hints.append("wrong stride for the weights? topk_weights[t, j] is at topk_weights_ptr + t * stride_w_token "
-                     f"+ j; its rows are stride_w_token = {W_ROW_STRIDE} elements apart here (a view of a wider "
-                     f"buffer), not TOP_K = {TOP_K}")
+        hints.append(
+            "wrong stride for the weights? topk_weights[t, j] is at topk_weights_ptr + t * stride_w_token "
+            f"+ j; its rows are stride_w_token = {W_ROW_STRIDE} elements apart here (a view of a wider "
+            f"buffer), not TOP_K = {TOP_K}"
+        )
     return ". ".join(hints)
 
 
@@ -128,25 +153,52 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
     run = _launch(kernel, y, weights)
     last_only = torch.zeros_like(weights)
     last_only[:, -1] = weights[:, -1]
-    slot_major = y.view(TOP_K, T, H).transpose(0, 1).reshape(T * TOP_K, H)   # row j * T + t taken as slot (t, j)
+    slot_major = y.view(TOP_K, T, H).transpose(0, 1).reshape(T * TOP_K, H)  # row j * T + t taken as slot (t, j)
     mistakes = [
-        ("the weights are not applied: out is the plain sum of each token's k rows. Multiply row "
-         "t * TOP_K + j by topk_weights[t, j] before adding it", _weighted(y, torch.ones_like(weights))),
-        ("the k weights are reversed: slot j took topk_weights[t, TOP_K - 1 - j]. Slot j of token t (row "
-         "t * TOP_K + j of y) takes topk_weights[t, j]", _weighted(y, weights.flip(1))),
-        ("slot j of token t was read at row j * T + t of y: the slots of a token are consecutive rows, "
-         "read row t * TOP_K + j", _weighted(slot_major, weights)),
-        ("slot j of token t was read at row j * T + t of y and not weighted: read row t * TOP_K + j and "
-         "multiply it by topk_weights[t, j]", _weighted(slot_major, torch.ones_like(weights))),
-        ("only the last slot counts: out is topk_weights[t, TOP_K - 1] * y[t * TOP_K + TOP_K - 1], so the "
-         "accumulator was overwritten in each step (acc = w * row). Add to it: acc += w * row",
-         _weighted(y, last_only)),
+        (
+            "the weights are not applied: out is the plain sum of each token's k rows. Multiply row "
+            "t * TOP_K + j by topk_weights[t, j] before adding it",
+            _weighted(y, torch.ones_like(weights)),
+        ),
+        (
+            "the k weights are reversed: slot j took topk_weights[t, TOP_K - 1 - j]. Slot j of token t (row "
+            "t * TOP_K + j of y) takes topk_weights[t, j]",
+            _weighted(y, weights.flip(1)),
+        ),
+        (
+            "slot j of token t was read at row j * T + t of y: the slots of a token are consecutive rows, "
+            "read row t * TOP_K + j",
+            _weighted(slot_major, weights),
+        ),
+        (
+            "slot j of token t was read at row j * T + t of y and not weighted: read row t * TOP_K + j and "
+            "multiply it by topk_weights[t, j]",
+            _weighted(slot_major, torch.ones_like(weights)),
+        ),
+        (
+            "only the last slot counts: out is topk_weights[t, TOP_K - 1] * y[t * TOP_K + TOP_K - 1], so the "
+            "accumulator was overwritten in each step (acc = w * row). Add to it: acc += w * row",
+            _weighted(y, last_only),
+        ),
     ]
     if run.problem() is None:
         permuted = _permuted_weights(run.tensors["out_ptr"], y, weights)
         if permuted is not None:
-            mistakes.append(("the k weights are paired with the wrong slots (each token's weights are all "
-                             "used, in another order): slot j of token t (row t * TOP_K + j of y) takes "
-                             "topk_weights[t, j]", permuted))
-    return grade("topk_reduce_kernel", run, "out_ptr", _weighted(y, weights), tol=1e-5, strict=strict,
-                 out_of_bounds_hint=_out_of_bounds_hint(kernel, run, y, weights), mistakes=mistakes)
+            mistakes.append(
+                (
+                    "the k weights are paired with the wrong slots (each token's weights are all "
+                    "used, in another order): slot j of token t (row t * TOP_K + j of y) takes "
+                    "topk_weights[t, j]",
+                    permuted,
+                )
+            )
+    return grade(
+        "topk_reduce_kernel",
+        run,
+        "out_ptr",
+        _weighted(y, weights),
+        tol=1e-5,
+        strict=strict,
+        out_of_bounds_hint=_out_of_bounds_hint(kernel, run, y, weights),
+        mistakes=mistakes,
+    )

@@ -1,4 +1,5 @@
 """Shared helpers of the plot functions."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -19,6 +20,7 @@ def figure_and_ax(ax: Optional[Axes], figsize) -> tuple[Figure, Axes]:
 def expert_colors(num_experts: int) -> ListedColormap:
     """One color per expert (tab20, repeating past 20 experts)."""
     from matplotlib import colormaps
+
     base = colormaps["tab20"].colors
     return ListedColormap([base[e % len(base)] for e in range(max(num_experts, 1))])
 
@@ -44,8 +46,11 @@ def show_figure(output, figure: Figure) -> None:
         data, metadata = shell.display_formatter.format(figure)
         if not any(key.startswith("image/") for key in data):
             from IPython.core.pylabtools import print_figure
-            data = {"image/png": print_figure(figure, "png", base64=True),
-                    "text/plain": data.get("text/plain", repr(figure))}
+
+            data = {
+                "image/png": print_figure(figure, "png", base64=True),
+                "text/plain": data.get("text/plain", repr(figure)),
+            }
             metadata = {}
         display(data, metadata=metadata, raw=True)
 
@@ -54,6 +59,8 @@ def require_expert_sorted(routing, what: str) -> None:
     """Raise ValueError for a slot-order schedule (`moe_lab.align.slot_order_routing`, what `fused_moe`
     runs at T = 1): the pictures count experts' rows and padding, which only the align's schedule has."""
     if not getattr(routing, "expert_sorted", True):
-        raise ValueError(f"{what} draws the align's expert-sorted schedule; this routing is a single token's "
-                         "slot order (fused_moe at T = 1): build one with moe_lab.moe_align(topk_ids, E, "
-                         "block_size_m)")
+        raise ValueError(
+            f"{what} draws the align's expert-sorted schedule; this routing is a single token's "
+            "slot order (fused_moe at T = 1): build one with moe_lab.moe_align(topk_ids, E, "
+            "block_size_m)"
+        )

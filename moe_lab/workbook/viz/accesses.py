@@ -1,4 +1,5 @@
 """Which elements each program of a kernel loaded or stored: a picture of a guarded run's accesses."""
+
 from __future__ import annotations
 
 from typing import Optional
@@ -9,7 +10,7 @@ from matplotlib.figure import Figure
 
 from ._common import figure_and_ax
 
-MAX_COLUMNS = 4096   # elements drawn; beyond the tensor's end only this many
+MAX_COLUMNS = 4096  # elements drawn; beyond the tensor's end only this many
 
 
 def plot_accesses(run, tensor: str, kind: str = "store", *, ax=None, title: Optional[str] = None) -> Figure:
@@ -38,11 +39,25 @@ def plot_accesses(run, tensor: str, kind: str = "store", *, ax=None, title: Opti
         image[row[a.program], cols] = row[a.program] % 20
         outside[row[a.program], cols[~a.in_bounds[keep]]] = True
     fig, ax = figure_and_ax(ax, (9, 0.9 + 0.32 * len(image)))
-    ax.imshow(image, aspect="auto", interpolation="nearest", cmap="tab20", vmin=0, vmax=19,
-              extent=(lo - 0.5, hi - 0.5, len(image) - 0.5, -0.5))
+    ax.imshow(
+        image,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="tab20",
+        vmin=0,
+        vmax=19,
+        extent=(lo - 0.5, hi - 0.5, len(image) - 0.5, -0.5),
+    )
     red = np.where(outside, 1.0, np.nan)
-    ax.imshow(red, aspect="auto", interpolation="nearest", cmap=ListedColormap(["red"]), vmin=0, vmax=1,
-              extent=(lo - 0.5, hi - 0.5, len(image) - 0.5, -0.5))
+    ax.imshow(
+        red,
+        aspect="auto",
+        interpolation="nearest",
+        cmap=ListedColormap(["red"]),
+        vmin=0,
+        vmax=1,
+        extent=(lo - 0.5, hi - 0.5, len(image) - 0.5, -0.5),
+    )
     for edge in (-0.5, numel - 0.5):
         ax.axvline(edge, color="black", lw=1.2)
     ax.set_yticks(range(len(programs)), [str(p[0]) if p[1:] == (0, 0) else str(p) for p in programs])

@@ -1,9 +1,10 @@
 """Pictures of the aligned schedule: sorted_token_ids as a strip, padding, BLOCK_SIZE_M boundaries, expert_ids.
 
-    fig = plot_alignment_strip(moe_align(topk_ids, E, 16))
-    print(padding_report(routing))
-    align_explorer({"prefill": ids_prefill, "decode": ids_decode}, num_experts=E)   # BLOCK_SIZE_M widget
+fig = plot_alignment_strip(moe_align(topk_ids, E, 16))
+print(padding_report(routing))
+align_explorer({"prefill": ids_prefill, "decode": ids_decode}, num_experts=E)   # BLOCK_SIZE_M widget
 """
+
 from __future__ import annotations
 
 from typing import Callable, Mapping, Optional, Sequence
@@ -42,9 +43,11 @@ def padding_report(routing: AlignedRouting) -> str:
     pad = used - slots
     share = 100.0 * pad / used if used else 0.0
     blocks = used // routing.block_size_m
-    return (f"BLOCK_SIZE_M={routing.block_size_m:>3}: {slots} slots -> num_tokens_post_padded = {used} rows, "
-            f"{pad} padding rows ({share:.1f}% of rows wasted); {blocks} of {routing.max_num_m_blocks} "
-            f"M-blocks in use")
+    return (
+        f"BLOCK_SIZE_M={routing.block_size_m:>3}: {slots} slots -> num_tokens_post_padded = {used} rows, "
+        f"{pad} padding rows ({share:.1f}% of rows wasted); {blocks} of {routing.max_num_m_blocks} "
+        f"M-blocks in use"
+    )
 
 
 def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
@@ -59,8 +62,9 @@ def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
     return blocks, int(((counts > block_size_m) & (tail > 0) & (tail <= fold_tail_rows)).sum())
 
 
-def plot_alignment_strip(routing: AlignedRouting, ax: Optional[Axes] = None, title: Optional[str] = None,
-                         max_labels: int = 64) -> Figure:
+def plot_alignment_strip(
+    routing: AlignedRouting, ax: Optional[Axes] = None, title: Optional[str] = None, max_labels: int = 64
+) -> Figure:
     """The used part of `sorted_token_ids` as one strip of cells.
 
     Each cell is a row of the schedule, colored by its expert; padding rows (the sentinel T*k) are grey
@@ -81,16 +85,30 @@ def plot_alignment_strip(routing: AlignedRouting, ax: Optional[Axes] = None, tit
     fig, ax = figure_and_ax(ax, (min(14, max(9, 2 + 0.3 * used)), 2.0))
     colors = expert_colors(routing.num_experts)
     cmap = ListedColormap([PADDING_COLOR] + list(colors.colors))
-    ax.imshow((experts + 1)[None, :], cmap=cmap, vmin=0, vmax=routing.num_experts, aspect="auto",
-              interpolation="nearest", extent=(0, max(used, 1), 0, 1))
+    ax.imshow(
+        (experts + 1)[None, :],
+        cmap=cmap,
+        vmin=0,
+        vmax=routing.num_experts,
+        aspect="auto",
+        interpolation="nearest",
+        extent=(0, max(used, 1), 0, 1),
+    )
     pad = np.flatnonzero(experts < 0)
     if 0 < pad.size <= 4096:
         ax.bar(pad + 0.5, 1, width=1, bottom=0, color="none", hatch="///", edgecolor="grey", linewidth=0)
     if used <= max_labels:
         ids = routing.sorted_token_ids[:used].cpu().tolist()
         for r, v in enumerate(ids):
-            ax.text(r + 0.5, 0.5, "pad" if v >= routing.num_slots else str(v), ha="center", va="center",
-                    fontsize=7 if used <= 32 else 5, rotation=0 if used <= 32 else 90)
+            ax.text(
+                r + 0.5,
+                0.5,
+                "pad" if v >= routing.num_slots else str(v),
+                ha="center",
+                va="center",
+                fontsize=7 if used <= 32 else 5,
+                rotation=0 if used <= 32 else 90,
+            )
     for b in range(num_blocks + 1):
         ax.axvline(b * bm, color="black", linewidth=1.5 if num_blocks <= 64 else 0.5)
     if num_blocks <= max_labels:
@@ -120,9 +138,13 @@ def plot_alignment_cases(cases: Mapping[str, AlignedRouting]) -> Figure:
     return fig
 
 
-def align_explorer(cases: Mapping[str, torch.Tensor], num_experts: int,
-                   block_sizes: Sequence[int] = (16, 32, 64, 128), value: Optional[int] = None,
-                   align: Callable[..., AlignedRouting] = moe_align):
+def align_explorer(
+    cases: Mapping[str, torch.Tensor],
+    num_experts: int,
+    block_sizes: Sequence[int] = (16, 32, 64, 128),
+    value: Optional[int] = None,
+    align: Callable[..., AlignedRouting] = moe_align,
+):
     """A widget: pick BLOCK_SIZE_M, see each case's alignment strip and padding waste.
 
     Args:
@@ -135,9 +157,13 @@ def align_explorer(cases: Mapping[str, torch.Tensor], num_experts: int,
     """
     import ipywidgets as widgets
 
-    control = widgets.SelectionSlider(options=list(block_sizes), value=value or block_sizes[0],
-                                      description="BLOCK_SIZE_M", continuous_update=False,
-                                      style={"description_width": "initial"})
+    control = widgets.SelectionSlider(
+        options=list(block_sizes),
+        value=value or block_sizes[0],
+        description="BLOCK_SIZE_M",
+        continuous_update=False,
+        style={"description_width": "initial"},
+    )
     output = widgets.Output()
     summary = widgets.HTML()
     box = widgets.VBox([control, summary, output])
@@ -146,8 +172,9 @@ def align_explorer(cases: Mapping[str, torch.Tensor], num_experts: int,
     def redraw(_change=None):
         box.routings = {name: align(ids, num_experts, control.value) for name, ids in cases.items()}
         box.figure = plot_alignment_cases(box.routings)
-        summary.value = "<pre>" + "\n".join(f"{name:<18} {padding_report(r)}"
-                                            for name, r in box.routings.items()) + "</pre>"
+        summary.value = (
+            "<pre>" + "\n".join(f"{name:<18} {padding_report(r)}" for name, r in box.routings.items()) + "</pre>"
+        )
         show_figure(output, box.figure)
 
     control.observe(redraw, names="value")

@@ -3,6 +3,7 @@
 `layer_stages` computes the stages and shapes (plain data, easy to test); `plot_dataflow` draws them;
 `dataflow_widget` redraws for a chosen preset, T and BLOCK_SIZE_M.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,8 +13,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 from ...align import max_num_tokens_padded
-from ._common import show_figure
 from ...presets import MoEPreset, get_preset
+from ._common import show_figure
 
 STAGE_COLORS = {"input": "#EEEEEE", "torch": "#CCB974", "kernel": "#4C72B0", "output": "#55A868"}
 
@@ -22,6 +23,7 @@ STAGE_COLORS = {"input": "#EEEEEE", "torch": "#CCB974", "kernel": "#4C72B0", "ou
 class Stage:
     """One step of the layer: `name` (what it computes), `fn` (the moe-lab function), `out` (the tensors it
     produces, with shapes), `kind` ("input", "torch", "kernel" or "output"), `note` (load path etc.)."""
+
     name: str
     fn: str
     out: str
@@ -49,27 +51,56 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
     fused = info is not None and info.up_plan is not None and info.up_plan.swiglu
     if info is not None and info.up_path is not None:
         up_note, down_note = f"load path {info.up_path.name}", f"load path {info.down_path.name}"
-    return [
-        Stage("inputs", "", f"hidden_states [{t}, {h}]\nw1 [{e}, {2 * i}, {h}]   w2 [{e}, {h}, {i}]", "input"),
-        Stage("router + top-k", "topk_routing", f"topk_weights [{t}, {k}] fp32\ntopk_ids [{t}, {k}] int32", "torch"),
-        Stage("align", "moe_align", f"sorted_token_ids [{rows}]\nexpert_ids [{blocks}]\nnum_tokens_post_padded [1]",
-              "kernel", f"BLOCK_SIZE_M={block_size_m}; {rows} rows is the bound for T*k={t * k}"),
-    ] + ([
-        Stage("up GEMM + SwiGLU epilogue (gather rows)", "grouped_matmul(gather_a=True, swiglu=True)",
-              f"act [{rows}, {i}]", "kernel", up_note),
-    ] if fused else [
-        Stage("up GEMM (gather rows)", "grouped_matmul(gather_a=True)", f"gate_up [{rows}, {2 * i}]", "kernel",
-              up_note),
-        Stage("SiLU and mul", "silu_and_mul", f"act [{rows}, {i}]", "kernel"),
-    ]) + [
-        Stage("down GEMM (x topk_weights, scatter)", "grouped_matmul(scatter=True)", f"out_k [{t}*{k}, {h}]",
-              "kernel", down_note),
-        Stage("sum over k", "torch.sum(dim=1)", f"out [{t}, {h}]", "output"),
-    ]
+    return (
+        [
+            Stage("inputs", "", f"hidden_states [{t}, {h}]\nw1 [{e}, {2 * i}, {h}]   w2 [{e}, {h}, {i}]", "input"),
+            Stage(
+                "router + top-k", "topk_routing", f"topk_weights [{t}, {k}] fp32\ntopk_ids [{t}, {k}] int32", "torch"
+            ),
+            Stage(
+                "align",
+                "moe_align",
+                f"sorted_token_ids [{rows}]\nexpert_ids [{blocks}]\nnum_tokens_post_padded [1]",
+                "kernel",
+                f"BLOCK_SIZE_M={block_size_m}; {rows} rows is the bound for T*k={t * k}",
+            ),
+        ]
+        + (
+            [
+                Stage(
+                    "up GEMM + SwiGLU epilogue (gather rows)",
+                    "grouped_matmul(gather_a=True, swiglu=True)",
+                    f"act [{rows}, {i}]",
+                    "kernel",
+                    up_note,
+                ),
+            ]
+            if fused
+            else [
+                Stage(
+                    "up GEMM (gather rows)",
+                    "grouped_matmul(gather_a=True)",
+                    f"gate_up [{rows}, {2 * i}]",
+                    "kernel",
+                    up_note,
+                ),
+                Stage("SiLU and mul", "silu_and_mul", f"act [{rows}, {i}]", "kernel"),
+            ]
+        )
+        + [
+            Stage(
+                "down GEMM (x topk_weights, scatter)",
+                "grouped_matmul(scatter=True)",
+                f"out_k [{t}*{k}, {h}]",
+                "kernel",
+                down_note,
+            ),
+            Stage("sum over k", "torch.sum(dim=1)", f"out [{t}, {h}]", "output"),
+        ]
+    )
 
 
-def plot_dataflow(preset: MoEPreset, num_tokens: int, block_size_m: int = 16, *, info=None,
-                  ax=None) -> Figure:
+def plot_dataflow(preset: MoEPreset, num_tokens: int, block_size_m: int = 16, *, info=None, ax=None) -> Figure:
     """Draw the stages of one fused MoE layer top to bottom, with the tensor shapes on each arrow.
 
     Args:
@@ -89,30 +120,57 @@ def plot_dataflow(preset: MoEPreset, num_tokens: int, block_size_m: int = 16, *,
     for j, s in enumerate(stages):
         y = n - 1 - j
         color = STAGE_COLORS[s.kind]
-        ax.add_patch(FancyBboxPatch(
-            (0.02, y + 0.12), 0.36, 0.62, boxstyle="round,pad=0.01", facecolor=color,
-            alpha=0.85 if s.kind == "kernel" else 1.0, edgecolor="black"))
-        ax.text(0.2, y + 0.52, s.name, ha="center", va="center", fontsize=9, weight="bold",
-                color="white" if s.kind == "kernel" else "black")
+        ax.add_patch(
+            FancyBboxPatch(
+                (0.02, y + 0.12),
+                0.36,
+                0.62,
+                boxstyle="round,pad=0.01",
+                facecolor=color,
+                alpha=0.85 if s.kind == "kernel" else 1.0,
+                edgecolor="black",
+            )
+        )
+        ax.text(
+            0.2,
+            y + 0.52,
+            s.name,
+            ha="center",
+            va="center",
+            fontsize=9,
+            weight="bold",
+            color="white" if s.kind == "kernel" else "black",
+        )
         if s.fn:
-            ax.text(0.2, y + 0.3, s.fn, ha="center", va="center", fontsize=7.5, family="monospace",
-                    color="white" if s.kind == "kernel" else "black")
+            ax.text(
+                0.2,
+                y + 0.3,
+                s.fn,
+                ha="center",
+                va="center",
+                fontsize=7.5,
+                family="monospace",
+                color="white" if s.kind == "kernel" else "black",
+            )
         ax.text(0.42, y + 0.43, s.out, ha="left", va="center", fontsize=8.5, family="monospace")
         if s.note:
             ax.text(0.98, y + 0.43, s.note, ha="right", va="center", fontsize=7.5, style="italic", color="#444444")
         if j < n - 1:
-            ax.annotate("", xy=(0.2, y - 0.26), xytext=(0.2, y + 0.12),
-                        arrowprops=dict(arrowstyle="-|>", color="black", lw=1.2))
+            ax.annotate(
+                "", xy=(0.2, y - 0.26), xytext=(0.2, y + 0.12), arrowprops=dict(arrowstyle="-|>", color="black", lw=1.2)
+            )
     ax.set_xlim(0, 1)
     ax.set_ylim(-0.05, n)
     ax.axis("off")
-    ax.set_title(f"{preset.name}: T={num_tokens}, H={preset.hidden_size}, I={preset.intermediate_size}, "
-                 f"E={preset.num_experts}, k={preset.top_k}, BLOCK_SIZE_M={block_size_m}", fontsize=10)
+    ax.set_title(
+        f"{preset.name}: T={num_tokens}, H={preset.hidden_size}, I={preset.intermediate_size}, "
+        f"E={preset.num_experts}, k={preset.top_k}, BLOCK_SIZE_M={block_size_m}",
+        fontsize=10,
+    )
     return fig
 
 
-def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, block_size_m: int = 16,
-                    *, scale: int = 1):
+def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, block_size_m: int = 16, *, scale: int = 1):
     """Pick a preset, T and BLOCK_SIZE_M and see the shapes that flow through the layer.
 
     Args:
@@ -140,9 +198,11 @@ def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, blo
         fig = plot_dataflow(preset, tokens.value, bsm.value)
         slots = tokens.value * preset.top_k
         rows = max_num_tokens_padded(slots, preset.num_experts, bsm.value)
-        summary.value = (f"{slots} routed slots (T*k) need at most {rows} padded rows at BLOCK_SIZE_M="
-                         f"{bsm.value}: up to {rows - slots} padding rows ({100 * (rows - slots) / rows:.0f}% of "
-                         "the sorted buffer)")
+        summary.value = (
+            f"{slots} routed slots (T*k) need at most {rows} padded rows at BLOCK_SIZE_M="
+            f"{bsm.value}: up to {rows - slots} padding rows ({100 * (rows - slots) / rows:.0f}% of "
+            "the sorted buffer)"
+        )
         box.figure = fig
         show_figure(out, fig)
 

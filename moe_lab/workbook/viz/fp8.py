@@ -4,6 +4,7 @@ the committed H200 timings of the FP8 GEMM pair against bf16.
 `e4m3_binades` is plain data (every finite e4m3 value, decoded from its 256 bit patterns by torch, grouped
 by binade; easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ FP8_EXPERIMENT = "fp8-H200-2026-12-01.json"
 @dataclass(frozen=True)
 class Binade:
     """The non-negative e4m3 values in [low, 2 * low) (the subnormals: (0, 2^-6)), `spacing` apart."""
+
     low: float
     spacing: float
     values: Tuple[float, ...]
@@ -45,10 +47,10 @@ def e4m3_binades() -> List[Binade]:
     its eighth code is NaN). The spacing doubles from one binade to the next: the relative step is the
     same, 1/8 to 1/16 of the value, everywhere but among the subnormals."""
     values = [v for v in e4m3_values() if v > 0]
-    sub = [v for v in values if v < 2.0 ** -6]
-    binades = [Binade(0.0, 2.0 ** -9, tuple(sub), subnormal=True)]
+    sub = [v for v in values if v < 2.0**-6]
+    binades = [Binade(0.0, 2.0**-9, tuple(sub), subnormal=True)]
     for exponent in range(-6, 9):
-        low = 2.0 ** exponent
+        low = 2.0**exponent
         inside = tuple(v for v in values if low <= v < 2 * low)
         binades.append(Binade(low, low / 8, inside))
     return binades
@@ -70,25 +72,40 @@ def plot_e4m3_grid(*, ax=None) -> Figure:
     top.set_yticks([])
     for low, high in ((64, 128), (128, 256), (256, 448)):
         spacing = low / 8
-        top.annotate(f"spacing {spacing:g}", xy=((low + high) / 2, 1.02), ha="center", va="bottom", fontsize=8,
-                     annotation_clip=False)
-    top.set_title("float8_e4m3fn: all 126 positive finite values (linear axis; the largest is 448)", fontsize=9,
-                  pad=16)
+        top.annotate(
+            f"spacing {spacing:g}",
+            xy=((low + high) / 2, 1.02),
+            ha="center",
+            va="bottom",
+            fontsize=8,
+            annotation_clip=False,
+        )
+    top.set_title("float8_e4m3fn: all 126 positive finite values (linear axis; the largest is 448)", fontsize=9, pad=16)
     if bottom is not None:
         colors = ["#999999"] + ["#4C72B0", "#DD8452"] * 8
         for binade, color in zip(e4m3_binades(), colors):
             bottom.vlines(binade.values, 0, 1, color=color, lw=1.2)
         bottom.set_xscale("log", base=2)
-        bottom.set_xlim(2.0 ** -9.5, 2.0 ** 9)
+        bottom.set_xlim(2.0**-9.5, 2.0**9)
         bottom.set_yticks([])
-        bottom.set_xlabel("value (log2 axis): 8 values per binade [2^e, 2^(e+1)), spacing 2^(e-3); "
-                          "grey: the 7 subnormals, spacing 2^-9", fontsize=8)
+        bottom.set_xlabel(
+            "value (log2 axis): 8 values per binade [2^e, 2^(e+1)), spacing 2^(e-3); "
+            "grey: the 7 subnormals, spacing 2^-9",
+            fontsize=8,
+        )
     return fig
 
 
-def plot_scale_blocks(scale: torch.Tensor, shape: Sequence[int], block_shape: Sequence[int] = (128, 128), *,
-                      ax=None, title: Optional[str] = None, marks: Sequence[Tuple[int, int]] = (),
-                      annotate: Optional[bool] = None) -> Figure:
+def plot_scale_blocks(
+    scale: torch.Tensor,
+    shape: Sequence[int],
+    block_shape: Sequence[int] = (128, 128),
+    *,
+    ax=None,
+    title: Optional[str] = None,
+    marks: Sequence[Tuple[int, int]] = (),
+    annotate: Optional[bool] = None,
+) -> Figure:
     """One matrix's FP8 scales drawn over the matrix: `scale` [ceil(rows/br), ceil(cols/bc)] (one expert's
     w_scale, or activations' x_scale with block_shape (1, group_size)) covers a `shape` = (rows, cols)
     matrix in blocks of `block_shape` = (br, bc); each block is coloured by its scale (log colour scale),
@@ -104,8 +121,10 @@ def plot_scale_blocks(scale: torch.Tensor, shape: Sequence[int], block_shape: Se
     want = (math.ceil(rows / br), math.ceil(cols / bc))
     if not isinstance(scale, torch.Tensor) or scale.dim() != 2 or tuple(scale.shape) != want:
         got = tuple(scale.shape) if isinstance(scale, torch.Tensor) else type(scale).__name__
-        raise ValueError(f"scale must be [ceil(rows/br), ceil(cols/bc)] = {list(want)} for shape {tuple(shape)} in "
-                         f"blocks of {tuple(block_shape)}, got {got}")
+        raise ValueError(
+            f"scale must be [ceil(rows/br), ceil(cols/bc)] = {list(want)} for shape {tuple(shape)} in "
+            f"blocks of {tuple(block_shape)}, got {got}"
+        )
     s = scale.detach().float().cpu().numpy()
     if not (np.isfinite(s).all() and (s > 0).all()):
         raise ValueError("scale must hold positive finite values (a scale is amax / 448 > 0)")
@@ -121,8 +140,15 @@ def plot_scale_blocks(scale: torch.Tensor, shape: Sequence[int], block_shape: Se
         for i in range(want[0]):
             for j in range(want[1]):
                 light = mesh.norm(s[i, j]) > 0.6  # viridis turns yellow at the top: dark text there
-                ax.text((x_edges[j] + x_edges[j + 1]) / 2, (y_edges[i] + y_edges[i + 1]) / 2, f"{s[i, j]:.2g}",
-                        ha="center", va="center", fontsize=7, color="black" if light else "white")
+                ax.text(
+                    (x_edges[j] + x_edges[j + 1]) / 2,
+                    (y_edges[i] + y_edges[i + 1]) / 2,
+                    f"{s[i, j]:.2g}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if light else "white",
+                )
     for r, c in marks:
         ax.plot([c], [r], marker="x", color="red", markersize=10, mew=2)
     ax.set_xlim(0, cols)
@@ -133,8 +159,9 @@ def plot_scale_blocks(scale: torch.Tensor, shape: Sequence[int], block_shape: Se
         ax.set_ylabel("row (token)")
     else:
         ax.set_ylabel(f"row ({rows}), blocks of {br}")
-    ax.set_title(title or f"{want[0]} x {want[1]} scales over a {rows} x {cols} matrix, one per {br} x {bc} block",
-                 fontsize=9)
+    ax.set_title(
+        title or f"{want[0]} x {want[1]} scales over a {rows} x {cols} matrix, one per {br} x {bc} block", fontsize=9
+    )
     return fig
 
 
@@ -146,6 +173,7 @@ def load_fp8_experiment(path: Optional[str] = None) -> dict:
     copy without the repository's benchmarks/)."""
     if path is None:
         from .performance import results_dir
+
         path = os.path.join(os.path.dirname(results_dir()), "experiments", FP8_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
@@ -160,8 +188,16 @@ def plot_fp8_speedup(data: dict, *, ax=None) -> Figure:
 
     def timed(value) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    rows = [r for r in data["rows"] if isinstance(r, dict) and isinstance(r.get("model"), str)
-            and timed(r.get("T")) and timed(r.get("bf16_pair_ms")) and timed(r.get("fp8_pair_ms"))]
+
+    rows = [
+        r
+        for r in data["rows"]
+        if isinstance(r, dict)
+        and isinstance(r.get("model"), str)
+        and timed(r.get("T"))
+        and timed(r.get("bf16_pair_ms"))
+        and timed(r.get("fp8_pair_ms"))
+    ]
     fig, ax = figure_and_ax(ax, (7, 3.4))
     for model in dict.fromkeys(r["model"] for r in rows):
         points = sorted((r["T"], r["bf16_pair_ms"] / r["fp8_pair_ms"]) for r in rows if r["model"] == model)
@@ -176,6 +212,9 @@ def plot_fp8_speedup(data: dict, *, ax=None) -> Figure:
     if rows:
         ax.legend(fontsize=8)
     env = data.get("environment", {})
-    ax.set_title(f"FP8 block-scaled vs bf16, up + down GEMM ({env.get('device', '?')}, Triton "
-                 f"{env.get('triton', '?')}; committed)", fontsize=9)
+    ax.set_title(
+        f"FP8 block-scaled vs bf16, up + down GEMM ({env.get('device', '?')}, Triton "
+        f"{env.get('triton', '?')}; committed)",
+        fontsize=9,
+    )
     return fig

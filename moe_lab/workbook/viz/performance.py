@@ -10,6 +10,7 @@ The `num_stages` sweep of notebook 07 lives here too: the shared memory a softwa
 (`pipeline_shared_memory`), each tile's arithmetic intensity, and live times of a matmul kernel on a GPU
 (`stage_sweep`, which never times under the interpreter).
 """
+
 from __future__ import annotations
 
 import glob
@@ -25,10 +26,18 @@ from ...presets import MoEPreset, get_preset
 from ._common import figure_and_ax, show_figure
 
 IMPLS = ("moe-lab pointer", "moe-lab tma", "torch._grouped_mm")
-IMPL_STYLE = {"moe-lab pointer": ("#4C72B0", "o"), "moe-lab tma": ("#DD8452", "s"),
-              "torch._grouped_mm": ("#55A868", "^"), "torch per-expert loop": ("#8C8C8C", "x")}
-METRIC_LABEL = {"up_ms": "up GEMM time (ms)", "down_ms": "down GEMM time (ms)",
-                "gemms_ms": "up + down GEMM time (ms)", "layer_ms": "whole layer time (ms)"}
+IMPL_STYLE = {
+    "moe-lab pointer": ("#4C72B0", "o"),
+    "moe-lab tma": ("#DD8452", "s"),
+    "torch._grouped_mm": ("#55A868", "^"),
+    "torch per-expert loop": ("#8C8C8C", "x"),
+}
+METRIC_LABEL = {
+    "up_ms": "up GEMM time (ms)",
+    "down_ms": "down GEMM time (ms)",
+    "gemms_ms": "up + down GEMM time (ms)",
+    "layer_ms": "whole layer time (ms)",
+}
 
 
 def results_dir() -> str:
@@ -62,6 +71,7 @@ def load_results(path: Optional[str] = None) -> dict:
             except (OSError, ValueError):
                 env = {}
             return (env.get("date", ""), env.get("time", ""), os.path.basename(f))
+
         path = max(files, key=key)
     with open(path) as fh:
         data = json.load(fh)
@@ -72,17 +82,25 @@ def load_results(path: Optional[str] = None) -> dict:
 def describe_results(results: dict) -> str:
     """One line naming where committed results come from: device, software, date, ceilings."""
     env, c = results["environment"], results["ceilings"]
-    return (f"committed data from {os.path.basename(results['path'])}: {env['device']} (sm_"
-            f"{env.get('capability', '?').replace('.', '')}), torch {env['torch']}, triton {env['triton']}, "
-            f"{env['date']}; ceilings measured in that run: copy {c['copy_tbps']:.2f} TB/s, "
-            f"bf16 matmul {c['bf16_matmul_tflops']:.0f} TFLOP/s")
+    return (
+        f"committed data from {os.path.basename(results['path'])}: {env['device']} (sm_"
+        f"{env.get('capability', '?').replace('.', '')}), torch {env['torch']}, triton {env['triton']}, "
+        f"{env['date']}; ceilings measured in that run: copy {c['copy_tbps']:.2f} TB/s, "
+        f"bf16 matmul {c['bf16_matmul_tflops']:.0f} TFLOP/s"
+    )
 
 
-def select_rows(results: dict, model: Optional[str] = None, impl: Optional[str] = None,
-                num_tokens: Optional[int] = None) -> List[dict]:
+def select_rows(
+    results: dict, model: Optional[str] = None, impl: Optional[str] = None, num_tokens: Optional[int] = None
+) -> List[dict]:
     """Rows of `results` matching model, impl and T (None = any), sorted by T."""
-    rows = [r for r in results["rows"] if (model is None or r["model"] == model)
-            and (impl is None or r["impl"] == impl) and (num_tokens is None or r["T"] == num_tokens)]
+    rows = [
+        r
+        for r in results["rows"]
+        if (model is None or r["model"] == model)
+        and (impl is None or r["impl"] == impl)
+        and (num_tokens is None or r["T"] == num_tokens)
+    ]
     return sorted(rows, key=lambda r: r["T"])
 
 
@@ -101,8 +119,9 @@ def expected_experts_used(num_experts: int, top_k: int, num_tokens: int) -> floa
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
 
 
-def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
-               experts_used: Optional[float] = None) -> Dict[str, float]:
+def layer_cost(
+    preset: MoEPreset, num_tokens: int, *, itemsize: int = 2, experts_used: Optional[float] = None
+) -> Dict[str, float]:
     """FLOPs and fewest bytes of the two GEMMs of one layer call (the benchmark's cost model).
 
     Args:
@@ -115,13 +134,20 @@ def layer_cost(preset: MoEPreset, num_tokens: int, *, itemsize: int = 2,
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     """
     from ...tools.timing import gemm_costs
+
     num_tokens = check_token_count(num_tokens)
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
     flops, total = up.flops + down.flops, up.bytes + down.bytes
-    return dict(flops=flops, bytes=total, intensity=flops / total, flops_per_token=flops / num_tokens,
-                bytes_per_token=total / num_tokens, experts_used=experts_used)
+    return dict(
+        flops=flops,
+        bytes=total,
+        intensity=flops / total,
+        flops_per_token=flops / num_tokens,
+        bytes_per_token=total / num_tokens,
+        experts_used=experts_used,
+    )
 
 
 def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 2) -> str:
@@ -132,15 +158,22 @@ def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 
         p = get_preset(name)
         for t in tokens:
             c = layer_cost(p, t, itemsize=itemsize)
-            lines.append(f"{name:<18} {t:>6} {c['experts_used']:>11.1f} {c['flops_per_token'] / 1e6:>12.1f} "
-                         f"{c['bytes_per_token'] / 1e6:>10.3f} {c['intensity']:>8.1f}")
+            lines.append(
+                f"{name:<18} {t:>6} {c['experts_used']:>11.1f} {c['flops_per_token'] / 1e6:>12.1f} "
+                f"{c['bytes_per_token'] / 1e6:>10.3f} {c['intensity']:>8.1f}"
+            )
     return "\n".join(lines)
 
 
-def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
-                  presets: Sequence[str] = (), tokens: Sequence[int] = (1, 64, 4096),
-                  impls: Sequence[str] = ("moe-lab pointer", "moe-lab tma", "torch._grouped_mm"),
-                  ax=None) -> Figure:
+def plot_roofline(
+    ceilings: Dict[str, float],
+    *,
+    results: Optional[dict] = None,
+    presets: Sequence[str] = (),
+    tokens: Sequence[int] = (1, 64, 4096),
+    impls: Sequence[str] = ("moe-lab pointer", "moe-lab tma", "torch._grouped_mm"),
+    ax=None,
+) -> Figure:
     """The roofline: attainable TFLOP/s against arithmetic intensity (FLOP/byte), log-log.
 
     Args:
@@ -172,8 +205,11 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
         for impl in impls:
             color = IMPL_STYLE.get(impl, ("black", "."))[0]
             for model in models:
-                pts = [(r["gemms_tflops"] / r["gemms_tbps"], r["gemms_tflops"]) for r in
-                       select_rows(results, model, impl) if r.get("gemms_tflops") and r.get("gemms_tbps")]
+                pts = [
+                    (r["gemms_tflops"] / r["gemms_tbps"], r["gemms_tflops"])
+                    for r in select_rows(results, model, impl)
+                    if r.get("gemms_tflops") and r.get("gemms_tbps")
+                ]
                 if pts:
                     xs, ys = zip(*pts)
                     ax.scatter(xs, ys, color=color, marker=model_marker[model], s=30, alpha=0.8)
@@ -182,8 +218,10 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
         for model in models:
             ax.scatter([], [], color="grey", marker=model_marker[model], label=model)
         env = results["environment"]
-        ax.set_title(f"Roofline, {env['device']} (committed data, {env['date']}): points = up+down GEMMs "
-                     "per model and T", fontsize=9)
+        ax.set_title(
+            f"Roofline, {env['device']} (committed data, {env['date']}): points = up+down GEMMs per model and T",
+            fontsize=9,
+        )
     else:
         ax.set_title("Roofline from measured ceilings", fontsize=9)
     marks = ["|", "2", "x", "+", "1"]
@@ -191,8 +229,14 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
         p = get_preset(name)
         for t in tokens:
             ai = layer_cost(p, t)["intensity"]
-            ax.scatter([ai], [min(peak, ai * bw)], marker=marks[j % len(marks)], s=90, color="purple",
-                       label=f"{name} (T in {list(tokens)})" if t == tokens[0] else None)
+            ax.scatter(
+                [ai],
+                [min(peak, ai * bw)],
+                marker=marks[j % len(marks)],
+                s=90,
+                color="purple",
+                label=f"{name} (T in {list(tokens)})" if t == tokens[0] else None,
+            )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte of weights + activations)")
@@ -203,8 +247,15 @@ def plot_roofline(ceilings: Dict[str, float], *, results: Optional[dict] = None,
     return fig
 
 
-def plot_time_vs_tokens(results: dict, model: str, *, metric: str = "gemms_ms", impls: Sequence[str] = IMPLS,
-                        show_roofline: bool = True, ax=None) -> Figure:
+def plot_time_vs_tokens(
+    results: dict,
+    model: str,
+    *,
+    metric: str = "gemms_ms",
+    impls: Sequence[str] = IMPLS,
+    show_roofline: bool = True,
+    ax=None,
+) -> Figure:
     """Time against token count T for one model, one line per implementation (committed data), log-log.
 
     Args:
@@ -225,8 +276,14 @@ def plot_time_vs_tokens(results: dict, model: str, *, metric: str = "gemms_ms", 
             ax.plot([r["T"] for r in rows], [r[metric] for r in rows], marker=marker, color=color, label=impl)
     if show_roofline and metric == "gemms_ms":
         rows = select_rows(results, model, impls[0])
-        ax.plot([r["T"] for r in rows], [r["roofline_gemms_ms"] for r in rows], ls="--", color="black",
-                lw=1, label="roofline bound")
+        ax.plot(
+            [r["T"] for r in rows],
+            [r["roofline_gemms_ms"] for r in rows],
+            ls="--",
+            color="black",
+            lw=1,
+            label="roofline bound",
+        )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens T")
@@ -237,8 +294,9 @@ def plot_time_vs_tokens(results: dict, model: str, *, metric: str = "gemms_ms", 
     return fig
 
 
-def plot_time_grid(results: dict, *, metric: str = "gemms_ms", models: Optional[Sequence[str]] = None,
-                   impls: Sequence[str] = IMPLS) -> Figure:
+def plot_time_grid(
+    results: dict, *, metric: str = "gemms_ms", models: Optional[Sequence[str]] = None, impls: Sequence[str] = IMPLS
+) -> Figure:
     """`plot_time_vs_tokens` for every model of `results`, side by side. Returns the Figure."""
     models = list(models or dict.fromkeys(r["model"] for r in results["rows"]))
     fig = Figure(figsize=(4.6 * len(models), 3.8), layout="constrained")
@@ -246,20 +304,31 @@ def plot_time_grid(results: dict, *, metric: str = "gemms_ms", models: Optional[
     for ax, model in zip(axes, models):
         plot_time_vs_tokens(results, model, metric=metric, impls=impls, ax=ax)
         ax.set_title(model, fontsize=9)
-    fig.suptitle(f"{METRIC_LABEL.get(metric, metric)} vs T, {results['environment']['device']}, committed data "
-                 f"({results['environment']['date']}); lower is better", fontsize=10)
+    fig.suptitle(
+        f"{METRIC_LABEL.get(metric, metric)} vs T, {results['environment']['device']}, committed data "
+        f"({results['environment']['date']}); lower is better",
+        fontsize=10,
+    )
     return fig
 
 
-def compare_table(results: dict, *, base: str = "moe-lab pointer", other: str = "moe-lab tma",
-                  metrics: Sequence[str] = ("up_ms", "down_ms", "gemms_ms"), models=None) -> str:
+def compare_table(
+    results: dict,
+    *,
+    base: str = "moe-lab pointer",
+    other: str = "moe-lab tma",
+    metrics: Sequence[str] = ("up_ms", "down_ms", "gemms_ms"),
+    models=None,
+) -> str:
     """Text table of `other` against `base` for each model and T: times in ms (median, L2 flushed) and
     speedup = base time / other time for each metric (> 1 means `other` is faster)."""
     models = list(models or dict.fromkeys(r["model"] for r in results["rows"]))
     short = {m: m.replace("_ms", "") for m in metrics}
-    lines = [f"A = {base}, B = {other}; times in ms; B/A speedup = time A / time B (> 1: B faster)",
-             f"{'model':<15} {'T':>6} " + " ".join(f"{short[m] + ' A':>10} {short[m] + ' B':>10} {'speedup':>7}"
-                                                  for m in metrics)]
+    lines = [
+        f"A = {base}, B = {other}; times in ms; B/A speedup = time A / time B (> 1: B faster)",
+        f"{'model':<15} {'T':>6} "
+        + " ".join(f"{short[m] + ' A':>10} {short[m] + ' B':>10} {'speedup':>7}" for m in metrics),
+    ]
     for model in models:
         for ra in select_rows(results, model, base):
             rb = select_rows(results, model, other, ra["T"])
@@ -288,12 +357,14 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
         RuntimeError under the interpreter or without a GPU (timings there mean nothing).
     """
     from ...runtime import require_gpu_timing
+
     num_tokens = check_token_count(num_tokens)
     require_gpu_timing("time_layer")
     import torch
 
-    from ...tools.timing import median_ms
     from ...layer import fused_moe
+    from ...tools.timing import median_ms
+
     hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=torch.bfloat16, device="cuda", seed=seed)
     fused_moe(hs, w1, w2, tw, ti, config=config, use_tma=use_tma)  # compile outside the timed runs
     return median_ms(lambda: fused_moe(hs, w1, w2, tw, ti, config=config, use_tma=use_tma))
@@ -339,8 +410,9 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     num_tokens = check_token_count(num_tokens)
     results = results if results is not None else load_results()
     name = widgets.Dropdown(options=list(PRESETS), value=model, description="model")
-    tokens = widgets.Dropdown(options=sorted({r["T"] for r in results["rows"]} | {num_tokens}), value=num_tokens,
-                              description="T")
+    tokens = widgets.Dropdown(
+        options=sorted({r["T"] for r in results["rows"]} | {num_tokens}), value=num_tokens, description="T"
+    )
     bm = widgets.Dropdown(options=[16, 32, 64, 128], value=64, description="BLOCK_SIZE_M")
     bn = widgets.Dropdown(options=[32, 64, 128, 256], value=128, description="BLOCK_SIZE_N")
     bk = widgets.Dropdown(options=[32, 64, 128], value=64, description="BLOCK_SIZE_K")
@@ -352,26 +424,37 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     def draw(_=None):
         cfg = GemmConfig(bm.value, bn.value, bk.value, 8, 8 if bm.value * bn.value >= 128 * 128 else 4, 3)
         label = f"M{bm.value} N{bn.value} K{bk.value}"
-        committed = [(f"{r['impl']} (committed, H200)", r["layer_ms"])
-                     for r in select_rows(results, name.value, num_tokens=tokens.value) if r.get("layer_ms")]
+        committed = [
+            (f"{r['impl']} (committed, H200)", r["layer_ms"])
+            for r in select_rows(results, name.value, num_tokens=tokens.value)
+            if r.get("layer_ms")
+        ]
         try:
             require_gpu_timing("live block-size timing")
         except RuntimeError as exc:
-            summary.value = (f"<b>Not timing {label}:</b> {exc}<br>Shown instead: committed whole-layer times "
-                             f"for {name.value}, T={tokens.value} ({describe_results(results)}).")
-            fig = plot_bars(committed or [("no committed row for this T", 0.0)],
-                            title=f"{name.value}, T={tokens.value}: committed whole-layer times (not measured here)")
+            summary.value = (
+                f"<b>Not timing {label}:</b> {exc}<br>Shown instead: committed whole-layer times "
+                f"for {name.value}, T={tokens.value} ({describe_results(results)})."
+            )
+            fig = plot_bars(
+                committed or [("no committed row for this T", 0.0)],
+                title=f"{name.value}, T={tokens.value}: committed whole-layer times (not measured here)",
+            )
         else:
             try:
                 ms = time_layer(get_preset(name.value), tokens.value, cfg)
                 box.timings.append((f"{name.value} T={tokens.value} {label} (live)", ms))
-                summary.value = (f"{label}: fused_moe {ms:.3f} ms (median, L2 flushed, bf16) on this GPU; "
-                                 "bars below compare with the committed H200 times of the default configs.")
+                summary.value = (
+                    f"{label}: fused_moe {ms:.3f} ms (median, L2 flushed, bf16) on this GPU; "
+                    "bars below compare with the committed H200 times of the default configs."
+                )
             except Exception as exc:  # e.g. shared memory OutOfResources for a large block
                 summary.value = f"{label} failed on this GPU: {type(exc).__name__}: {str(exc)[:200]}"
             live = [t for t in box.timings if t[0].startswith(f"{name.value} T={tokens.value} ")]
-            fig = plot_bars([(t[0].split(" ", 2)[2], t[1]) for t in live] + committed,
-                            title=f"{name.value}, T={tokens.value}: live configs vs committed whole-layer times")
+            fig = plot_bars(
+                [(t[0].split(" ", 2)[2], t[1]) for t in live] + committed,
+                title=f"{name.value}, T={tokens.value}: live configs vs committed whole-layer times",
+            )
         box.figure = fig
         show_figure(out, fig)
 
@@ -384,7 +467,7 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
 
 # --- the num_stages sweep (notebook 07) -------------------------------------------------------------------
 
-H200_SHARED_MEMORY_BYTES = 232448   # 227 KiB per block (opt-in), what an H200 reports (moe_lab.tools.compile_only)
+H200_SHARED_MEMORY_BYTES = 232448  # 227 KiB per block (opt-in), what an H200 reports (moe_lab.tools.compile_only)
 
 
 def pipeline_shared_memory(block_m: int, block_n: int, block_k: int, num_stages: int, itemsize: int = 2) -> int:
@@ -402,14 +485,17 @@ def tile_intensity(block_m: int, block_n: int, block_k: int, itemsize: int = 2) 
 
 def _default_shared_memory_limit() -> int:
     from ...runtime import default_device
+
     if default_device().type == "cuda":
         from ...capability import shared_memory_limit
+
         return shared_memory_limit()
     return H200_SHARED_MEMORY_BYTES
 
 
-def time_matmul(kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_stages: int,
-                num_warps: Optional[int] = None) -> float:
+def time_matmul(
+    kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_stages: int, num_warps: Optional[int] = None
+) -> float:
     """Median time in ms of one launch of a matmul kernel with notebook 07's signature (`matmul_kernel(a_ptr,
     b_ptr, c_ptr, M, N, K, strides..., BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES)`), C = A @ B,
     L2 flushed before each run. num_warps: default 8 for tiles of 128 x 128 or more, else 4. Raises
@@ -417,6 +503,7 @@ def time_matmul(kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_s
     launch raises (e.g. triton's OutOfResources when the stages do not fit in shared memory)."""
     from ...runtime import require_gpu_timing
     from ...tools.timing import median_ms
+
     require_gpu_timing("time_matmul")
     import triton
 
@@ -425,15 +512,39 @@ def time_matmul(kernel, a, b, c, block_m: int, block_n: int, block_k: int, num_s
     warps = num_warps or (8 if block_m * block_n >= 128 * 128 else 4)
 
     def launch():
-        kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
-                     BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k, NUM_STAGES=num_stages,
-                     num_warps=warps)
+        kernel[grid](
+            a,
+            b,
+            c,
+            m,
+            n,
+            k,
+            a.stride(0),
+            a.stride(1),
+            b.stride(0),
+            b.stride(1),
+            c.stride(0),
+            c.stride(1),
+            BLOCK_SIZE_M=block_m,
+            BLOCK_SIZE_N=block_n,
+            BLOCK_SIZE_K=block_k,
+            NUM_STAGES=num_stages,
+            num_warps=warps,
+        )
+
     launch()  # compile outside the timed runs
     return median_ms(launch)
 
 
-def stage_sweep(blocks: Sequence[tuple], stages: Sequence[int], *, kernel=None, size: int = 4096,
-                itemsize: int = 2, limit: Optional[int] = None) -> List[dict]:
+def stage_sweep(
+    blocks: Sequence[tuple],
+    stages: Sequence[int],
+    *,
+    kernel=None,
+    size: int = 4096,
+    itemsize: int = 2,
+    limit: Optional[int] = None,
+) -> List[dict]:
     """The cost model of each (block shape, num_stages), and with `kernel` its measured time on a GPU.
 
     Args:
@@ -455,21 +566,34 @@ def stage_sweep(blocks: Sequence[tuple], stages: Sequence[int], *, kernel=None, 
     operands = None
     if kernel is not None:
         from ...runtime import require_gpu_timing
+
         require_gpu_timing("stage_sweep")
         import torch
-        operands = (torch.randn(size, size, device="cuda", dtype=torch.float16),
-                    torch.randn(size, size, device="cuda", dtype=torch.float16).T,
-                    torch.empty(size, size, device="cuda", dtype=torch.float32))
+
+        operands = (
+            torch.randn(size, size, device="cuda", dtype=torch.float16),
+            torch.randn(size, size, device="cuda", dtype=torch.float16).T,
+            torch.empty(size, size, device="cuda", dtype=torch.float32),
+        )
     rows = []
     for bm, bn, bk in blocks:
         for s in stages:
             smem = pipeline_shared_memory(bm, bn, bk, s, itemsize)
-            row = dict(block_m=bm, block_n=bn, block_k=bk, num_stages=s, itemsize=itemsize, smem_bytes=smem,
-                       limit=limit, fits=smem <= limit, intensity=tile_intensity(bm, bn, bk, itemsize))
+            row = dict(
+                block_m=bm,
+                block_n=bn,
+                block_k=bk,
+                num_stages=s,
+                itemsize=itemsize,
+                smem_bytes=smem,
+                limit=limit,
+                fits=smem <= limit,
+                intensity=tile_intensity(bm, bn, bk, itemsize),
+            )
             if operands is not None:
                 try:
                     row["ms"] = time_matmul(kernel, *operands, bm, bn, bk, s)
-                    row["tflops"] = 2 * size ** 3 / row["ms"] / 1e9
+                    row["tflops"] = 2 * size**3 / row["ms"] / 1e9
                 except Exception as exc:  # noqa: BLE001 - e.g. OutOfResources: the stages do not fit
                     row.update(ms=None, tflops=None, error=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}")
             rows.append(row)
@@ -481,14 +605,18 @@ def stage_sweep_table(rows: Sequence[dict]) -> str:
     measured time and TFLOP/s where the rows were timed."""
     timed = any("ms" in r for r in rows)
     limit = rows[0]["limit"] if rows else H200_SHARED_MEMORY_BYTES
-    head = (f"{'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'stages':>6} {'smem KiB':>9} "
-            f"{'fits ' + format(limit / 1024, 'g') + ' KiB':>13} {'FLOP/B':>7}")
+    head = (
+        f"{'BLOCK_M':>7} {'BLOCK_N':>7} {'BLOCK_K':>7} {'stages':>6} {'smem KiB':>9} "
+        f"{'fits ' + format(limit / 1024, 'g') + ' KiB':>13} {'FLOP/B':>7}"
+    )
     lines = [head + (f" {'ms':>8} {'TFLOP/s':>8}" if timed else "")]
     for r in rows:
-        line = (f"{r['block_m']:>7} {r['block_n']:>7} {r['block_k']:>7} {r['num_stages']:>6} "
-                f"{r['smem_bytes'] / 1024:>9.0f} {'yes' if r['fits'] else 'NO':>13} {r['intensity']:>7.1f}")
+        line = (
+            f"{r['block_m']:>7} {r['block_n']:>7} {r['block_k']:>7} {r['num_stages']:>6} "
+            f"{r['smem_bytes'] / 1024:>9.0f} {'yes' if r['fits'] else 'NO':>13} {r['intensity']:>7.1f}"
+        )
         if timed:
-            line += (f" {r['ms']:>8.3f} {r['tflops']:>8.0f}" if r.get("ms") else f"  failed: {r.get('error', '')}")
+            line += f" {r['ms']:>8.3f} {r['tflops']:>8.0f}" if r.get("ms") else f"  failed: {r.get('error', '')}"
         lines.append(line)
     return "\n".join(lines)
 
@@ -504,8 +632,9 @@ def plot_stage_sweep(rows: Sequence[dict], *, title: str = "") -> Figure:
     for shape in shapes:
         mine = [r for r in rows if (r["block_m"], r["block_n"], r["block_k"]) == shape]
         label = f"{shape[0]}x{shape[1]}x{shape[2]} ({mine[0]['intensity']:.0f} FLOP/B)"
-        line, = axes[0].plot([r["num_stages"] for r in mine], [r["smem_bytes"] / 1024 for r in mine], marker="o",
-                             label=label)
+        (line,) = axes[0].plot(
+            [r["num_stages"] for r in mine], [r["smem_bytes"] / 1024 for r in mine], marker="o", label=label
+        )
         if timed:
             pts = [(r["num_stages"], r["tflops"]) for r in mine if r.get("tflops")]
             if pts:
@@ -513,16 +642,26 @@ def plot_stage_sweep(rows: Sequence[dict], *, title: str = "") -> Figure:
     top = max([r["smem_bytes"] for r in rows] + [limit]) / 1024 * 1.08
     axes[0].axhspan(limit / 1024, top, color="#C44E52", alpha=0.08)
     axes[0].axhline(limit / 1024, color="black", ls="--", lw=1)
-    axes[0].text(min(r["num_stages"] for r in rows) if rows else 1, limit / 1024 * 1.03,
-                 f"limit {limit / 1024:g} KiB per block: above it the kernel does not launch", fontsize=8)
+    axes[0].text(
+        min(r["num_stages"] for r in rows) if rows else 1,
+        limit / 1024 * 1.03,
+        f"limit {limit / 1024:g} KiB per block: above it the kernel does not launch",
+        fontsize=8,
+    )
     axes[0].set_ylim(0, top)
     axes[0].set_xticks(sorted({r["num_stages"] for r in rows}))
     axes[0].set_xlabel("num_stages")
     axes[0].set_ylabel("shared memory of the A and B tiles (KiB)")
     itemsize = rows[0].get("itemsize", 2) if rows else 2
     axes[0].set_title(f"cost model: (BM*BK + BK*BN) * {itemsize} bytes * num_stages", fontsize=9)
-    axes[-1].legend(*axes[0].get_legend_handles_labels(), fontsize=8, title="BLOCK M x N x K (tile intensity)",
-                    title_fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[-1].legend(
+        *axes[0].get_legend_handles_labels(),
+        fontsize=8,
+        title="BLOCK M x N x K (tile intensity)",
+        title_fontsize=8,
+        loc="center left",
+        bbox_to_anchor=(1.01, 0.5),
+    )
     axes[0].grid(True, alpha=0.2)
     if timed:
         axes[1].set_xticks(sorted({r["num_stages"] for r in rows}))

@@ -1,10 +1,11 @@
 """Pictures of top-k routing: which token goes to which expert, and how evenly the experts are loaded.
 
-    fig = plot_routing_heatmap(topk_ids, num_experts, topk_weights)   # [T, E] picture
-    fig = plot_expert_load(topk_ids, num_experts)                     # bar chart of slots per expert
-    routing = skewed_routing(32, 8, 2, skew=2.0)                     # what the widget shows at those settings
-    routing_explorer()                                                # widget: E, top_k, skew
+fig = plot_routing_heatmap(topk_ids, num_experts, topk_weights)   # [T, E] picture
+fig = plot_expert_load(topk_ids, num_experts)                     # bar chart of slots per expert
+routing = skewed_routing(32, 8, 2, skew=2.0)                     # what the widget shows at those settings
+routing_explorer()                                                # widget: E, top_k, skew
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -33,8 +34,7 @@ def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *
     return noise - skew * torch.log1p(torch.arange(num_experts, dtype=torch.float32))
 
 
-def skewed_routing(num_tokens: int, num_experts: int, top_k: int, skew: float = 0.0, *,
-                   seed: int = 0) -> TopKRouting:
+def skewed_routing(num_tokens: int, num_experts: int, top_k: int, skew: float = 0.0, *, seed: int = 0) -> TopKRouting:
     """The routing `routing_explorer` shows for these settings: `topk_routing` (softmax, renormalized) of
     `skewed_router_logits(num_tokens, num_experts, skew, seed=seed)`, top_k clamped to E. Draw it with
     `plot_routing(routing.topk_ids, num_experts, routing.topk_weights)` for a static copy of the widget."""
@@ -47,8 +47,13 @@ def expert_load(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.bincount(topk_ids.reshape(-1).long().cpu(), minlength=num_experts)[:num_experts]
 
 
-def plot_routing_heatmap(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optional[torch.Tensor] = None,
-                         ax: Optional[Axes] = None, title: Optional[str] = None) -> Figure:
+def plot_routing_heatmap(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    topk_weights: Optional[torch.Tensor] = None,
+    ax: Optional[Axes] = None,
+    title: Optional[str] = None,
+) -> Figure:
     """Token-to-expert map: cell (t, e) shows the routed weight of token t on expert e (white = not routed).
 
     Args:
@@ -65,8 +70,14 @@ def plot_routing_heatmap(topk_ids: torch.Tensor, num_experts: int, topk_weights:
     grid = torch.full((num_tokens, num_experts), float("nan")).scatter_(1, ids, weights).numpy()
     fig, ax = figure_and_ax(ax, (6, 4))
     ax.set_facecolor("white")  # cells not routed are NaN and stay white
-    image = ax.imshow(grid, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0,
-                      vmax=max(float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0, 1e-6))
+    image = ax.imshow(
+        grid,
+        aspect="auto",
+        interpolation="nearest",
+        cmap="viridis",
+        vmin=0,
+        vmax=max(float(np.nanmax(grid)) if np.isfinite(grid).any() else 0.0, 1e-6),
+    )
     fig.colorbar(image, ax=ax, label="routed weight" if topk_weights is not None else "routed")
     ax.set_xlabel(f"expert (E = {num_experts})")
     ax.set_ylabel(f"token (T = {num_tokens})")
@@ -74,8 +85,9 @@ def plot_routing_heatmap(topk_ids: torch.Tensor, num_experts: int, topk_weights:
     return fig
 
 
-def plot_expert_load(topk_ids: torch.Tensor, num_experts: int, ax: Optional[Axes] = None,
-                     title: Optional[str] = None) -> Figure:
+def plot_expert_load(
+    topk_ids: torch.Tensor, num_experts: int, ax: Optional[Axes] = None, title: Optional[str] = None
+) -> Figure:
     """Bar chart of the slots each expert receives, with the mean T*k/E as a dashed line.
 
     Args:
@@ -102,8 +114,10 @@ def load_summary(topk_ids: torch.Tensor, num_experts: int) -> str:
     mean = topk_ids.numel() / num_experts
     busiest = int(load.argmax())
     idle = int((load == 0).sum())
-    return (f"T·k = {topk_ids.numel()} slots over E = {num_experts} experts: busiest expert {busiest} gets "
-            f"{int(load[busiest])} (max/mean = {float(load.max()) / mean:.2f}); {idle} expert(s) get none")
+    return (
+        f"T·k = {topk_ids.numel()} slots over E = {num_experts} experts: busiest expert {busiest} gets "
+        f"{int(load[busiest])} (max/mean = {float(load.max()) / mean:.2f}); {idle} expert(s) get none"
+    )
 
 
 def plot_routing(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optional[torch.Tensor] = None) -> Figure:
@@ -115,8 +129,7 @@ def plot_routing(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optiona
     return fig
 
 
-def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2, skew: float = 0.0, *,
-                     seed: int = 0):
+def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2, skew: float = 0.0, *, seed: int = 0):
     """A widget: sliders for E, top_k and routing skew redraw the heatmap and the load chart.
 
     Routing is `skewed_routing` (softmax, renormalized, on `skewed_router_logits`); a static copy of the
@@ -128,11 +141,11 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
     import ipywidgets as widgets
 
     sliders = {
-        "num_experts": widgets.IntSlider(value=num_experts, min=2, max=64, description="E",
-                                         continuous_update=False),
+        "num_experts": widgets.IntSlider(value=num_experts, min=2, max=64, description="E", continuous_update=False),
         "top_k": widgets.IntSlider(value=top_k, min=1, max=8, description="top_k", continuous_update=False),
-        "skew": widgets.FloatSlider(value=skew, min=0.0, max=3.0, step=0.25, description="skew",
-                                    continuous_update=False),
+        "skew": widgets.FloatSlider(
+            value=skew, min=0.0, max=3.0, step=0.25, description="skew", continuous_update=False
+        ),
     }
     output = widgets.Output()
     summary = widgets.HTML()

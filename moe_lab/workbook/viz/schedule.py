@@ -3,8 +3,10 @@ up rows one program of the SwiGLU epilogue reads, the committed H200 timings of 
 persistent launches, and where prefill GEMM time goes (padding, against cuBLAS).
 
 `tile_schedule` computes which program takes which tile (plain data, with the kernels' GROUP_SIZE_M
-arithmetic, `moe_lab.workbook.viz.tiles.program_tile`; easy to test); the plot functions return a matplotlib `Figure` and take an optional `ax`.
+arithmetic, `moe_lab.workbook.viz.tiles.program_tile`; easy to test);
+the plot functions return a matplotlib `Figure` and take an optional `ax`.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,6 +28,7 @@ FOLD_TAILS = "fold_tails-H200-2026-12-02.json"
 @dataclass(frozen=True)
 class ScheduledTile:
     """Tile number `tile` (M-block `pid_m`, N-tile `pid_n`) is the `step`-th tile program `program` takes."""
+
     tile: int
     program: int
     step: int
@@ -33,7 +36,9 @@ class ScheduledTile:
     pid_n: int
 
 
-def tile_schedule(num_used_blocks: int, num_pid_n: int, num_programs: int, group_size_m: int = 1) -> List[ScheduledTile]:
+def tile_schedule(
+    num_used_blocks: int, num_pid_n: int, num_programs: int, group_size_m: int = 1
+) -> List[ScheduledTile]:
     """Every tile of the M-blocks in use, with the program that takes it in a persistent launch: program p
     takes tiles p, p + num_programs, ... (`grouped_matmul_persistent_kernel`).
 
@@ -45,17 +50,31 @@ def tile_schedule(num_used_blocks: int, num_pid_n: int, num_programs: int, group
     Returns:
         List of ScheduledTile in tile order. Raises ValueError for a count below 1 (num_used_blocks >= 0).
     """
-    for name, value, least in (("num_used_blocks", num_used_blocks, 0), ("num_pid_n", num_pid_n, 1),
-                               ("num_programs", num_programs, 1), ("group_size_m", group_size_m, 1)):
+    for name, value, least in (
+        ("num_used_blocks", num_used_blocks, 0),
+        ("num_pid_n", num_pid_n, 1),
+        ("num_programs", num_programs, 1),
+        ("group_size_m", group_size_m, 1),
+    ):
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-    return [ScheduledTile(t, t % num_programs, t // num_programs,
-                          *program_tile(t, num_used_blocks, num_pid_n, group_size_m))
-            for t in range(num_used_blocks * num_pid_n)]
+    return [
+        ScheduledTile(
+            t, t % num_programs, t // num_programs, *program_tile(t, num_used_blocks, num_pid_n, group_size_m)
+        )
+        for t in range(num_used_blocks * num_pid_n)
+    ]
 
 
-def plot_tile_schedule(expert_ids: Sequence[int], num_used_blocks: int, num_pid_n: int, num_programs: int,
-                       group_size_m: int = 1, *, ax=None) -> Figure:
+def plot_tile_schedule(
+    expert_ids: Sequence[int],
+    num_used_blocks: int,
+    num_pid_n: int,
+    num_programs: int,
+    group_size_m: int = 1,
+    *,
+    ax=None,
+) -> Figure:
     """The persistent schedule as a grid: one column per program (an SM), one row per step; each tile is
     labelled with its (M-block, N-tile) and coloured by the expert of its M-block.
 
@@ -71,22 +90,36 @@ def plot_tile_schedule(expert_ids: Sequence[int], num_used_blocks: int, num_pid_
     if len(experts) < num_used_blocks:
         raise ValueError(f"expert_ids has {len(experts)} entries, fewer than num_used_blocks = {num_used_blocks}")
     if any(e < 0 for e in experts):
-        raise ValueError(f"expert_ids of the blocks in use must be >= 0 (an aligned schedule tags only blocks past "
-                         f"them -1), got {experts}")
+        raise ValueError(
+            f"expert_ids of the blocks in use must be >= 0 (an aligned schedule tags only blocks past "
+            f"them -1), got {experts}"
+        )
     steps = max((t.step for t in tiles), default=-1) + 1
     fig, ax = figure_and_ax(ax, (min(2 + 1.1 * num_programs, 12), 0.9 + 0.45 * max(steps, 1)))
     colors = expert_colors(max(experts, default=0) + 1)
     for t in tiles:
-        ax.add_patch(mpatches.Rectangle((t.program, t.step), 0.94, 0.9, facecolor=colors(experts[t.pid_m]),
-                                        edgecolor="black", lw=0.8))
-        ax.text(t.program + 0.47, t.step + 0.45, f"tile {t.tile}\n(m{t.pid_m}, n{t.pid_n})", ha="center",
-                va="center", fontsize=7)
+        ax.add_patch(
+            mpatches.Rectangle(
+                (t.program, t.step), 0.94, 0.9, facecolor=colors(experts[t.pid_m]), edgecolor="black", lw=0.8
+            )
+        )
+        ax.text(
+            t.program + 0.47,
+            t.step + 0.45,
+            f"tile {t.tile}\n(m{t.pid_m}, n{t.pid_n})",
+            ha="center",
+            va="center",
+            fontsize=7,
+        )
     ax.set_xlim(-0.1, num_programs)
     ax.set_ylim(max(steps, 1), -0.1)
     ax.set_xticks([p + 0.47 for p in range(num_programs)], [f"program {p}" for p in range(num_programs)], fontsize=8)
     ax.set_yticks([s + 0.45 for s in range(steps)], [f"step {s}" for s in range(steps)], fontsize=8)
-    ax.set_title(f"{len(tiles)} tiles ({num_used_blocks} M-blocks x {num_pid_n} N-tiles) over {num_programs} "
-                 "programs; colour = expert of the M-block", fontsize=9)
+    ax.set_title(
+        f"{len(tiles)} tiles ({num_used_blocks} M-blocks x {num_pid_n} N-tiles) over {num_programs} "
+        "programs; colour = expert of the M-block",
+        fontsize=9,
+    )
     return fig
 
 
@@ -103,8 +136,10 @@ def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> F
             raise ValueError(f"{name} must be an int, got {value!r}")
     half = block_size_n // 2
     if inter < 1 or block_size_n not in (32, 64, 128, 256):
-        raise ValueError(f"need inter >= 1 and a block_size_n of 32, 64, 128 or 256 (the SwiGLU epilogue halves it "
-                         f"into tiles of at least 16), got {inter} and {block_size_n}")
+        raise ValueError(
+            f"need inter >= 1 and a block_size_n of 32, 64, 128 or 256 (the SwiGLU epilogue halves it "
+            f"into tiles of at least 16), got {inter} and {block_size_n}"
+        )
     if not 0 <= pid_n < -(-inter // half):
         raise ValueError(f"pid_n must be in [0, {-(-inter // half)}) for I = {inter} in steps of {half}, got {pid_n}")
     fig, ax = figure_and_ax(ax, (9, 2.2))
@@ -116,15 +151,19 @@ def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> F
         width = min(half, inter - lo)
         ax.add_patch(mpatches.Rectangle((start, 0), width, 1, facecolor="#C44E52", edgecolor="black"))
         if width < half:  # the part of the box past the half: zero-filled by the TMA unit
-            ax.add_patch(mpatches.Rectangle((start + width, 0), half - width, 1, fill=False, hatch="//",
-                                            edgecolor="#C44E52"))
+            ax.add_patch(
+                mpatches.Rectangle((start + width, 0), half - width, 1, fill=False, hatch="//", edgecolor="#C44E52")
+            )
     ax.set_xlim(0, 2 * inter)
     ax.set_ylim(1.6, -0.2)
     ax.set_yticks([])
     ax.set_xlabel("row of w1[e] (each row is H long)")
-    ax.set_title(f"program pid_n = {pid_n}: gate rows {lo} .. {lo + half - 1} and up rows {inter + lo} .. "
-                 f"{inter + lo + half - 1} (red), one tile of BLOCK_SIZE_N = {block_size_n} rows; it writes "
-                 f"act columns {lo} .. {min(lo + half, inter) - 1}", fontsize=9)
+    ax.set_title(
+        f"program pid_n = {pid_n}: gate rows {lo} .. {lo + half - 1} and up rows {inter + lo} .. "
+        f"{inter + lo + half - 1} (red), one tile of BLOCK_SIZE_N = {block_size_n} rows; it writes "
+        f"act columns {lo} .. {min(lo + half, inter) - 1}",
+        fontsize=9,
+    )
     return fig
 
 
@@ -134,6 +173,7 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
     {"environment": {...}, "rows": [{"model", "T", "gemm", "tile", "persistent", "no_flatten", "ws", ...}]}."""
     if path is None:
         from .performance import results_dir
+
         path = os.path.join(os.path.dirname(results_dir()), "experiments", PERSISTENT_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
@@ -142,12 +182,21 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
 def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
     """Per-tile time / persistent time of each GEMM in `data` (from `load_persistent_experiment`), the up
     and the down GEMM side by side for each model and T: above 1 the persistent kernel is faster."""
+
     def timed(value) -> bool:  # a time in ms; the experiment stores an error text for a variant that failed
         return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError("data must be the experiment's dict with a list of rows (load_persistent_experiment())")
-    rows = [r for r in data["rows"] if isinstance(r, dict) and timed(r.get("tile")) and timed(r.get("persistent"))
-            and isinstance(r.get("model"), str) and r.get("gemm") in ("up", "down")]
+    rows = [
+        r
+        for r in data["rows"]
+        if isinstance(r, dict)
+        and timed(r.get("tile"))
+        and timed(r.get("persistent"))
+        and isinstance(r.get("model"), str)
+        and r.get("gemm") in ("up", "down")
+    ]
     points = list(dict.fromkeys((r["model"], r["T"]) for r in rows))
     fig, ax = figure_and_ax(ax, (10, 3.2))
     ratios = []
@@ -166,8 +215,11 @@ def plot_persistent_speedup(data: dict, *, ax=None) -> Figure:
     ax.set_ylabel("per-tile ms / persistent ms")
     ax.legend(fontsize=8, loc="upper left")
     env = data.get("environment", {})
-    ax.set_title(f"persistent vs one program per tile, same config ({env.get('device', '?')}, Triton "
-                 f"{env.get('triton', '?')}; committed)", fontsize=9)
+    ax.set_title(
+        f"persistent vs one program per tile, same config ({env.get('device', '?')}, Triton "
+        f"{env.get('triton', '?')}; committed)",
+        fontsize=9,
+    )
     return fig
 
 
@@ -179,6 +231,7 @@ def load_prefill_anatomy(path: Optional[str] = None) -> dict:
     rows per expert (no padding), and cuBLAS's batched matmul on that padding-free problem."""
     if path is None:
         from .performance import results_dir
+
         path = os.path.join(os.path.dirname(results_dir()), "experiments", PREFILL_ANATOMY)
     with open(path) as f:
         return json.load(f)
@@ -187,24 +240,36 @@ def load_prefill_anatomy(path: Optional[str] = None) -> dict:
 def plot_prefill_anatomy(data: dict, *, ax=None) -> Figure:
     """TFLOP/s of each GEMM in `data` (from `load_prefill_anatomy`) three ways side by side: moe-lab on the
     benchmark's routing, moe-lab without padding, cuBLAS bmm without padding."""
-    kinds = (("tflops_uniform", "moe-lab, benchmark routing (padded blocks)", "#4C72B0"),
-             ("tflops_balanced", "moe-lab, T*k/E rows per expert (no padding)", "#55A868"),
-             ("tflops_bmm", "cuBLAS bmm, no padding", "#8C8C8C"))
+    kinds = (
+        ("tflops_uniform", "moe-lab, benchmark routing (padded blocks)", "#4C72B0"),
+        ("tflops_balanced", "moe-lab, T*k/E rows per expert (no padding)", "#55A868"),
+        ("tflops_bmm", "cuBLAS bmm, no padding", "#8C8C8C"),
+    )
     if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
         raise ValueError("data must be the experiment's dict with a list of rows (load_prefill_anatomy())")
-    rows = [r for r in data["rows"] if isinstance(r, dict) and all(
-        isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for key, _, _ in kinds)]
+    rows = [
+        r
+        for r in data["rows"]
+        if isinstance(r, dict)
+        and all(isinstance(r.get(key), (int, float)) and not isinstance(r.get(key), bool) for key, _, _ in kinds)
+    ]
     fig, ax = figure_and_ax(ax, (11, 3.8))
     for j, (key, label, color) in enumerate(kinds):
-        ax.bar([i + (j - 1) * 0.27 for i in range(len(rows))], [r[key] for r in rows], width=0.27, color=color,
-               label=label)
-    ax.set_xticks(range(len(rows)), [f"{str(r.get('model', '?')).split('-')[0]} {r.get('gemm', '?')}\nT={r.get('T', '?')}"
-                                     for r in rows], fontsize=7)
+        ax.bar(
+            [i + (j - 1) * 0.27 for i in range(len(rows))], [r[key] for r in rows], width=0.27, color=color, label=label
+        )
+    ax.set_xticks(
+        range(len(rows)),
+        [f"{str(r.get('model', '?')).split('-')[0]} {r.get('gemm', '?')}\nT={r.get('T', '?')}" for r in rows],
+        fontsize=7,
+    )
     ax.set_ylabel("TFLOP/s (real rows)")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     env = data.get("environment", {})
-    ax.set_title(f"where prefill GEMM time goes ({env.get('device', '?')}, Triton {env.get('triton', '?')}; "
-                 "committed)", fontsize=9)
+    ax.set_title(
+        f"where prefill GEMM time goes ({env.get('device', '?')}, Triton {env.get('triton', '?')}; committed)",
+        fontsize=9,
+    )
     return fig
 
 
@@ -215,6 +280,7 @@ def load_fold_tails(path: Optional[str] = None) -> dict:
     "fold 32 s3", "fold 32 s4", "fold 64 s3", "fold 64 s4" (folded rows, pipeline stages)."""
     if path is None:
         from .performance import results_dir
+
         path = os.path.join(os.path.dirname(results_dir()), "experiments", FOLD_TAILS)
     with open(path) as f:
         return json.load(f)
@@ -243,7 +309,9 @@ def plot_fold_tails(data: dict, *, ax=None) -> Figure:
     ax.set_ylim(min(0.8, min(values, default=1) - 0.05), max(1.3, max(values, default=1) + 0.05))
     ax.set_ylabel("ms / shipped config's ms")
     ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(f"folded tails against the shipped configs ({data.get('device', '?')}, Triton "
-                 f"{data.get('triton', '?')}; committed)", fontsize=9)
+    ax.set_title(
+        f"folded tails against the shipped configs ({data.get('device', '?')}, Triton "
+        f"{data.get('triton', '?')}; committed)",
+        fontsize=9,
+    )
     return fig
-

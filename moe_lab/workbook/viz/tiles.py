@@ -9,6 +9,7 @@ before moving to the next column, so neighbouring programs reuse the same weight
     tiles_explorer(topk_ids, num_experts=E, n=N, k=K)                 # BLOCK_SIZE_M/N/K, GROUP_SIZE_M
     tiles_snapshot(topk_ids, E, n=N, k=K, **first_state)              # the widget's picture, without a widget
 """
+
 from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
@@ -51,13 +52,22 @@ def tile_report(routing: AlignedRouting, n: int, k: int, block_size_n: int, bloc
     launched = routing.max_num_m_blocks * num_n_blocks
     used_blocks = int((routing.expert_ids >= 0).sum().item())
     working = used_blocks * num_n_blocks
-    return (f"grid = {routing.max_num_m_blocks} M-blocks x {num_n_blocks} N-blocks = {launched} programs; "
-            f"{working} compute a tile, {launched - working} exit at once (expert_ids = -1); each runs "
-            f"{triton.cdiv(k, block_size_k)} K step(s) of BLOCK_SIZE_K={block_size_k}")
+    return (
+        f"grid = {routing.max_num_m_blocks} M-blocks x {num_n_blocks} N-blocks = {launched} programs; "
+        f"{working} compute a tile, {launched - working} exit at once (expert_ids = -1); each runs "
+        f"{triton.cdiv(k, block_size_k)} K step(s) of BLOCK_SIZE_K={block_size_k}"
+    )
 
 
-def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size_m: int,
-                  ax: Optional[Axes] = None, title: Optional[str] = None, max_labels: int = 400) -> Figure:
+def plot_tile_map(
+    routing: AlignedRouting,
+    n: int,
+    block_size_n: int,
+    group_size_m: int,
+    ax: Optional[Axes] = None,
+    title: Optional[str] = None,
+    max_labels: int = 400,
+) -> Figure:
     """The output tiles of one grouped matmul, colored by launch order, with the expert of each M-block.
 
     Rows are M-blocks (BLOCK_SIZE_M = routing.block_size_m rows of one expert each), columns are N-blocks.
@@ -83,13 +93,21 @@ def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size
     fig, ax = figure_and_ax(ax, (min(12, 2.5 + 0.5 * num_n), min(9, 1.5 + 0.3 * num_m)))
     shown = np.where(idle[:, None], np.nan, order)
     cmap = ListedColormap(["white"]) if num_m * num_n == 0 else None
-    image = ax.imshow(shown, cmap=cmap or "viridis", aspect="auto", interpolation="nearest",
-                      vmin=0, vmax=max(order.size - 1, 1))
+    image = ax.imshow(
+        shown, cmap=cmap or "viridis", aspect="auto", interpolation="nearest", vmin=0, vmax=max(order.size - 1, 1)
+    )
     ax.set_facecolor((0.85, 0.85, 0.85))
     if order.size <= max_labels:
         for (i, j), pid in np.ndenumerate(order):
-            ax.text(j, i, "x" if idle[i] else str(int(pid)), ha="center", va="center", fontsize=7,
-                    color="grey" if idle[i] else ("white" if pid < 0.6 * order.size else "black"))
+            ax.text(
+                j,
+                i,
+                "x" if idle[i] else str(int(pid)),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="grey" if idle[i] else ("white" if pid < 0.6 * order.size else "black"),
+            )
     for g in range(0, num_m + 1, group_size_m):
         ax.axhline(g - 0.5, color="red", linewidth=1.2)
     ax.set_xlabel(f"N-block (BLOCK_SIZE_N = {block_size_n}, N = {n})")
@@ -101,8 +119,14 @@ def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size
     strip = make_axes_locatable(ax).append_axes("left", size=0.3, pad=0.45)
     colors = expert_colors(routing.num_experts)
     strip_cmap = ListedColormap([(0.85, 0.85, 0.85)] + list(colors.colors))
-    strip.imshow((block_experts + 1)[:, None], cmap=strip_cmap, vmin=0, vmax=routing.num_experts,
-                 aspect="auto", interpolation="nearest")
+    strip.imshow(
+        (block_experts + 1)[:, None],
+        cmap=strip_cmap,
+        vmin=0,
+        vmax=routing.num_experts,
+        aspect="auto",
+        interpolation="nearest",
+    )
     if num_m <= 40:
         for i, e in enumerate(block_experts):
             strip.text(0, i, "-" if e < 0 else str(e), ha="center", va="center", fontsize=7)
@@ -112,31 +136,54 @@ def plot_tile_map(routing: AlignedRouting, n: int, block_size_n: int, group_size
     return fig
 
 
-def _tiles_view(routing: AlignedRouting, n: int, k: int, block_size_n: int, block_size_k: int,
-                group_size_m: int) -> tuple[Figure, str]:
+def _tiles_view(
+    routing: AlignedRouting, n: int, k: int, block_size_n: int, block_size_k: int, group_size_m: int
+) -> tuple[Figure, str]:
     """The picture and the grid report `tiles_explorer` shows for one state."""
-    return (plot_tile_map(routing, n, block_size_n, group_size_m),
-            tile_report(routing, n, k, block_size_n, block_size_k))
+    return (
+        plot_tile_map(routing, n, block_size_n, group_size_m),
+        tile_report(routing, n, k, block_size_n, block_size_k),
+    )
 
 
-def tiles_snapshot(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *, block_size_m: int,
-                   block_size_n: int, block_size_k: int, group_size_m: int,
-                   align: Callable[..., AlignedRouting] = moe_align) -> Figure:
+def tiles_snapshot(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    n: int,
+    k: int,
+    *,
+    block_size_m: int,
+    block_size_n: int,
+    block_size_k: int,
+    group_size_m: int,
+    align: Callable[..., AlignedRouting] = moe_align,
+) -> Figure:
     """What `tiles_explorer` shows for one state, without a widget: the static copy below a widget cell.
 
     Takes the widget's arguments (pass the same ones, e.g. from one dict, so the copy shows the widget's
     first state); prints the grid report the widget shows above its picture and returns the tile map.
     """
-    figure, report = _tiles_view(align(topk_ids, num_experts, block_size_m), n, k, block_size_n, block_size_k,
-                                 group_size_m)
+    figure, report = _tiles_view(
+        align(topk_ids, num_experts, block_size_m), n, k, block_size_n, block_size_k, group_size_m
+    )
     print(report)
     return figure
 
 
-def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
-                   block_sizes: Sequence[int] = (16, 32, 64, 128), group_sizes: Sequence[int] = (1, 2, 4, 8),
-                   block_size_m: int = 16, block_size_n: int = 32, block_size_k: int = 32,
-                   group_size_m: int = 4, align: Callable[..., AlignedRouting] = moe_align):
+def tiles_explorer(
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    n: int,
+    k: int,
+    *,
+    block_sizes: Sequence[int] = (16, 32, 64, 128),
+    group_sizes: Sequence[int] = (1, 2, 4, 8),
+    block_size_m: int = 16,
+    block_size_n: int = 32,
+    block_size_k: int = 32,
+    group_size_m: int = 4,
+    align: Callable[..., AlignedRouting] = moe_align,
+):
     """A widget: BLOCK_SIZE_M/N/K and GROUP_SIZE_M sliders redraw the tile map and report the grid.
 
     Args:
@@ -151,17 +198,25 @@ def tiles_explorer(topk_ids: torch.Tensor, num_experts: int, n: int, k: int, *,
     import ipywidgets as widgets
 
     def slider(name, options, value):
-        return widgets.SelectionSlider(options=list(options), value=value, description=name,
-                                       continuous_update=False, style={"description_width": "initial"})
+        return widgets.SelectionSlider(
+            options=list(options),
+            value=value,
+            description=name,
+            continuous_update=False,
+            style={"description_width": "initial"},
+        )
 
-    controls = {"BLOCK_SIZE_M": slider("BLOCK_SIZE_M", block_sizes, block_size_m),
-                "BLOCK_SIZE_N": slider("BLOCK_SIZE_N", block_sizes, block_size_n),
-                "BLOCK_SIZE_K": slider("BLOCK_SIZE_K", block_sizes, block_size_k),
-                "GROUP_SIZE_M": slider("GROUP_SIZE_M", group_sizes, group_size_m)}
+    controls = {
+        "BLOCK_SIZE_M": slider("BLOCK_SIZE_M", block_sizes, block_size_m),
+        "BLOCK_SIZE_N": slider("BLOCK_SIZE_N", block_sizes, block_size_n),
+        "BLOCK_SIZE_K": slider("BLOCK_SIZE_K", block_sizes, block_size_k),
+        "GROUP_SIZE_M": slider("GROUP_SIZE_M", group_sizes, group_size_m),
+    }
     output = widgets.Output()
     summary = widgets.HTML()
-    box = widgets.VBox([widgets.HBox(list(controls.values())[:2]), widgets.HBox(list(controls.values())[2:]),
-                        summary, output])
+    box = widgets.VBox(
+        [widgets.HBox(list(controls.values())[:2]), widgets.HBox(list(controls.values())[2:]), summary, output]
+    )
     box.controls, box.output, box.summary = controls, output, summary
     cache = {}
 

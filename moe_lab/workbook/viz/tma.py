@@ -5,6 +5,7 @@ Every plot function returns a matplotlib `Figure` and takes an optional `ax` to 
 builders (ipywidgets, imported only when called) redraw on release (`continuous_update=False`) and draw
 their default state at once.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -16,10 +17,10 @@ from matplotlib.figure import Figure
 
 from ._common import figure_and_ax, show_figure
 
-INSIDE = "#4C72B0"     # box part inside the tensor: copied from global memory
-OUTSIDE = "#DD8452"    # box part outside the tensor: zero-filled on load, dropped on store
-PADDING = "#BBBBBB"    # padding rows of the expert-sorted layout
-CROSSING = "#C44E52"   # a tile that spans two experts
+INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
+OUTSIDE = "#DD8452"  # box part outside the tensor: zero-filled on load, dropped on store
+PADDING = "#BBBBBB"  # padding rows of the expert-sorted layout
+CROSSING = "#C44E52"  # a tile that spans two experts
 
 
 def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Sequence[int]) -> Tuple[int, int]:
@@ -39,9 +40,15 @@ def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Seque
     return inside, total - inside
 
 
-def plot_descriptor_box(shape: Tuple[int, int], block_shape: Tuple[int, int],
-                        offsets: Sequence[Tuple[int, int]] = ((0, 0),), *, values=None,
-                        title: Optional[str] = None, ax=None) -> Figure:
+def plot_descriptor_box(
+    shape: Tuple[int, int],
+    block_shape: Tuple[int, int],
+    offsets: Sequence[Tuple[int, int]] = ((0, 0),),
+    *,
+    values=None,
+    title: Optional[str] = None,
+    ax=None,
+) -> Figure:
     """A 2-D tensor as a grid of elements with one or more descriptor boxes drawn over it.
 
     Args:
@@ -75,8 +82,17 @@ def plot_descriptor_box(shape: Tuple[int, int], block_shape: Tuple[int, int],
         for r in range(r0, r0 + bm):
             for c in range(c0, c0 + bn):
                 inside = 0 <= r < rows and 0 <= c < cols
-                ax.add_patch(mpatches.Rectangle((c, r), 1, 1, facecolor=INSIDE if inside else OUTSIDE,
-                                                alpha=0.55, hatch=None if inside else "//", lw=0))
+                ax.add_patch(
+                    mpatches.Rectangle(
+                        (c, r),
+                        1,
+                        1,
+                        facecolor=INSIDE if inside else OUTSIDE,
+                        alpha=0.55,
+                        hatch=None if inside else "//",
+                        lw=0,
+                    )
+                )
         ax.add_patch(mpatches.Rectangle((c0, r0), bn, bm, fill=False, edgecolor="black", lw=2))
         if len(offsets) > 1:
             ax.text(c0 + bn / 2, r0 + bm / 2, f"box {i}\n[{r0}, {c0}]", ha="center", va="center", fontsize=8)
@@ -87,25 +103,41 @@ def plot_descriptor_box(shape: Tuple[int, int], block_shape: Tuple[int, int],
         for i in range(bm):
             for j in range(bn):
                 v = vals[i, j]
-                ax.text(c0 + j + 0.5, r0 + i + 0.5, f"{v:g}", ha="center", va="center",
-                        fontsize=6 if abs(v) >= 100 else 7, color="black")
+                ax.text(
+                    c0 + j + 0.5,
+                    r0 + i + 0.5,
+                    f"{v:g}",
+                    ha="center",
+                    va="center",
+                    fontsize=6 if abs(v) >= 100 else 7,
+                    color="black",
+                )
     ax.set_xlim(lo_c - 0.5, hi_c + 0.5)
     ax.set_ylim(hi_r + 0.5, lo_r - 0.5)
     ax.set_aspect("equal")
     ax.set_xlabel("column (elements, last dimension: stride 1)")
     ax.set_ylabel("row")
-    ax.legend(handles=[mpatches.Patch(color="#EEEEEE", label=f"tensor {rows}x{cols}"),
-                       mpatches.Patch(color=INSIDE, alpha=0.55, label="box inside: copied"),
-                       mpatches.Patch(facecolor=OUTSIDE, alpha=0.55, hatch="//",
-                                      label="box outside: loads as 0")],
-              loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    ax.set_title(title or f"descriptor shape {list(shape)}, block shape {list(block_shape)}: "
-                          f"{total_out} element(s) out of bounds", fontsize=9)
+    ax.legend(
+        handles=[
+            mpatches.Patch(color="#EEEEEE", label=f"tensor {rows}x{cols}"),
+            mpatches.Patch(color=INSIDE, alpha=0.55, label="box inside: copied"),
+            mpatches.Patch(facecolor=OUTSIDE, alpha=0.55, hatch="//", label="box outside: loads as 0"),
+        ],
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        fontsize=8,
+    )
+    ax.set_title(
+        title
+        or f"descriptor shape {list(shape)}, block shape {list(block_shape)}: {total_out} element(s) out of bounds",
+        fontsize=9,
+    )
     return fig
 
 
-def plot_expert_weights_box(num_experts: int, n: int, k: int, block_shape: Tuple[int, int, int],
-                            offsets: Tuple[int, int, int], *, ax=None) -> Figure:
+def plot_expert_weights_box(
+    num_experts: int, n: int, k: int, block_shape: Tuple[int, int, int], offsets: Tuple[int, int, int], *, ax=None
+) -> Figure:
     """A 3-D descriptor over expert weights w [E, N, K]: one panel per expert, the box in one of them.
 
     Args:
@@ -127,21 +159,24 @@ def plot_expert_weights_box(num_experts: int, n: int, k: int, block_shape: Tuple
         if e0 <= e < e0 + be:
             in_n = max(0, min(n0 + bn, n) - max(n0, 0))
             in_k = max(0, min(k0 + bk, k) - max(k0, 0))
-            ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, facecolor=OUTSIDE, alpha=0.4, hatch="//",
-                                            lw=0))
+            ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, facecolor=OUTSIDE, alpha=0.4, hatch="//", lw=0))
             ax.add_patch(mpatches.Rectangle((x0 + max(k0, 0), max(n0, 0)), in_k, in_n, facecolor=INSIDE, lw=0))
             ax.add_patch(mpatches.Rectangle((x0 + k0, n0), bk, bn, fill=False, edgecolor="black", lw=2))
-    ax.legend(handles=[mpatches.Patch(color=INSIDE, label="box inside w[e]: copied"),
-                       mpatches.Patch(facecolor=OUTSIDE, alpha=0.4, hatch="//", label="past N: loads as 0")],
-              loc="lower right", fontsize=7)
+    ax.legend(
+        handles=[
+            mpatches.Patch(color=INSIDE, label="box inside w[e]: copied"),
+            mpatches.Patch(facecolor=OUTSIDE, alpha=0.4, hatch="//", label="past N: loads as 0"),
+        ],
+        loc="lower right",
+        fontsize=7,
+    )
     ax.set_xlim(-gap / 2, num_experts * (k + gap))
     ax.set_ylim(max(n, n0 + bn) + 0.5, -max(2.0, n / 10))
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_ylabel("N (rows of one expert)")
     ax.set_xlabel("K within each expert (stride 1)")
-    ax.set_title(f"w [E={num_experts}, N={n}, K={k}], block [{be}, {bn}, {bk}] at [{e0}, {n0}, {k0}]",
-                 fontsize=9)
+    ax.set_title(f"w [E={num_experts}, N={n}, K={k}], block [{be}, {bn}, {bk}] at [{e0}, {n0}, {k0}]", fontsize=9)
     return fig
 
 
@@ -190,15 +225,37 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
     fig, ax = figure_and_ax(ax, (10, 1.9))
     palette = ["#4C72B0", "#55A868", "#8172B2", "#CCB974", "#64B5CD", "#DA8BC3", "#8C8C8C", "#937860"]
     colors = [PADDING] + [palette[e % len(palette)] for e in range(num_experts)]
-    ax.imshow((rows + 1)[None, :], aspect="auto", cmap=ListedColormap(colors), vmin=-0.5,
-              vmax=num_experts + 0.5, interpolation="nearest", extent=(0, len(rows), 1, 0))
+    ax.imshow(
+        (rows + 1)[None, :],
+        aspect="auto",
+        cmap=ListedColormap(colors),
+        vmin=-0.5,
+        vmax=num_experts + 0.5,
+        interpolation="nearest",
+        extent=(0, len(rows), 1, 0),
+    )
     bad = set(crossing_tiles(counts, block_size_m, packed=packed))
     for t in range(len(rows) // block_size_m):
         cross = t in bad
-        ax.add_patch(mpatches.Rectangle((t * block_size_m, 0), block_size_m, 1, fill=False,
-                                        edgecolor=CROSSING if cross else "black", lw=3 if cross else 1.2))
-        ax.text((t + 0.5) * block_size_m, 1.25, f"tile {t}" + (" spans 2 experts" if cross else ""),
-                ha="center", va="top", fontsize=7, color=CROSSING if cross else "black")
+        ax.add_patch(
+            mpatches.Rectangle(
+                (t * block_size_m, 0),
+                block_size_m,
+                1,
+                fill=False,
+                edgecolor=CROSSING if cross else "black",
+                lw=3 if cross else 1.2,
+            )
+        )
+        ax.text(
+            (t + 0.5) * block_size_m,
+            1.25,
+            f"tile {t}" + (" spans 2 experts" if cross else ""),
+            ha="center",
+            va="top",
+            fontsize=7,
+            color=CROSSING if cross else "black",
+        )
     start = 0
     for e, c in enumerate(counts):
         if c:
@@ -209,8 +266,7 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
     ax.set_xlabel("row of the expert-sorted layout")
     pad = int((rows < 0).sum())
     layout = "packed (no padding between experts)" if packed else f"padded per expert to BLOCK_SIZE_M={block_size_m}"
-    ax.set_title(f"{layout}: {len(rows)} rows, {pad} padding rows, {len(bad)} tile(s) span two experts",
-                 fontsize=9)
+    ax.set_title(f"{layout}: {len(rows)} rows, {pad} padding rows, {len(bad)} tile(s) span two experts", fontsize=9)
     return fig
 
 
@@ -231,11 +287,13 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
     step = max(1, 16 // itemsize)
     rows, cols = shape
     row = widgets.IntSlider(value=0, min=-8, max=rows + 4, description="row offset", continuous_update=False)
-    col = widgets.IntSlider(value=0, min=-step * 2, max=cols + step, step=step, description="col offset",
-                            continuous_update=False)
+    col = widgets.IntSlider(
+        value=0, min=-step * 2, max=cols + step, step=step, description="col offset", continuous_update=False
+    )
     bm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_shape[0], description="BLOCK_M")
-    bn = widgets.Dropdown(options=[o for o in (4, 8, 16, 32) if o * itemsize >= 16], value=block_shape[1],
-                          description="BLOCK_N")
+    bn = widgets.Dropdown(
+        options=[o for o in (4, 8, 16, 32) if o * itemsize >= 16], value=block_shape[1], description="BLOCK_N"
+    )
     summary = widgets.HTML()
     out = widgets.Output()
     box = widgets.VBox([widgets.HBox([row, col]), widgets.HBox([bm, bn]), summary, out])
@@ -243,8 +301,10 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
     def draw(_=None):
         fig = plot_descriptor_box(shape, (bm.value, bn.value), [(row.value, col.value)])
         inside, outside = box_overlap(shape, (bm.value, bn.value), (row.value, col.value))
-        summary.value = (f"box [{bm.value}, {bn.value}] at [{row.value}, {col.value}]: {inside} element(s) "
-                         f"copied, {outside} zero-filled (column step {step} elements = 16 bytes)")
+        summary.value = (
+            f"box [{bm.value}, {bn.value}] at [{row.value}, {col.value}]: {inside} element(s) "
+            f"copied, {outside} zero-filled (column step {step} elements = 16 bytes)"
+        )
         box.figure = fig
         show_figure(out, fig)
 
@@ -276,9 +336,11 @@ def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: 
         packed = layout.value == "packed"
         fig = plot_expert_tiles(counts, bsm.value, packed=packed)
         rows = sorted_row_experts(counts, bsm.value, packed=packed)
-        summary.value = (f"{layout.value}: {len(rows)} rows for {sum(counts)} routed slots "
-                         f"({int((rows < 0).sum())} padding rows), "
-                         f"{len(crossing_tiles(counts, bsm.value, packed=packed))} tile(s) span two experts")
+        summary.value = (
+            f"{layout.value}: {len(rows)} rows for {sum(counts)} routed slots "
+            f"({int((rows < 0).sum())} padding rows), "
+            f"{len(crossing_tiles(counts, bsm.value, packed=packed))} tile(s) span two experts"
+        )
         box.figure = fig
         show_figure(out, fig)
 

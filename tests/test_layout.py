@@ -44,7 +44,8 @@ def test_the_core_is_found():
     assert {
         "moe_lab",
         "moe_lab.layer",
-        "moe_lab.grouped_matmul",
+        "moe_lab.gemm",
+        "moe_lab.plan",
         "moe_lab.runtime",
         "moe_lab._kernels",
         "moe_lab._kernels.common",

@@ -1,7 +1,6 @@
 """SiLU-and-mul: out[r, j] = silu(x[r, j]) * x[r, I + j], in float32, for rows r < num_tokens_post_padded
 that hold a routed slot. Padding rows get zeros without reading x: the grouped matmul may not have written
 them, and whatever they held must not reach the next GEMM's tensor cores as NaN or Inf."""
-
 import triton
 import triton.language as tl
 
@@ -9,19 +8,9 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def silu_and_mul_kernel(
-    x_ptr,
-    out_ptr,
-    num_tokens_post_padded_ptr,
-    sorted_token_ids_ptr,
-    num_slots,
-    inter_size,
-    stride_xm,
-    stride_om,
-    ROUTED: tl.constexpr,
-    EMULATE_BF16: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
+def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr, num_slots,
+                        inter_size, stride_xm, stride_om, ROUTED: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                        BLOCK_SIZE: tl.constexpr):
     row = tl.program_id(0)
     if ROUTED:  # x is in the routing's padded order, sized by a bound: stop at the rows in use
         if row >= tl.load(num_tokens_post_padded_ptr):

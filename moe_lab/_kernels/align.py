@@ -11,7 +11,6 @@ few slots: `align_in_registers_kernel` computes the same schedule in one program
 Per-chunk counts make the order stable (slot order within each expert), so no atomics are needed and
 two runs give the same `sorted_token_ids`.
 """
-
 import triton
 import triton.language as tl
 
@@ -20,17 +19,8 @@ from .common import local_expert
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
 @triton.jit(do_not_specialize=["num_slots"])
-def count_kernel(
-    topk_ids_ptr,
-    expert_map_ptr,
-    chunk_counts_ptr,
-    num_slots,
-    num_ids,
-    num_experts,
-    HAS_EXPERT_MAP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    NUM_BINS: tl.constexpr,
-):
+def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_ids, num_experts,
+                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
@@ -40,18 +30,9 @@ def count_kernel(
 
 
 @triton.jit(do_not_specialize=["num_chunks"])
-def prefix_kernel(
-    chunk_counts_ptr,
-    chunk_offsets_ptr,
-    counts_ptr,
-    expert_start_ptr,
-    num_tokens_post_padded_ptr,
-    num_chunks,
-    num_experts,
-    BLOCK_SIZE_M: tl.constexpr,
-    NUM_BINS: tl.constexpr,
-    CHUNK_TILE: tl.constexpr,
-):
+def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                  num_tokens_post_padded_ptr, num_chunks, num_experts,
+                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
     experts = tl.arange(0, NUM_BINS)
     expert_mask = experts < num_experts
     rows = tl.arange(0, CHUNK_TILE)
@@ -62,9 +43,8 @@ def prefix_kernel(
         tile = tl.load(chunk_counts_ptr + (c0 + rows)[:, None] * num_experts + experts[None, :], mask=m, other=0)
         total += tl.sum(tile, axis=0)
 
-    start = _store_totals(
-        total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, BLOCK_SIZE_M
-    )
+    start = _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
+                          BLOCK_SIZE_M)
 
     running = start
     for c0 in range(0, num_chunks, CHUNK_TILE):
@@ -76,83 +56,34 @@ def prefix_kernel(
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_chunks", "num_m_blocks"])
-def scatter_kernel(
-    topk_ids_ptr,
-    expert_map_ptr,
-    chunk_offsets_ptr,
-    counts_ptr,
-    expert_start_ptr,
-    num_tokens_post_padded_ptr,
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    num_slots,
-    num_ids,
-    num_experts,
-    num_chunks,
-    num_m_blocks,
-    HAS_EXPERT_MAP: tl.constexpr,
-    CHUNK: tl.constexpr,
-    NUM_BINS: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr,
-):
+def scatter_kernel(topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                   num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr,
+                   num_slots, num_ids, num_experts, num_chunks, num_m_blocks,
+                   HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
+                   BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     pid = tl.program_id(0)
     if pid < num_chunks:
-        _scatter_chunk(
-            pid,
-            topk_ids_ptr,
-            expert_map_ptr,
-            chunk_offsets_ptr,
-            sorted_token_ids_ptr,
-            num_slots,
-            num_ids,
-            num_experts,
-            HAS_EXPERT_MAP,
-            CHUNK,
-        )
+        _scatter_chunk(pid, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
+                       num_slots, num_ids, num_experts, HAS_EXPERT_MAP, CHUNK)
     else:
-        _block_map(
-            (pid - num_chunks) * BLOCKS_PER_PROGRAM,
-            counts_ptr,
-            expert_start_ptr,
-            num_tokens_post_padded_ptr,
-            sorted_token_ids_ptr,
-            expert_ids_ptr,
-            num_slots,
-            num_experts,
-            num_m_blocks,
-            NUM_BINS,
-            BLOCK_SIZE_M,
-            BLOCKS_PER_PROGRAM,
-        )
+        _block_map((pid - num_chunks) * BLOCKS_PER_PROGRAM, counts_ptr, expert_start_ptr,
+                   num_tokens_post_padded_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_experts,
+                   num_m_blocks, NUM_BINS, BLOCK_SIZE_M, BLOCKS_PER_PROGRAM)
 
 
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks"])
-def align_in_registers_kernel(
-    topk_ids_ptr,
-    expert_map_ptr,
-    counts_ptr,
-    num_tokens_post_padded_ptr,
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    num_slots,
-    num_ids,
-    num_experts,
-    num_m_blocks,
-    HAS_EXPERT_MAP: tl.constexpr,
-    SLOTS: tl.constexpr,
-    SLOTS_PER_STEP: tl.constexpr,
-    NUM_BINS: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCKS_PER_STEP: tl.constexpr,
-):
+def align_in_registers_kernel(topk_ids_ptr, expert_map_ptr, counts_ptr, num_tokens_post_padded_ptr,
+                              sorted_token_ids_ptr, expert_ids_ptr, num_slots, num_ids, num_experts, num_m_blocks,
+                              HAS_EXPERT_MAP: tl.constexpr, SLOTS: tl.constexpr, SLOTS_PER_STEP: tl.constexpr,
+                              NUM_BINS: tl.constexpr, BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_STEP: tl.constexpr):
     """The whole schedule in one program, for few slots (decode): slot-by-slot comparisons in registers,
     with no round trip through memory between the steps and no barrier of its own. The same positions and
     block map as the three kernels, bit for bit. SLOTS is a power of two >= num_slots; the comparisons run
     against SLOTS_PER_STEP slots at a time ([SLOTS, SLOTS_PER_STEP] each, their ids loaded again: L1 hits),
     so their registers stay bounded."""
     lane = tl.arange(0, SLOTS)
-    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
+    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, lane, lane < num_slots, num_ids, num_experts,
+                             HAS_EXPERT_MAP)
     # For every slot i: how many slots share its expert (count), how many of those come before it (rank),
     # and where its expert's run starts: after the padded runs of all smaller expert ids (start).
     count = tl.zeros([SLOTS], dtype=tl.int32)
@@ -160,9 +91,8 @@ def align_in_registers_kernel(
     start = tl.zeros([SLOTS], dtype=tl.int32)
     for j0 in tl.static_range(0, SLOTS, SLOTS_PER_STEP):
         lane_j = j0 + tl.arange(0, SLOTS_PER_STEP)
-        ids_j, keep_j = local_expert(
-            topk_ids_ptr, expert_map_ptr, lane_j, lane_j < num_slots, num_ids, num_experts, HAS_EXPERT_MAP
-        )
+        ids_j, keep_j = local_expert(topk_ids_ptr, expert_map_ptr, lane_j, lane_j < num_slots, num_ids,
+                                      num_experts, HAS_EXPERT_MAP)
         same = (ids[:, None] == ids_j[None, :]) & keep[:, None] & keep_j[None, :]
         count += tl.sum(same.to(tl.int32), axis=1)
         rank += tl.sum((same & (lane_j[None, :] < lane[:, None])).to(tl.int32), axis=1)
@@ -183,7 +113,7 @@ def align_in_registers_kernel(
     # The block map: a used block lies in exactly one expert's run (that of one first slot); the rows past
     # that expert's slots and every row of an unused block take the sentinel num_slots. These rows and the
     # slots' rows above are disjoint, so the stores need no ordering.
-    end = start + padded  # = start where not first
+    end = start + padded                                                          # = start where not first
     for b0 in range(0, num_m_blocks, BLOCKS_PER_STEP):
         blocks = b0 + tl.arange(0, BLOCKS_PER_STEP)
         first_row = blocks * BLOCK_SIZE_M
@@ -195,17 +125,13 @@ def align_in_registers_kernel(
         tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
         rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
         is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
-        tl.store(
-            sorted_token_ids_ptr + rows,
-            tl.full(rows.shape, 0, tl.int32) + num_slots,
-            mask=block_mask[:, None] & is_padding,
-        )
+        tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
+                 mask=block_mask[:, None] & is_padding)
 
 
 @triton.jit
-def _store_totals(
-    total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, BLOCK_SIZE_M: tl.constexpr
-):
+def _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
+                  BLOCK_SIZE_M: tl.constexpr):
     """Store each expert's count, the first row of its padded run, and the rows in use; return the starts."""
     padded = tl.cdiv(total, BLOCK_SIZE_M) * BLOCK_SIZE_M
     start = tl.cumsum(padded, axis=0) - padded
@@ -216,23 +142,14 @@ def _store_totals(
 
 
 @triton.jit
-def _scatter_chunk(
-    chunk,
-    topk_ids_ptr,
-    expert_map_ptr,
-    chunk_offsets_ptr,
-    sorted_token_ids_ptr,
-    num_slots,
-    num_ids,
-    num_experts,
-    HAS_EXPERT_MAP: tl.constexpr,
-    CHUNK: tl.constexpr,
-):
+def _scatter_chunk(chunk, topk_ids_ptr, expert_map_ptr, chunk_offsets_ptr, sorted_token_ids_ptr,
+                   num_slots, num_ids, num_experts, HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr):
     """Each slot of the chunk to its position: the chunk's first free position of its expert + its rank
     among the chunk's earlier slots of that expert (a stable order, no atomics)."""
     lane = tl.arange(0, CHUNK)
     offs = chunk * CHUNK + lane
-    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
+    ids, keep = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts,
+                              HAS_EXPERT_MAP)
     earlier_same = (ids[:, None] == ids[None, :]) & (lane[None, :] < lane[:, None])
     rank = tl.sum(earlier_same.to(tl.int32), axis=1)
     base = tl.load(chunk_offsets_ptr + chunk * num_experts + ids, mask=keep, other=0)
@@ -240,20 +157,9 @@ def _scatter_chunk(
 
 
 @triton.jit
-def _block_map(
-    first_block,
-    counts_ptr,
-    expert_start_ptr,
-    num_tokens_post_padded_ptr,
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    num_slots,
-    num_experts,
-    num_m_blocks,
-    NUM_BINS: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCKS_PER_PROGRAM: tl.constexpr,
-):
+def _block_map(first_block, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr, sorted_token_ids_ptr,
+               expert_ids_ptr, num_slots, num_experts, num_m_blocks, NUM_BINS: tl.constexpr,
+               BLOCK_SIZE_M: tl.constexpr, BLOCKS_PER_PROGRAM: tl.constexpr):
     """The expert of each M-block from first_block on (-1 past the end), and the sentinel `num_slots` in
     its padding rows."""
     blocks = first_block + tl.arange(0, BLOCKS_PER_PROGRAM)
@@ -270,11 +176,9 @@ def _block_map(
     tl.store(expert_ids_ptr + blocks, tl.where(used, block_expert, -1), mask=block_mask)
 
     safe_expert = tl.where(used, block_expert, 0)
-    filled_end = tl.load(expert_start_ptr + safe_expert, mask=block_mask) + tl.load(
-        counts_ptr + safe_expert, mask=block_mask
-    )
+    filled_end = tl.load(expert_start_ptr + safe_expert, mask=block_mask) \
+        + tl.load(counts_ptr + safe_expert, mask=block_mask)
     rows = first_row[:, None] + tl.arange(0, BLOCK_SIZE_M)[None, :]
     is_padding = (rows >= filled_end[:, None]) | (~used[:, None])
-    tl.store(
-        sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots, mask=block_mask[:, None] & is_padding
-    )
+    tl.store(sorted_token_ids_ptr + rows, tl.full(rows.shape, 0, tl.int32) + num_slots,
+             mask=block_mask[:, None] & is_padding)

@@ -1,5 +1,4 @@
 """Small jit helpers shared by the kernels."""
-
 import triton
 import triton.language as tl
 

@@ -39,7 +39,6 @@ dot on the same weight tile (`_fold`). Each row's K reduction runs in the same o
 DOT: "mma" (tensor cores), "ieee" (float32 at full precision) or "interpreter" (Triton's interpreter on a
 CPU: exact products through float64, and GPU-like rounding to bfloat16 and float8).
 """
-
 import triton
 import triton.language as tl
 
@@ -51,34 +50,11 @@ from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_b
 # routed weights; slot order's block map, the caller's topk_ids): no variant per alignment.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_kernel(
-    A,
-    a_desc,
-    W,
-    w_desc,
-    C,
-    S,
-    topk_weights_ptr,
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    num_tokens_post_padded_ptr,
-    N,
-    K,
-    num_slots,
-    num_m_blocks,
-    num_experts,
-    top_k,
-    ROWS: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    SCALES: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT: tl.constexpr,
-    TAIL_SPLITS: tl.constexpr,
-    FOLD_M: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    N, K, num_slots, num_m_blocks, num_experts, top_k,
+    ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT: tl.constexpr, TAIL_SPLITS: tl.constexpr, FOLD_M: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
 ):
     """One program per tile: the tile of M-block pid_m, N-tile pid_n, in GROUP_SIZE_M order. A block past
     the schedule's end, or of an expert outside [0, E) (slot order), returns at once. An expert's last
@@ -91,134 +67,34 @@ def grouped_matmul_kernel(
     rows_in_use = tl.load(num_tokens_post_padded_ptr)
     block_expert = tl.load(expert_ids_ptr + pid_m)  # its own dtype: slot order's ids may lie outside [0, E)
     tile_rows = _tail_rows(sorted_token_ids_ptr, row0, num_slots, TAIL_SPLITS, BLOCK_SIZE_M)
-    fold_next, folded = _fold(
-        sorted_token_ids_ptr, expert_ids_ptr, pid_m, row0, block_expert, num_m_blocks, num_slots, FOLD_M, BLOCK_SIZE_M
-    )
+    fold_next, folded = _fold(sorted_token_ids_ptr, expert_ids_ptr, pid_m, row0, block_expert, num_m_blocks,
+                              num_slots, FOLD_M, BLOCK_SIZE_M)
     if (row0 >= rows_in_use) | (block_expert < 0) | (block_expert >= num_experts) | folded:
         return
     expert = block_expert.to(tl.int32)
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     if fold_next:
-        _tile(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            C,
-            S,
-            R,
-            row0,
-            expert,
-            pid_n,
-            ROWS,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            BLOCK_SIZE_M,
-            FOLD_M,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+              BLOCK_SIZE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 4:
-        _tile(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            C,
-            S,
-            R,
-            row0,
-            expert,
-            pid_n,
-            ROWS,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            BLOCK_SIZE_M // 4,
-            0,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+              BLOCK_SIZE_M // 4, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 2:
-        _tile(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            C,
-            S,
-            R,
-            row0,
-            expert,
-            pid_n,
-            ROWS,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            BLOCK_SIZE_M // 2,
-            0,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+              BLOCK_SIZE_M // 2, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
-        _tile(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            C,
-            S,
-            R,
-            row0,
-            expert,
-            pid_n,
-            ROWS,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            BLOCK_SIZE_M,
-            0,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+              BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 # As for grouped_matmul_kernel.
 @triton.jit(do_not_specialize=["num_slots", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_persistent_kernel(
-    A,
-    a_desc,
-    W,
-    w_desc,
-    C,
-    S,
-    topk_weights_ptr,
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    num_tokens_post_padded_ptr,
-    N,
-    K,
-    num_slots,
-    top_k,
-    ROWS: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    SCALES: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    N, K, num_slots, top_k,
+    ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+    EVEN_K: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
 ):
     """The same tiles as `grouped_matmul_kernel`, walked by a grid of P programs (one per SM): program p
     takes tiles p, p + P, ... of the M-blocks in use, whose count it reads from num_tokens_post_padded on
@@ -233,28 +109,8 @@ def grouped_matmul_persistent_kernel(
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=True):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            C,
-            S,
-            R,
-            pid_m * BLOCK_SIZE_M,
-            tl.load(expert_ids_ptr + pid_m),
-            pid_n,
-            ROWS,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            BLOCK_SIZE_M,
-            0,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        _tile(A, a_desc, W, w_desc, C, S, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n,
+              ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT, BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 @triton.jit
@@ -293,17 +149,8 @@ def _tail_rows(sorted_token_ids_ptr, row0, num_slots, TAIL_SPLITS: tl.constexpr,
 
 
 @triton.jit
-def _fold(
-    sorted_token_ids_ptr,
-    expert_ids_ptr,
-    pid_m,
-    row0,
-    block_expert,
-    num_m_blocks,
-    num_slots,
-    FOLD_M: tl.constexpr,
-    BLOCK_SIZE_M: tl.constexpr,
-):
+def _fold(sorted_token_ids_ptr, expert_ids_ptr, pid_m, row0, block_expert, num_m_blocks, num_slots,
+          FOLD_M: tl.constexpr, BLOCK_SIZE_M: tl.constexpr):
     """Folded tails: (fold_next, folded). Where an expert's last M-block holds at most FOLD_M valid rows,
     the block before it (the same expert's) computes them too, in a second FOLD_M-row dot on the same weight
     tile (fold_next), and the last block's own program ends at once (folded). Blocks past the end have
@@ -322,28 +169,10 @@ def _fold(
 
 
 @triton.jit
-def _tile(
-    A,
-    a_desc,
-    W,
-    w_desc,
-    C,
-    S,
-    R,
-    row0,
-    expert,
-    pid_n,
-    ROWS: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    SCALES: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT: tl.constexpr,
-    TILE_M: tl.constexpr,
-    FOLD_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
+def _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n,
+          ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
+          EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr, FOLD_M: tl.constexpr,
+          BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """One TILE_M x BLOCK_SIZE_N tile of expert `expert`, schedule rows row0 .. row0 + TILE_M: the K loop of
     its numeric mode, then the epilogue. With FOLD_M > 0 (float operands) also the next FOLD_M rows, the
     next block's valid ones (a folded tail), in a second dot on the same weight tile."""
@@ -359,87 +188,18 @@ def _tile(
     else:
         offs_f, f_token_ids, f_rows, f_ok = offs_m, token_ids, a_rows, row_ok  # unused
     if SCALES == "none" or SCALES == "outer":
-        acc, acc_f = _k_loop(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            a_rows,
-            row_ok,
-            f_rows,
-            f_ok,
-            row0,
-            expert,
-            n0,
-            w_rows,
-            K,
-            SWIGLU,
-            EVEN_K,
-            DOT,
-            TILE_M,
-            FOLD_M,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
+        acc, acc_f = _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K,
+                             SWIGLU, EVEN_K, DOT, TILE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if SCALES == "outer":  # one scale per row and per weight row for all of K: the sum is scaled once
             acc = acc * _outer_scales(S, a_rows, row_ok, expert, w_rows)
     else:
-        acc = _k_loop_block_scaled(
-            A,
-            a_desc,
-            W,
-            w_desc,
-            S,
-            a_rows,
-            row_ok,
-            row0,
-            expert,
-            n0,
-            w_rows,
-            N,
-            K,
-            SWIGLU,
-            SCALES,
-            SCALE_GROUP_K,
-            EVEN_K,
-            DOT,
-            TILE_M,
-            BLOCK_SIZE_N,
-            BLOCK_SIZE_K,
-        )
-    _epilogue(
-        acc,
-        C,
-        topk_weights_ptr,
-        offs_m,
-        token_ids,
-        token_ids < num_slots,
-        n0,
-        N,
-        ROWS,
-        SWIGLU,
-        SCALE_GROUP_K,
-        DOT,
-        TILE_M,
-        BLOCK_SIZE_N,
-    )
+        acc = _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K,
+                                   SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT, TILE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_ids < num_slots, n0, N, ROWS, SWIGLU,
+              SCALE_GROUP_K, DOT, TILE_M, BLOCK_SIZE_N)
     if FOLD_M > 0:  # stored by pointer too
-        _epilogue(
-            acc_f,
-            C,
-            topk_weights_ptr,
-            offs_f,
-            f_token_ids,
-            f_token_ids < num_slots,
-            n0,
-            N,
-            ROWS,
-            SWIGLU,
-            SCALE_GROUP_K,
-            DOT,
-            FOLD_M,
-            BLOCK_SIZE_N,
-        )
+        _epilogue(acc_f, C, topk_weights_ptr, offs_f, f_token_ids, f_token_ids < num_slots, n0, N, ROWS, SWIGLU,
+                  SCALE_GROUP_K, DOT, FOLD_M, BLOCK_SIZE_N)
 
 
 @triton.jit
@@ -495,9 +255,8 @@ def _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX: tl.constexpr):
 
 
 @triton.jit
-def _load_w(
-    w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, DOT_K: tl.constexpr
-):
+def _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+            DOT_K: tl.constexpr):
     """The weight tile [DOT_K, BLOCK_SIZE_N] at channel k0: through W's tensor descriptor where there is one
     (with SWIGLU a 4-D one over w viewed as [E, 2, N, K]: gate and up boxes land in one tile), else by pointer."""
     if w_desc is not None:
@@ -512,28 +271,9 @@ def _load_w(
 
 
 @triton.jit
-def _k_loop(
-    A,
-    a_desc,
-    W,
-    w_desc,
-    a_rows,
-    row_ok,
-    f_rows,
-    f_ok,
-    row0,
-    expert,
-    n0,
-    w_rows,
-    K,
-    SWIGLU: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT: tl.constexpr,
-    TILE_M: tl.constexpr,
-    FOLD_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
+def _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU: tl.constexpr,
+            EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr, FOLD_M: tl.constexpr,
+            BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a tile (and of its folded tail's FOLD_M rows f_rows, on the same weight tile) over
     all of K, for float operands and for float8 ones with outer scales (`_dot` knows the difference)."""
     a_ptr, stride_am, stride_ak = A
@@ -575,29 +315,9 @@ def _outer_scales(S, a_rows, row_ok, expert, w_rows):
 
 
 @triton.jit
-def _k_loop_block_scaled(
-    A,
-    a_desc,
-    W,
-    w_desc,
-    S,
-    a_rows,
-    row_ok,
-    row0,
-    expert,
-    n0,
-    w_rows,
-    N,
-    K,
-    SWIGLU: tl.constexpr,
-    SCALES: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-    EVEN_K: tl.constexpr,
-    DOT: tl.constexpr,
-    TILE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-    BLOCK_SIZE_K: tl.constexpr,
-):
+def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU: tl.constexpr,
+                         SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
+                         TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a float8 tile whose scales change along K (block_shape): each dot's product is
     scaled before it is added. A K step is one dot where BLOCK_SIZE_K divides SCALE_GROUP_K, else one dot per
     scale block it spans (larger loads per step at decode, the sums in the same order). With SCALES ==
@@ -621,20 +341,9 @@ def _k_loop_block_scaled(
     if SCALES == "block_tile":
         w_tile_scale_ptr = w_scale_expert + (n0 // scale_group_n) * stride_wsn  # the gate rows' with SWIGLU
         w_up_scale_ptr = w_scale_expert + ((N + n0) // scale_group_n) * stride_wsn  # unused without SWIGLU
-        next_a_s, next_w_s, next_w_up_s = _step_scales(
-            a_scale_ptrs,
-            row_ok,
-            w_tile_scale_ptr,
-            w_up_scale_ptr,
-            0,
-            num_dots,
-            stride_ask,
-            stride_wsk,
-            SWIGLU,
-            DOTS_PER_STEP,
-            DOT_K,
-            SCALE_GROUP_K,
-        )
+        next_a_s, next_w_s, next_w_up_s = _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, 0,
+                                                       num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP,
+                                                       DOT_K, SCALE_GROUP_K)
     else:
         w_scale_ptrs = w_scale_expert + (w_rows // scale_group_n) * stride_wsn
     acc = tl.zeros((TILE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -652,19 +361,8 @@ def _k_loop_block_scaled(
                 if d == 0:  # this step's scales; the last step loads its own again (no load past the K groups)
                     step_a_s, step_w_s, step_w_up_s = next_a_s, next_w_s, next_w_up_s
                     next_a_s, next_w_s, next_w_up_s = _step_scales(
-                        a_scale_ptrs,
-                        row_ok,
-                        w_tile_scale_ptr,
-                        w_up_scale_ptr,
-                        tl.minimum(kb + 1, num_k_steps - 1),
-                        num_dots,
-                        stride_ask,
-                        stride_wsk,
-                        SWIGLU,
-                        DOTS_PER_STEP,
-                        DOT_K,
-                        SCALE_GROUP_K,
-                    )
+                        a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, tl.minimum(kb + 1, num_k_steps - 1),
+                        num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP, DOT_K, SCALE_GROUP_K)
                 a_s = _dot_scale(step_a_s, d, DOTS_PER_STEP)
                 w_s = _dot_scale(step_w_s, d, DOTS_PER_STEP)
                 if SWIGLU:  # gate columns first, then up columns, as w_rows holds them
@@ -708,9 +406,8 @@ def _product(a, w, DOT: tl.constexpr):
     with the rows beside it (a token's output with its batch), which a GPU's MMA never does; and its
     bfloat16 and float8 dots would multiply raw bit patterns (float8 NaN kept NaN)."""
     if DOT == "interpreter":
-        product = tl.dot(_exact_float(a).to(tl.float64), _exact_float(w).to(tl.float64), input_precision="ieee").to(
-            tl.float32
-        )
+        product = tl.dot(_exact_float(a).to(tl.float64), _exact_float(w).to(tl.float64),
+                         input_precision="ieee").to(tl.float32)
     else:
         product = tl.dot(a, w)
     return product
@@ -727,20 +424,8 @@ def _exact_float(x):
 
 
 @triton.jit
-def _step_scales(
-    a_scale_ptrs,
-    row_ok,
-    w_tile_scale_ptr,
-    w_up_scale_ptr,
-    step,
-    num_dots,
-    stride_ask,
-    stride_wsk,
-    SWIGLU: tl.constexpr,
-    DOTS_PER_STEP: tl.constexpr,
-    DOT_K: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-):
+def _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, step, num_dots, stride_ask, stride_wsk,
+                 SWIGLU: tl.constexpr, DOTS_PER_STEP: tl.constexpr, DOT_K: tl.constexpr, SCALE_GROUP_K: tl.constexpr):
     """The scales of K step `step`'s dots, for tiles with one weight scale (per half with SWIGLU): the rows'
     ([TILE_M]) and the weight's (a scalar), or with several dots per step one column / element per dot
     ([TILE_M, DOTS_PER_STEP], [DOTS_PER_STEP]); dots past K read the last group's. No up scale without SWIGLU."""
@@ -768,22 +453,9 @@ def _dot_scale(step_scales, d: tl.constexpr, DOTS_PER_STEP: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(
-    acc,
-    C,
-    topk_weights_ptr,
-    offs_m,
-    token_ids,
-    token_valid,
-    n0,
-    N,
-    ROWS: tl.constexpr,
-    SWIGLU: tl.constexpr,
-    SCALE_GROUP_K: tl.constexpr,
-    DOT: tl.constexpr,
-    TILE_M: tl.constexpr,
-    BLOCK_SIZE_N: tl.constexpr,
-):
+def _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_valid, n0, N, ROWS: tl.constexpr,
+              SWIGLU: tl.constexpr, SCALE_GROUP_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr,
+              BLOCK_SIZE_N: tl.constexpr):
     """The float32 sums acc [TILE_M, BLOCK_SIZE_N] of schedule rows offs_m (slots token_ids) to the output:
     SiLU-and-mul (SWIGLU), times the routed weight (where topk_weights_ptr is given), rounded to C's dtype, or
     with an output scale pointer quantized to float8 with one scale per row per SCALE_GROUP_K columns (the
@@ -811,11 +483,8 @@ def _epilogue(
         acc, c_scale = quantize_groups_e4m3(acc.reshape(TILE_M, TILE_N // SCALE_GROUP_K, SCALE_GROUP_K), emulate)
         acc = acc.reshape(TILE_M, TILE_N)
         groups = n0 // SCALE_GROUP_K + tl.arange(0, TILE_N // SCALE_GROUP_K)
-        tl.store(
-            c_scale_ptr + c_rows[:, None] * stride_csm + groups[None, :] * stride_csk,
-            c_scale,
-            mask=row_mask[:, None] & (groups[None, :] * SCALE_GROUP_K < N),
-        )
+        tl.store(c_scale_ptr + c_rows[:, None] * stride_csm + groups[None, :] * stride_csk, c_scale,
+                 mask=row_mask[:, None] & (groups[None, :] * SCALE_GROUP_K < N))
         c = cast_e4m3(acc, emulate)
     else:
         if emulate and c_ptr.dtype.element_ty == tl.bfloat16:  # the interpreter truncates; GPUs round to even

@@ -6,7 +6,6 @@ A program quantizes GROUPS_PER_PROGRAM groups of ROWS_PER_PROGRAM rows: a [ROWS_
 GROUPS_PER_PROGRAM, GROUP_BLOCK] tile, where GROUP_BLOCK is GROUP_SIZE rounded up to a power of two (the
 extra lanes are masked), so one reduction along the tile's last axis gives every group's amax. Rows at or
 past *num_rows_ptr (HAS_ROW_BOUND) are left as they were, without a read of the bound on the host."""
-
 import triton
 import triton.language as tl
 
@@ -14,26 +13,11 @@ from .common import cast_e4m3, clamp_e4m3, quantize_groups_e4m3
 
 
 @triton.jit(do_not_specialize=["num_rows"])
-def per_token_group_quant_fp8_kernel(
-    x_ptr,
-    q_ptr,
-    scale_ptr,
-    num_rows_ptr,
-    num_rows,
-    K,
-    stride_xm,
-    stride_xk,
-    stride_qm,
-    stride_sm,
-    stride_sg,
-    GROUP_SIZE: tl.constexpr,
-    GROUP_BLOCK: tl.constexpr,
-    GROUPS_PER_PROGRAM: tl.constexpr,
-    ROWS_PER_PROGRAM: tl.constexpr,
-    STATIC_SCALE: tl.constexpr,
-    HAS_ROW_BOUND: tl.constexpr,
-    EMULATE_FP8: tl.constexpr,
-):
+def per_token_group_quant_fp8_kernel(x_ptr, q_ptr, scale_ptr, num_rows_ptr, num_rows, K, stride_xm, stride_xk,
+                                     stride_qm, stride_sm, stride_sg, GROUP_SIZE: tl.constexpr,
+                                     GROUP_BLOCK: tl.constexpr, GROUPS_PER_PROGRAM: tl.constexpr,
+                                     ROWS_PER_PROGRAM: tl.constexpr, STATIC_SCALE: tl.constexpr,
+                                     HAS_ROW_BOUND: tl.constexpr, EMULATE_FP8: tl.constexpr):
     first_row = tl.program_id(0) * ROWS_PER_PROGRAM
     if HAS_ROW_BOUND:  # buffers sized by a bound: stop at the rows in use
         num_rows = tl.minimum(num_rows, tl.load(num_rows_ptr))
@@ -52,9 +36,6 @@ def per_token_group_quant_fp8_kernel(
         q = clamp_e4m3(tl.math.div_rn(x, tl.zeros_like(x) + tl.load(scale_ptr)), EMULATE_FP8)
     else:  # masked lanes are 0: no group's amax
         q, scale = quantize_groups_e4m3(x, EMULATE_FP8)
-        tl.store(
-            scale_ptr + rows.reshape(ROWS_PER_PROGRAM, 1) * stride_sm + groups[None, :] * stride_sg,
-            scale,
-            mask=row_ok[:, None] & (groups[None, :] * GROUP_SIZE < K),
-        )
+        tl.store(scale_ptr + rows.reshape(ROWS_PER_PROGRAM, 1) * stride_sm + groups[None, :] * stride_sg, scale,
+                 mask=row_ok[:, None] & (groups[None, :] * GROUP_SIZE < K))
     tl.store(q_ptr + rows * stride_qm + cols, cast_e4m3(q, EMULATE_FP8), mask=mask)

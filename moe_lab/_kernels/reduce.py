@@ -1,6 +1,5 @@
 """Top-k reduce: out[t, :] = sum over j of out_k[t*k + j, :] for the slots routed to an expert computed
 here (skipped slots were never written, so they are never read)."""
-
 import triton
 import triton.language as tl
 
@@ -8,23 +7,10 @@ from .common import round_to_bf16_grid
 
 
 @triton.jit
-def topk_reduce_kernel(
-    out_k_ptr,
-    topk_ids_ptr,
-    expert_map_ptr,
-    out_ptr,
-    hidden,
-    num_ids,
-    num_experts,
-    stride_km,
-    stride_ids_t,
-    stride_ids_k,
-    stride_om,
-    TOP_K: tl.constexpr,
-    HAS_EXPERT_MAP: tl.constexpr,
-    EMULATE_BF16: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
+def topk_reduce_kernel(out_k_ptr, topk_ids_ptr, expert_map_ptr, out_ptr, hidden, num_ids, num_experts,
+                       stride_km, stride_ids_t, stride_ids_k, stride_om,
+                       TOP_K: tl.constexpr, HAS_EXPERT_MAP: tl.constexpr, EMULATE_BF16: tl.constexpr,
+                       BLOCK_SIZE: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
     mask = cols < hidden

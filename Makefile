@@ -50,7 +50,7 @@ demo: $(STAMP)        ## the main job: the fused MoE layer on real model shapes,
 
 # ruff (pinned in the lint extra; settings in pyproject.toml): lint and formatting, in seconds.
 lint: $(STAMP)        ## ruff check and ruff format --check (line length 120; pyproject.toml's [tool.ruff])
-	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff check --output-format concise .
 	$(VENV)/bin/ruff format --check .
 
 test: $(STAMP)        ## the whole test suite: unit tests, then every notebook through nbval (interpreter on a CPU)

@@ -16,7 +16,7 @@ WORKDIR /moe-lab
 COPY requirements-cpu.txt pyproject.toml README.md LICENSE ./
 COPY moe_lab/__init__.py moe_lab/__init__.py
 RUN python3 -m venv .venv && .venv/bin/pip install --no-cache-dir -r requirements-cpu.txt \
-    && .venv/bin/pip install --no-cache-dir -e '.[lab,test]' && touch .venv/.installed
+    && .venv/bin/pip install --no-cache-dir -e '.[lab,test,transformers]' && touch .venv/.installed
 ENV PATH=/moe-lab/.venv/bin:$PATH
 COPY . .
 RUN touch .venv/.installed

@@ -35,10 +35,10 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements-cpu.txt
-	$(PY) -m pip install -q -e '.[lab,test,lint]'
+	$(PY) -m pip install -q -e '.[lab,test,lint,transformers]'
 	touch $(STAMP)
 
-setup: $(STAMP)       ## create .venv (the pinned CPU world, the lab, test and lint extras); every target does it first
+setup: $(STAMP)       ## create .venv (the pinned CPU world, the lab, test, lint and transformers extras); every target does it first
 
 # The browser test's extras: playwright (its Python package only: it drives Debian's chromium, no download).
 $(UI_STAMP): $(STAMP)

@@ -1,5 +1,6 @@
 """The package's layout: the kernels and the layer (the modules at the root of moe_lab, and _kernels/) never
-import the tools (moe_lab.tools) or the teaching layer (moe_lab.workbook); those import the core."""
+import the tools (moe_lab.tools), the teaching layer (moe_lab.workbook) or the integrations with other
+libraries (moe_lab.integrations); those import the core."""
 
 import ast
 import json
@@ -11,15 +12,15 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "moe_lab")
-OUTSIDE_THE_CORE = ("tools", "workbook")
+OUTSIDE_THE_CORE = ("tools", "workbook", "integrations")
 LAYERS = tuple(f"moe_lab.{name}" for name in OUTSIDE_THE_CORE)
 # `python -m moe_lab` is the command, moe_lab.tools.cli: not a module anything imports.
 NOT_IMPORTED = {"moe_lab.__main__"}
 
 
 def core_modules():
-    """(module name, path) of every module of the core: moe_lab/*.py and moe_lab/_kernels/ (not tools/ or
-    workbook/)."""
+    """(module name, path) of every module of the core: moe_lab/*.py and moe_lab/_kernels/ (not tools/,
+    workbook/ or integrations/)."""
     found = []
     for folder, dirs, files in os.walk(PACKAGE):
         rel = os.path.relpath(folder, PACKAGE)
@@ -105,6 +106,16 @@ def test_importing_the_core_loads_neither_tools_nor_workbook():
     assert set(names) <= set(loaded)
     bad = [m for m in loaded if m.startswith(LAYERS)]
     assert not bad, f"importing the core modules loaded tools or workbook modules: {bad}"
+
+
+def test_import_moe_lab_loads_no_optional_library():
+    """`import moe_lab` imports neither the integrations nor the libraries only they, the tools or the notebooks
+    need."""
+    optional = ("moe_lab.integrations", "transformers", "ipywidgets", "matplotlib", "IPython")
+    code = f"import moe_lab, sys; print('LOADED', [m for m in {optional!r} if m in sys.modules])"
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert "LOADED []" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
 def test_the_child_imports_this_checkout():

@@ -16,6 +16,7 @@ from .activation import silu_and_mul  # noqa: E402
 from .align import AlignedRouting, moe_align  # noqa: E402
 from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support  # noqa: E402
 from .configs import GemmConfig, MoEConfig  # noqa: E402
+from .expert_parallel import expert_range, fused_moe_expert_parallel  # noqa: E402
 from .gemm import grouped_matmul  # noqa: E402
 from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
 from .permute import permute_tokens  # noqa: E402
@@ -38,8 +39,10 @@ __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
     "Fp8Support",
+    "expert_range",
     "fp8_support",
     "fused_moe",
+    "fused_moe_expert_parallel",
     "fused_moe_reference",
     "FusedMoE",
     "FusedMoEInfo",

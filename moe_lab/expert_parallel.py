@@ -111,7 +111,8 @@ def dispatch(
     back to the host once (the one sync: `all_to_all_single` takes its split sizes as Python ints), then
     sends the rows in hidden_states' dtype and their (local expert, weight) pairs. Raises ValueError on
     every rank if any rank's topk_ids hold an expert outside [0, num_experts)."""
-    _, world = _group_rank_and_size(group)
+    rank, world = _group_rank_and_size(group)
+    expert_range(num_experts, rank, world)  # raises unless every rank holds an expert
     top_k = topk_ids.shape[1]
     dest, local = _destinations(topk_ids, num_experts, world)
     order = torch.argsort(dest, stable=True)  # by rank, each rank's slots in (token, slot) order

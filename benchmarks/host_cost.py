@@ -12,10 +12,12 @@ For each model preset (full size, bfloat16) and token count T it measures, in mi
   - gpu_ms: the median of CUDA-graph replays of the call, L2 flushed before each (`moe_lab.tools.timing.graph_ms`):
     the GPU's time without any host cost;
   - eager_ms: calls back to back without synchronizing, total time / calls: what an engine that does not
-    capture graphs sees, about max(host_ms, gpu_ms).
+    capture graphs sees, about max(host_ms, gpu_ms);
+  - host_no_launch_ms: host_ms with Triton's launches left out (`JITFunction.run` made a no-op): moe-lab's
+    own host time and PyTorch's allocations; host_ms less this is the cost of Triton's launcher.
 Writes the rows as JSON to --out and as a markdown table beside it (same name, .md); prints the table.
-With --profile, also writes the cProfile statistics (sorted by own time, then cumulative) of 200 cached
-calls at the first point. Needs a CUDA GPU; takes about a minute on an H200.
+With --profile, also writes the cProfile statistics (sorted by own time) of 200 calls at every point to
+that file. Needs a CUDA GPU; takes about a minute on an H200.
 """
 
 from __future__ import annotations
@@ -72,7 +74,20 @@ def eager_ms(call, calls: int) -> float:
     return 1e3 * (time.perf_counter() - start) / calls
 
 
-def profile(call, calls: int, path: str) -> None:
+@contextlib.contextmanager
+def no_launches():
+    """Triton's launches left out: every `kernel[grid](...)` returns at once."""
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+    JITFunction.run = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        JITFunction.run = run
+
+
+def profile(call, calls: int, path: str, title: str) -> None:
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(calls):
@@ -80,11 +95,9 @@ def profile(call, calls: int, path: str) -> None:
     profiler.disable()
     torch.cuda.synchronize()
     text = io.StringIO()
-    stats = pstats.Stats(profiler, stream=text)
-    stats.sort_stats("tottime").print_stats(40)
-    stats.sort_stats("cumulative").print_stats(40)
-    with open(path, "w") as f:
-        f.write(text.getvalue())
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "a") as f:
+        f.write(f"===== {title}, {calls} calls\n{text.getvalue()}\n")
 
 
 def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
@@ -107,10 +120,10 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
             row["host_uncached_ms"] = host_ms(call, calls)
     row["gpu_ms"] = graph_ms(call, rounds=3)
     row["eager_ms"] = eager_ms(call, calls)
+    with no_launches():
+        row["host_no_launch_ms"] = host_ms(call, calls)
     if profile_path:
-        profile(call, 200, profile_path)
-    del hs, w1, w2
-    torch.cuda.empty_cache()
+        profile(call, 200, profile_path, f"{name}, T = {num_tokens}")
     return row
 
 
@@ -119,14 +132,14 @@ def markdown(rows, env) -> str:
         f"Host time and GPU time of one `fused_moe` call, bf16, ms per call: {env['device']}, torch {env['torch']}, "
         f"Triton {env['triton']}, {env['date']}.",
         "",
-        "| model | T | host | host, no plan cache | GPU (graph replay) | eager | host / GPU |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| model | T | host | host, no plan cache | host, no Triton launch | GPU (graph replay) | eager | host / GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         uncached = f"{r['host_uncached_ms']:.3f}" if "host_uncached_ms" in r else "-"
         lines.append(
-            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {uncached} | {r['gpu_ms']:.3f} | "
-            f"{r['eager_ms']:.3f} | {r['host_ms'] / r['gpu_ms']:.2f} |"
+            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {uncached} | {r['host_no_launch_ms']:.3f} | "
+            f"{r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | {r['host_ms'] / r['gpu_ms']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -137,14 +150,17 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--calls", type=int, default=300, help="timed calls per figure (default 300)")
-    parser.add_argument("--profile", help="write cProfile statistics of the first point here")
+    parser.add_argument("--profile", help="write cProfile statistics of every point to this file")
     args = parser.parse_args(argv)
     require_gpu_timing("benchmarks/host_cost.py")
+    if args.profile:
+        open(args.profile, "w").close()
     env = environment()
     rows = []
     for name in args.models:
         for num_tokens in args.tokens:
-            rows.append(point(name, num_tokens, args.calls, args.profile if not rows else None))
+            rows.append(point(name, num_tokens, args.calls, args.profile))
+            torch.cuda.empty_cache()  # the point's weights are gone
             print(json.dumps(rows[-1]), flush=True)
     with open(args.out, "w") as f:
         json.dump(dict(environment=env, rows=rows), f, indent=1)

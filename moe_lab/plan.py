@@ -5,15 +5,21 @@
                       folds and the persistent kernel where they apply), the kernel, its grid and its
                       constexprs (`LaunchPlan.constexprs`: every variant a launch can compile)
 
+    layer_key         what a `fused_moe` call's plan and input checks depend on, as a hashable LayerKey
+    plan_layer        a LayerPlan from a LayerKey: per chunk, the config, the schedule's kind and both
+                      GEMMs' LaunchPlans; `fused_moe` keeps it by key (`cached_layer_plan`)
+
 The config itself is chosen in `moe_lab.tuned.choose_config` (tuned table, heuristic or the user's); the
 device's facts come from `moe_lab.capability`. A plan depends only on its inputs' shapes, dtypes, strides
 and alignment, the device, the config and `use_tma`. `moe_lab.gemm.grouped_matmul` checks its arguments,
-plans and launches; `moe_lab.layer.fused_moe` plans both GEMMs of a layer and launches them unchecked.
+plans and launches; `moe_lab.layer.fused_moe` checks a call of a new key, plans it once, and runs every call
+of that key from its LayerPlan unchecked (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
@@ -112,11 +118,12 @@ class LaunchPlan:
         """Output columns per program: BLOCK_SIZE_N, or half of it with the SwiGLU epilogue."""
         return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
 
-    @property
+    @functools.cached_property
     def constexprs(self) -> dict:
         """The kernel's constexpr arguments (moe_lab/_kernels/grouped_matmul.py), and Triton's num_warps and
         num_stages: with `persistent` those of `grouped_matmul_persistent_kernel`, else of
-        `grouped_matmul_kernel` (which also takes TAIL_SPLITS and FOLD_M)."""
+        `grouped_matmul_kernel` (which also takes TAIL_SPLITS and FOLD_M). Made once per plan: read it, do
+        not change it."""
         config = self.config
         args = dict(
             ROWS="gather" if self.gather_a else "scatter" if self.scatter else "sorted",

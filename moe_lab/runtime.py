@@ -157,12 +157,14 @@ _INTERPRETER_LOCK = threading.RLock()
 def interpreter_serialized(fn):
     """Decorate a launcher: under Triton's interpreter its calls take one process-wide (re-entrant) lock.
     The interpreter is not thread-safe (concurrent launches from several threads raise interpreter errors);
-    compiled kernels need no lock and take none."""
+    compiled kernels need no lock and take none. Decided once, where the launcher is defined: the package's
+    kernels are defined beside their launchers, and run under the interpreter exactly when it was on then
+    (`select_backend`), so a compiled launcher stays undecorated, with no look-up per call."""
+    if not interpreter_active():
+        return fn
 
     @functools.wraps(fn)
     def serialized(*args, **kwargs):
-        if not interpreter_active():
-            return fn(*args, **kwargs)
         with _INTERPRETER_LOCK:
             return fn(*args, **kwargs)
 

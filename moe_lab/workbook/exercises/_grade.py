@@ -110,10 +110,10 @@ def undefined_lanes_problem(run: GuardedRun, output: str, want: torch.Tensor, hi
         return None
     loads = ", ".join(f"{name} ({count} lanes)" for name, count in run.undefined_lanes.items())
     return (
-        f"{int(bad.sum())} value(s) of {output} were computed from masked lanes that a tl.load without other= "
-        f"left undefined: {loads}. The interpreter alone gives such lanes 0, a GPU leaves whatever the "
-        "registers held (this check fills them with NaN). Give the load `other=`, the value the masked lanes "
-        f"must have{': ' + hint if hint else ''}"
+        f"{int(bad.sum())} value(s) of {output} were computed from the masked lanes of a tl.load with no other=, "
+        f"which a GPU leaves undefined (loads of {loads}; the interpreter alone gives them 0, this check fills "
+        "them with NaN, as a GPU may leave anything). Give the load `other=`, the value the masked lanes must "
+        f"have{': ' + hint if hint else ''}"
     )
 
 

@@ -20,10 +20,11 @@ What it catches, and how:
   around one input at a time: if what the kernel wrote changes, it read outside that input.
 
 What it adds to what a GPU does, so that a kernel right only by luck under the interpreter fails here too:
-- The masked lanes of a `tl.load` without `other=` hold poison (NaN in a float, the largest value of an
-  int type): a GPU leaves them undefined, while the interpreter alone would give 0. A kernel whose result
-  depends on them (a sum over a masked row, a padding row stored as loaded) is wrong on a GPU;
-  `GuardedRun.undefined_lanes` counts them per tensor.
+- The masked lanes of a `tl.load` without `other=` hold poison (the largest finite value of the dtype:
+  NaN would slip through `tl.max`, which skips it): a GPU leaves them undefined, while the interpreter
+  alone would give 0. A kernel whose result depends on them (a sum or max over a masked row, a padding row
+  stored as loaded) is wrong on a GPU; `GuardedRun.undefined_lanes` counts them per tensor, and
+  `GuardedRun.with_zero_lanes()` launches again with them 0, to show that they made the difference.
 - A launch that runs longer than `MAX_SECONDS` is stopped (`NeverEnds`, naming the program that ran): a
   loop that never ends would otherwise hang the learner's Jupyter kernel. A keyboard interrupt during a
   launch raises `Stopped` (a KeyboardInterrupt) saying where the kernel was.
@@ -55,7 +56,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -137,6 +138,12 @@ class GuardedRun:
     accesses: List[Access] = field(default_factory=list)  # every program's accesses, in order (interpreter)
     # masked lanes of loads without other= (poisoned, see the module doc), per tensor parameter name
     undefined_lanes: Dict[str, int] = field(default_factory=dict)
+    relaunch: Optional[Callable[[], "GuardedRun"]] = field(default=None, repr=False, compare=False)
+
+    def with_zero_lanes(self) -> Optional["GuardedRun"]:
+        """The same launch under the interpreter with the masked lanes of loads without `other=` left 0 (no
+        poison), or None if this launch had none or cannot be repeated."""
+        return self.relaunch() if self.undefined_lanes and self.relaunch is not None else None
 
     @property
     def clean(self) -> bool:
@@ -346,9 +353,9 @@ class _CheckedMemory:
             if other is None and self._guarded:
                 data = loaded.data
                 unset = ~np.broadcast_to(np.asarray(mask.data, bool), data.shape)
-                if unset.any() and data.dtype != np.bool_:
-                    kind = data.dtype.kind
-                    data[unset] = np.nan if kind == "f" else np.iinfo(data.dtype).max if kind in "iu" else 0
+                kind = data.dtype.kind
+                if unset.any() and kind in "fiu":
+                    data[unset] = np.finfo(data.dtype).max if kind == "f" else np.iinfo(data.dtype).max
                     name = self.tensor_at(int(np.asarray(ptrs.data, dtype=np.uint64).ravel()[0]))
                     self.undefined_lanes[name] = self.undefined_lanes.get(name, 0) + int(unset.sum())
             return loaded
@@ -405,7 +412,9 @@ def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
     return reports
 
 
-def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None):
+def _launch(
+    kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None, poison: bool = True
+):
     """One launch on fresh guarded copies; (guarded tensors, the access checker or None, error). Each tensor
     has a canary of its own (a copy from one guard into another shows), but `second_canary_for`'s."""
     guarded, call = {}, {}
@@ -426,7 +435,8 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
         checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
         interp._interpreter = checker
         builder = interp.interpreter_builder
-        builder.create_masked_load = checker.masked_load(builder.create_masked_load)
+        if poison:
+            builder.create_masked_load = checker.masked_load(builder.create_masked_load)
     started = time.monotonic()
     try:
         with _deadline(MAX_SECONDS if check_accesses else None, checker):
@@ -446,7 +456,7 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
     finally:
         if checker is not None:
             interp._interpreter = checker._real
-            del builder.create_masked_load  # back to the class's method
+            builder.__dict__.pop("create_masked_load", None)  # back to the class's method
     return guarded, checker, error
 
 
@@ -528,10 +538,9 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
 
     if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1
         return _interpreted_run(kernel, grid, args)
+    first = _first_check(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
-    with _interpreting_beside_a_gpu():
-        first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
     if not first.clean or interpreter_active() or not torch.cuda.is_available():
         # (a compiled kernel with the interpreter on: defined before `import moe_lab` switched it on)
         first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
@@ -539,7 +548,9 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
     if error is not None:
-        return GuardedRun(tensors, [], error, "interpreter, then canaries", first.accesses, first.undefined_lanes)
+        return GuardedRun(
+            tensors, [], error, "interpreter, then canaries", first.accesses, first.undefined_lanes, first.relaunch
+        )
     reports = _written_guards(guarded)
     control, _, error = _launch(kernel, grid, args, check_accesses=False)
     if error is not None or any(not torch.equal(control[n].buffer, g.buffer) for n, g in guarded.items()):
@@ -551,6 +562,7 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             "interpreter, then canaries (writes only: the kernel's results vary from launch to launch)",
             first.accesses,
             first.undefined_lanes,
+            first.relaunch,
         )
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
@@ -563,11 +575,21 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
         ) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
-    return GuardedRun(tensors, reports, None, "interpreter, then canaries", first.accesses, first.undefined_lanes)
+    return GuardedRun(
+        tensors, reports, None, "interpreter, then canaries", first.accesses, first.undefined_lanes, first.relaunch
+    )
 
 
-def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
-    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True)
+def _first_check(kernel, grid, args: dict, poison: bool = True) -> GuardedRun:
+    """A compiled kernel's check under the interpreter, on CPU copies of its arguments."""
+    with _interpreting_beside_a_gpu():
+        run = _interpreted_run(_interpreted(kernel), grid, {n: _on_cpu(v) for n, v in args.items()}, poison)
+    run.relaunch = lambda: _first_check(kernel, grid, args, poison=False)
+    return run
+
+
+def _interpreted_run(kernel, grid, args: dict, poison: bool = True) -> GuardedRun:
+    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True, poison=poison)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
     return GuardedRun(
         tensors,
@@ -576,6 +598,7 @@ def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
         "interpreter",
         checker.accesses,
         checker.undefined_lanes,
+        lambda: _interpreted_run(kernel, grid, args, poison=False),
     )
 
 

@@ -236,6 +236,13 @@ def test_causes_listed_are_only_those_the_accesses_fit():
     assert "gap after a row" not in message and "stores past the end of out" not in message
 
 
+def test_a_missing_mask_is_not_told_about_strides():
+    from tests.workbook.test_exercise_topk_reduce import no_h_mask
+
+    message = exercises.check_topk_reduce(no_h_mask).message
+    assert "offs_h < H" in message and "stride_y_row" not in message
+
+
 def test_a_loop_that_never_ends_is_stopped_with_its_program(monkeypatch, capsys):
     import moe_lab.workbook.guarded as guarded
 

@@ -87,6 +87,13 @@ def _launch(kernel, y, weights) -> GuardedRun:
     )
 
 
+def _column(offsets: np.ndarray) -> np.ndarray:
+    """The column of y each element offset lies in, counted from the start of its row (past y's end: from
+    the start of its last row)."""
+    rows = np.minimum(offsets // Y_ROW_STRIDE, T * TOP_K - 1)
+    return offsets - rows * Y_ROW_STRIDE
+
+
 def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
     """What usually causes the out-of-bounds accesses of `run`. A kernel that reads the gaps between rows
     is launched once more on contiguous copies (row strides H and TOP_K): right there, it ignores a stride."""
@@ -127,11 +134,21 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
         )
         where = where - {"out_ptr"}
     if where & {"y_ptr", "out_ptr"}:
+        mask = (
+            f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its store with "
+            "`offs_h < H`"
+        )
+        loads, stores = run.offsets("y_ptr", "load"), run.offsets("out_ptr", "store")
+        # a missing mask reaches only columns H .. of a row of y, and past out's end by less than a block
+        spill_only = not any(o.far for o in run.out_of_bounds) and (
+            bool(((loads >= 0) & (_column(loads) >= H) & (_column(loads) < triton.cdiv(H, BLOCK_H) * BLOCK_H)).all())
+            and bool(((stores >= T * H) & (stores < reach)).all())
+        )
         hints.append(
-            f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its "
-            "store with `offs_h < H`. Row r of y starts at y_ptr + r * stride_y_row (here "
-            f"{Y_ROW_STRIDE}, not H: y is a view of a wider buffer), and slot j of token t is row "
-            "t * TOP_K + j"
+            mask
+            if spill_only
+            else f"{mask}. Row r of y starts at y_ptr + r * stride_y_row (here {Y_ROW_STRIDE}, not H: y is a view "
+            "of a wider buffer), and slot j of token t is row t * TOP_K + j"
         )
     if "topk_weights_ptr" in where:
         hints.append(

@@ -150,8 +150,8 @@ print(f"T*k = {T * k} slots -> {routing.max_num_m_blocks} M-blocks allocated, "
 # and the load reads far outside A (an illegal memory access on a GPU, or rows of the wrong tokens).
 # Cast the row index, `.to(tl.int64)`, and the product is int64; the scaffold does the same for
 # out's rows. Only these token offsets need it (and, in the GEMM, the expert offset of the weights):
-# making every offset int64 costs registers and time. The checker's sizes are small, so it cannot see
-# this mistake; write the cast anyway.
+# making every offset int64 costs registers and time. The checker tries it without a big tensor: once
+# your kernel is right, it passes `stride_am = 2^30` over the same small A and sees whether an offset wraps.
 
 # %%
 @triton.jit

@@ -31,14 +31,30 @@ OVERLAY_TRITON = .ci/overlay-venv .venv-triton-$$v triton==$$v $$(case $$v in 3.
 .PHONY: setup prefetch lint demo test test-matrix compile-check test-widgets7 test-ui test-ui-all test-gpu lab notebooks info \
   doctor clean
 
+# The first setup says what it installs and how large, and pip shows torch's download: PyPI's Linux torch is
+# the CUDA build (its CUDA libraries are about 3 GB more to download); PyTorch's CPU index gives the small
+# build (.venv about 2 GB in all): PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu before `make`, or
+# as `make setup PIP_EXTRA_INDEX_URL=...` (pip reads it from the environment either way).
+CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell sed -n 's/^torch==//p' requirements-cpu.txt)
+
 $(STAMP): pyproject.toml requirements-cpu.txt
+	@echo "== setup: $(VENV) with torch $(TORCH_PIN) and the Triton it pins (requirements-cpu.txt), then moe-lab (editable) with its lab, test, lint and transformers extras"
+	@if echo "$(PIP_EXTRA_INDEX_URL) $(PIP_INDEX_URL)" | grep -q "download.pytorch.org/whl/cpu"; then \
+	  echo "   torch: PyTorch's CPU build (a few hundred MB); $(VENV) about 2 GB in all."; \
+	else \
+	  echo "   torch: PyPI's Linux build, the CUDA one: its CUDA libraries are about 3 GB more to download than"; \
+	  echo "   the CPU build's $(VENV) of about 2 GB. For the CPU build: make setup PIP_EXTRA_INDEX_URL=$(CPU_INDEX)"; \
+	fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements-cpu.txt
+	$(PY) -m pip install -r requirements-cpu.txt
+	@echo "== setup: moe-lab and its extras (JupyterLab, ipywidgets, matplotlib, the test tools, ruff, transformers: a few hundred MB)"
 	$(PY) -m pip install -q -e '.[lab,test,lint,transformers]'
+	@echo "== setup done: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
 	touch $(STAMP)
 
-setup: $(STAMP)       ## create .venv (the pinned CPU world, the lab, test, lint and transformers extras); every target does it first
+setup: $(STAMP)       ## create .venv (the pinned CPU world, the lab, test, lint and transformers extras), saying what and how large
 
 # The browser test's extras: playwright (its Python package only: it drives Debian's chromium, no download).
 $(UI_STAMP): $(STAMP)

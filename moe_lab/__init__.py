@@ -5,31 +5,45 @@
     out = fused_moe(hidden_states, w1, w2, topk_weights, topk_ids)
 
 Without a CUDA GPU, importing moe_lab switches Triton's interpreter on (TRITON_INTERPRET=1) unless you
-set that variable yourself; see `moe_lab.runtime`.
+set that variable yourself; see `moe_lab.runtime`. Where the kernels cannot run (Triton missing, or Triton
+3.6's interpreter under numpy >= 2.4), `import moe_lab` still succeeds, so that `moe-lab doctor` can say
+what to fix, and the first use of any of the names below raises RuntimeError saying the same.
 """
 
-from .runtime import select_backend
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (dynamic version)
+
+from .runtime import environment_problem, select_backend  # noqa: E402
 
 select_backend()  # before any @triton.jit function is defined
+_PROBLEM = environment_problem()
 
-from .activation import silu_and_mul  # noqa: E402
-from .align import AlignedRouting, moe_align  # noqa: E402
-from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support  # noqa: E402
-from .configs import GemmConfig, MoEConfig  # noqa: E402
-from .expert_parallel import expert_range, fused_moe_expert_parallel  # noqa: E402
-from .gemm import grouped_matmul  # noqa: E402
-from .layer import FusedMoE, FusedMoEInfo, fused_moe  # noqa: E402
-from .permute import permute_tokens  # noqa: E402
-from .plan import LaunchPlan, LoadPath, select_load_path  # noqa: E402
-from .presets import PRESETS, MoEPreset, get_preset  # noqa: E402
-from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_activations_fp8, quantize_weights_fp8  # noqa: E402
-from .reduce import topk_reduce  # noqa: E402
-from .reference import fused_moe_reference, moe_align_reference, relative_error  # noqa: E402
-from .routing import TopKRouting, topk_routing  # noqa: E402
-from .runtime import interpreter_active  # noqa: E402
-from .tuned import default_config  # noqa: E402
+if _PROBLEM is None:
+    from .activation import silu_and_mul
+    from .align import AlignedRouting, moe_align
+    from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support
+    from .configs import GemmConfig, MoEConfig
+    from .expert_parallel import expert_range, fused_moe_expert_parallel
+    from .gemm import grouped_matmul
+    from .layer import FusedMoE, FusedMoEInfo, fused_moe
+    from .permute import permute_tokens
+    from .plan import LaunchPlan, LoadPath, select_load_path
+    from .presets import PRESETS, MoEPreset, get_preset
+    from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_activations_fp8, quantize_weights_fp8
+    from .reduce import topk_reduce
+    from .reference import fused_moe_reference, moe_align_reference, relative_error
+    from .routing import TopKRouting, topk_routing
+    from .runtime import interpreter_active
+    from .tuned import default_config
 
-__version__ = "0.1.0"
+else:
+
+    def __getattr__(name):
+        """PEP 562: the kernels were not imported; using any of them says why (dunder look-ups by tools stay
+        AttributeErrors)."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise RuntimeError(f"moe_lab.{name} cannot be used here: {_PROBLEM} (`moe-lab doctor` says more)")
+
 
 __all__ = [
     "AlignedRouting",

@@ -157,6 +157,14 @@ def moe_align(
     ([0, 1, 2], 12, [1, 2, 1])
     """
     num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    return run_align(topk_ids, num_experts, block_size_m, expert_map)
+
+
+def run_align(
+    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, expert_map: Optional[torch.Tensor] = None
+) -> AlignedRouting:
+    """`moe_align` on arguments already checked (as `check_align_args` checks them; `fused_moe` checks its
+    inputs once): no check here."""
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
@@ -264,6 +272,18 @@ class _SlotOrderRows(NamedTuple):
 _SLOT_ORDER_ROWS: Dict[tuple, _SlotOrderRows] = {}
 
 
+def slot_order_applies(shape, stride, dtype: torch.dtype, has_expert_map: bool) -> bool:
+    """Whether topk_ids of this shape, strides and dtype take the slot-order schedule (`slot_order_routing`):
+    int32 [1, k], contiguous, without expert_map."""
+    return (
+        len(shape) == 2
+        and shape[0] == 1
+        and dtype == torch.int32
+        and (shape[1] <= 1 or stride[1] == 1)
+        and not has_expert_map
+    )
+
+
 def slot_order_routing(
     topk_ids: torch.Tensor, num_experts: int, block_size_m: int, *, expert_map: Optional[torch.Tensor] = None
 ) -> Optional[AlignedRouting]:
@@ -279,21 +299,23 @@ def slot_order_routing(
     A skipped block's rows are not padding (they name their slot) but nothing writes them: the unfused
     activation and the FP8 quantization read them as they are, and nothing reads what they make of them.
 
-    Applies to int32 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup);
-    int64 ids would compile the GEMMs again for their pointer type. The rows are made on the device with
-    no host sync; while a CUDA graph is being captured they cannot be made, so a first call then returns
-    None (the layer takes the align).
+    Applies to int32 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup;
+    `slot_order_applies`); int64 ids would compile the GEMMs again for their pointer type. The rows are made
+    on the device with no host sync; while a CUDA graph is being captured they cannot be made, so a first
+    call then returns None (the layer takes the align).
     """
     if not (
         isinstance(topk_ids, torch.Tensor)
-        and topk_ids.dim() == 2
-        and topk_ids.shape[0] == 1
-        and topk_ids.dtype == torch.int32
-        and topk_ids.is_contiguous()
-        and expert_map is None
+        and slot_order_applies(topk_ids.shape, topk_ids.stride(), topk_ids.dtype, expert_map is not None)
     ):
         return None
     num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    return run_slot_order(topk_ids, num_experts, block_size_m)
+
+
+def run_slot_order(topk_ids: torch.Tensor, num_experts: int, block_size_m: int) -> Optional[AlignedRouting]:
+    """`slot_order_routing` on arguments already checked, where `slot_order_applies`: no check here. None
+    only while a CUDA graph is being captured and the rows were never made."""
     top_k, device = topk_ids.shape[1], topk_ids.device
     key = (device, top_k, block_size_m)
     rows = _SLOT_ORDER_ROWS.get(key)

@@ -25,8 +25,9 @@ and vLLM's fused_moe kernel layout (vllm-project/vllm, model_executor/layers/fus
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import triton
@@ -373,8 +374,7 @@ def run_gemm(
         if plan.path.a_tma:
             a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
         if plan.path.w_tma:
-            w_view, box = weight_box(w, plan.config, plan.swiglu, plan.box_k)
-            w_desc = TensorDescriptor(w_view, list(w_view.shape), list(w_view.stride()), box)
+            w_desc = _weight_descriptor(w, plan)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
@@ -386,6 +386,31 @@ def run_gemm(
             if plan.config.num_stages == 1:
                 raise ValueError(f"config {plan.config} does not fit this device: {exc}") from None
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
+
+
+# The tensor descriptors of weight tensors, by id while the tensor lives: (a weak reference to it, its data
+# pointer, shape, strides and dtype, {box: descriptor}). Weights stay put between calls, so each descriptor is
+# built once; an entry goes with its tensor, and is built again where the tensor's facts changed.
+_WEIGHT_DESCRIPTORS: Dict[int, tuple] = {}
+
+
+def _weight_descriptor(w: torch.Tensor, plan: LaunchPlan):
+    """The tensor descriptor of weights `w` in `plan`'s boxes (`weight_box`), built once per tensor and box.
+    It holds w's memory through a detached tensor, not w itself, so the entry does not keep w alive."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    facts = (w.data_ptr(), w.shape, w.stride(), w.dtype)
+    entry = _WEIGHT_DESCRIPTORS.get(id(w))
+    if entry is None or entry[0]() is not w or entry[1] != facts:
+        key = id(w)
+        entry = (weakref.ref(w, lambda _, key=key: _WEIGHT_DESCRIPTORS.pop(key, None)), facts, {})
+        _WEIGHT_DESCRIPTORS[key] = entry
+    box_key = (plan.swiglu, plan.config.BLOCK_SIZE_N, plan.box_k)
+    desc = entry[2].get(box_key)
+    if desc is None:
+        view, box = weight_box(w.detach(), plan.config, plan.swiglu, plan.box_k)
+        desc = entry[2][box_key] = TensorDescriptor(view, list(view.shape), list(view.stride()), box)
+    return desc
 
 
 def _launch(

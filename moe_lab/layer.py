@@ -15,7 +15,7 @@ own kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -31,15 +31,25 @@ from ._validate import (
     same_view,
 )
 from .activation import silu_and_mul
-from .align import AlignedRouting, moe_align, slot_order_routing
+from .align import AlignedRouting, run_align, run_slot_order
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
 from .gemm import check_gemm_block_shape, check_weight_scale, kernel_scales, run_gemm
-from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select_load_path
+from .plan import (
+    ChunkPlan,
+    LaunchPlan,
+    LoadPath,
+    UseTma,
+    cached_layer_plan,
+    check_use_tma,
+    layer_key,
+    plan_layer,
+    quantized_by_epilogue,
+    remember_layer_plan,
+)
 from .quantize import FP8_DTYPE, check_static_scale, quantize_activations_fp8
-from .reduce import topk_reduce
+from .reduce import run_topk_reduce
 from .runtime import interpreter_serialized
-from .tuned import choose_config
 
 
 @dataclass(frozen=True)
@@ -156,10 +166,9 @@ class Fp8Weights:
     a2_scale: Optional[torch.Tensor]
 
     def quantized_by_epilogue(self, up: GemmConfig) -> bool:
-        """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32
-        buffer, no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold
-        whole groups of block_k. Bit for bit the same as quantizing afterwards."""
-        return self.block_shape is not None and up.swiglu_epilogue and (up.BLOCK_SIZE_N // 2) % self.block_shape[1] == 0
+        """`moe_lab.plan.quantized_by_epilogue` for these weights: whether the up GEMM's SwiGLU epilogue
+        writes its output as float8 itself."""
+        return quantized_by_epilogue(self.block_shape, up)
 
     def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
@@ -209,6 +218,15 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     support = fp8_support(w1.device)
     if not support.available:
         raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
+    return _fp8_weights(w1, w1_scale, w2_scale, a1_scale, a2_scale, block_shape)
+
+
+def _fp8_weights(w1, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Optional[Fp8Weights]:
+    """The Fp8Weights of checked arguments (`_check_fp8`), without checking them again; None for float weights."""
+    if w1.dtype != FP8_DTYPE:
+        return None
+    a1_scale = a1_scale.reshape(1) if a1_scale is not None else None  # [1] or []: read as [1]
+    a2_scale = a2_scale.reshape(1) if a2_scale is not None else None
     return Fp8Weights(w1_scale, w2_scale, block_shape, a1_scale, a2_scale)
 
 
@@ -281,137 +299,109 @@ def fused_moe(
     Source: the fused-MoE design of vLLM (vllm-project/vllm, model_executor/layers/fused_moe); TMA loads
     as in Triton's tensor-descriptor tutorials.
     """
-    _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
-    fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape)
-    check_use_tma(use_tma)
     if check_ids is not None and not isinstance(check_ids, bool):
         raise TypeError(f"check_ids must be None, True or False, got {check_ids!r}")
     if not isinstance(return_info, bool):
         raise TypeError(f"return_info must be True or False, got {return_info!r}")
-    num_tokens, hidden = hidden_states.shape
-    _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
-    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
-        raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
-    out = output_buffer(out, (num_tokens, hidden), hidden_states.dtype, hidden_states.device, "[T, H]")
-    # Each chunk reads its hidden states before it writes its output rows, so out=hidden_states (the same
-    # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
-    inputs = dict(
-        w1=w1,
-        w2=w2,
-        topk_weights=topk_weights,
-        topk_ids=topk_ids,
-        expert_map=expert_map,
-        w1_scale=w1_scale,
-        w2_scale=w2_scale,
-        a1_scale=a1_scale,
-        a2_scale=a2_scale,
-    )
-    if not same_view(out, hidden_states):
-        inputs["hidden_states"] = hidden_states
-    check_same_device(hidden_states=hidden_states, out=out)
-    check_not_aliased(out, **inputs)
+    check_use_tma(use_tma)
     if chunk_size is not None:
         chunk_size = check_positive_int("chunk_size", chunk_size)
-    step = chunk_size or max(num_tokens, 1)
+    block_shape = check_gemm_block_shape(block_shape)
+    scales = (w1_scale, w2_scale, a1_scale, a2_scale)
+    key = layer_key(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        expert_map=expert_map,
+        out=out,
+        scales=scales,
+        block_shape=block_shape,
+        config=config,
+        use_tma=use_tma,
+        chunk_size=chunk_size,
+    )
+    plan = cached_layer_plan(key)
+    if plan is None:  # a call of a new key: every check that its key decides, then its plan, kept
+        _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
+        _check_fp8(w1, w2, *scales, block_shape)
+        if out is not None:
+            if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+                raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
+            output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
+            check_same_device(hidden_states=hidden_states, out=out)
+        plan = remember_layer_plan(plan_layer(key, w1, w2, config))
+    # What the key cannot decide, every call: the ids' values, and where `out` lies.
+    _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
+    if out is None:
+        out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
+    else:
+        # Each chunk reads its hidden states before it writes its output rows, so out=hidden_states (the same
+        # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
+        inputs = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map)
+        inputs.update(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+        if not same_view(out, hidden_states):
+            inputs["hidden_states"] = hidden_states
+        check_not_aliased(out, **inputs)
+    fp8 = _fp8_weights(w1, *scales, block_shape)
+    if expert_map is not None:
+        expert_map = expert_map.contiguous()
     info = None
-    for t0 in range(0, max(num_tokens, 1), step):
-        rows = slice(t0, min(t0 + step, num_tokens))
-        info = _fused_moe_chunk(
-            hidden_states[rows],
-            w1,
-            w2,
-            topk_weights[rows],
-            topk_ids[rows],
-            out[rows],
-            config,
-            use_tma,
-            expert_map,
-            return_info,
-            fp8,
-        )
+    for index, (start, end, chunk) in enumerate(plan.chunks):
+        args = (hidden_states, topk_weights, topk_ids, out)
+        if len(plan.chunks) > 1:
+            args = tuple(t[start:end] for t in args)
+        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8)
+        if up is not chunk.up or down is not chunk.down:  # launched with fewer stages: kept for the next call
+            plan = remember_layer_plan(plan.launched(index, up, down))
+            chunk = plan.chunks[index][2]
+        if return_info:
+            path = (up.path, down.path) if up is not None else (None, None)
+            info = FusedMoEInfo(chunk.choice.config, *path, routing, chunk.choice.source, up, down)
     return (out, info) if return_info else out
 
 
-def _fused_moe_chunk(
+def _run_chunk(
+    chunk: ChunkPlan,
     hidden_states,
-    w1,
-    w2,
     topk_weights,
     topk_ids,
     out,
-    config,
-    use_tma,
+    w1,
+    w2,
     expert_map,
-    with_info: bool,
-    fp8: Optional[Fp8Weights] = None,
-) -> Optional[FusedMoEInfo]:
+    fp8: Optional[Fp8Weights],
+) -> Tuple[Optional[AlignedRouting], Optional[LaunchPlan], Optional[LaunchPlan]]:
+    """Run one chunk's stages as planned, on checked inputs: (the schedule, each GEMM's plan as launched)."""
+    if chunk.up is None:  # an idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing)
+        return None, None, None
     num_tokens, hidden = hidden_states.shape
-    num_experts, two_inter, _ = w1.shape
-    top_k = topk_ids.shape[1]
-    choice = choose_config(
-        num_tokens, num_experts, top_k, hidden, two_inter // 2, w1.dtype, config=config, device=hidden_states.device
-    )
-    cfg = choice.config
-    # An idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing): nothing to launch, but
-    # use_tma=True holds to its rules as when there is work.
-    if num_tokens == 0 or hidden == 0:
-        if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
-            select_load_path(hidden_states, w1, cfg.up, gather_a=True, use_tma=True, swiglu=cfg.up.swiglu_epilogue)
-            select_load_path(
-                hidden_states.new_empty((cfg.block_size_m, two_inter // 2)), w2, cfg.down, gather_a=False, use_tma=True
-            )
-        return FusedMoEInfo(cfg, None, None, None, choice.source)
-    # One token: its slots in order, no align launch (the same blocks as the align's for distinct experts).
-    routing = slot_order_routing(topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map) or moe_align(
-        topk_ids, num_experts, cfg.block_size_m, expert_map=expert_map
-    )
-    # The inputs were checked once (fused_moe): each GEMM is planned and launched without checks.
-    swiglu, inter, device, rows = (
-        cfg.up.swiglu_epilogue,
-        two_inter // 2,
-        hidden_states.device,
-        routing.max_num_tokens_padded,
-    )
-    x, up_scales, out_scale = hidden_states, None, None
-    fused_quant = fp8 is not None and fp8.quantized_by_epilogue(cfg.up)
-    act_dtype = hidden_states.dtype
+    num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
+    block_size_m = chunk.choice.config.block_size_m
+    routing = chunk.slot_order and run_slot_order(topk_ids, num_experts, block_size_m)
+    if not routing:  # (slot order's rows cannot be made while a CUDA graph is being captured)
+        routing = run_align(topk_ids, num_experts, block_size_m, expert_map)
+    x, up_scales, out_scale, down_scales = hidden_states, None, None, None
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
         up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, num_tokens)
-        # The SwiGLU output is quantized from float32 (in the epilogue, or from a float32 buffer): rounded to
-        # bfloat16 first, a row's amax (its scale) would move by a bfloat16 step and its float8 values with it.
-        act_dtype = FP8_DTYPE if fused_quant else torch.float32
-    up_plan = plan_gemm(
-        x,
-        w1,
-        routing,
-        cfg.up,
-        gather_a=True,
-        swiglu=swiglu,
-        use_tma=use_tma,
-        scales=up_scales,
-        out_quant_group=fp8.block_shape[1] if fused_quant else 0,
-    )
-    act = torch.empty((rows, inter if swiglu else two_inter), dtype=act_dtype, device=device)
-    if fused_quant:
-        out_scale = torch.empty((rows, -(-inter // fp8.block_shape[1])), dtype=torch.float32, device=device)
-    up_plan = run_gemm(up_plan, x, w1, routing, act, out_scale=out_scale, scales=up_scales)
-    if not swiglu:
+    act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
+    if chunk.out_scale_cols:
+        out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+    up = run_gemm(chunk.up, x, w1, routing, act, out_scale=out_scale, scales=up_scales)
+    if not up.swiglu:
         act = silu_and_mul(act, routing=routing)
-    down_scales = None
     if fp8 is not None:
-        if fused_quant:
+        if out_scale is not None:  # quantized by the up GEMM's epilogue
             a2_scale = out_scale
         else:  # rows past num_tokens_post_padded are never read: not quantized
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
-        down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, rows)
+        down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, chunk.rows)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
-    down_plan = plan_gemm(act, w2, routing, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=down_scales)
-    down_plan = run_gemm(down_plan, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales)
-    topk_reduce(out_k, topk_ids, num_experts, expert_map=expert_map, out=out)
-    if not with_info:
-        return None
-    return FusedMoEInfo(cfg, up_plan.path, down_plan.path, routing, choice.source, up_plan, down_plan)
+    down = run_gemm(chunk.down, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales)
+    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
+    return routing, up, down
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---

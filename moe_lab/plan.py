@@ -5,26 +5,34 @@
                       folds and the persistent kernel where they apply), the kernel, its grid and its
                       constexprs (`LaunchPlan.constexprs`: every variant a launch can compile)
 
+    layer_key         what a `fused_moe` call's plan and input checks depend on, as a hashable LayerKey
+    plan_layer        a LayerPlan from a LayerKey: per chunk, the config, the schedule's kind and both
+                      GEMMs' LaunchPlans; `fused_moe` keeps it by key (`cached_layer_plan`)
+
 The config itself is chosen in `moe_lab.tuned.choose_config` (tuned table, heuristic or the user's); the
 device's facts come from `moe_lab.capability`. A plan depends only on its inputs' shapes, dtypes, strides
 and alignment, the device, the config and `use_tma`. `moe_lab.gemm.grouped_matmul` checks its arguments,
-plans and launches; `moe_lab.layer.fused_moe` plans both GEMMs of a layer and launches them unchecked.
+plans and launches; `moe_lab.layer.fused_moe` checks a call of a new key, plans it once, and runs every call
+of that key from its LayerPlan unchecked (docs/architecture.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from dataclasses import dataclass, replace
-from typing import Optional, Union
+from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 import triton
 
-from .align import AlignedRouting
+from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
-from .configs import GemmConfig, fit_to_shared_memory, full_precision_fp32
-from .quantize import MIN_FP8_DOT_K
+from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
+from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
 from .runtime import interpreter_active
+from .tuned import ConfigChoice, choose_config
 
 log = logging.getLogger(__name__)
 _logged_fallbacks: set = set()
@@ -110,11 +118,12 @@ class LaunchPlan:
         """Output columns per program: BLOCK_SIZE_N, or half of it with the SwiGLU epilogue."""
         return self.config.BLOCK_SIZE_N // 2 if self.swiglu else self.config.BLOCK_SIZE_N
 
-    @property
+    @functools.cached_property
     def constexprs(self) -> dict:
         """The kernel's constexpr arguments (moe_lab/_kernels/grouped_matmul.py), and Triton's num_warps and
         num_stages: with `persistent` those of `grouped_matmul_persistent_kernel`, else of
-        `grouped_matmul_kernel` (which also takes TAIL_SPLITS and FOLD_M)."""
+        `grouped_matmul_kernel` (which also takes TAIL_SPLITS and FOLD_M). Made once per plan: read it, do
+        not change it."""
         config = self.config
         args = dict(
             ROWS="gather" if self.gather_a else "scatter" if self.scatter else "sorted",
@@ -218,8 +227,10 @@ def plan_gemm(
     """The LaunchPlan of a `grouped_matmul` call with these arguments, checked by the caller: the config
     fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale block), the
     load paths, the kernel and its grid. `a` may be a meta tensor of the operand's shape, dtype and strides
-    (a buffer not made yet, 16-byte aligned); the device is w's. `scales`: None for float operands, else
-    the float8 scales' layout (`mode`, `group_n`, `group_k`, as `moe_lab.gemm.Fp8Scales` holds them).
+    (a buffer not made yet, 16-byte aligned); the device is w's. `routing`: the AlignedRouting, or its
+    `ScheduleShape` (the two facts read of it) where the schedule is not made yet. `scales`: None for float
+    operands, else the float8 scales' layout (`mode`, `group_n`, `group_k`, as `moe_lab.gemm.Fp8Scales` or
+    `ScaleLayout` holds them).
     Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
@@ -293,3 +304,270 @@ def shared_memory_budget(device: torch.device) -> Optional[int]:
     if device.type != "cuda" or interpreter_active():
         return None
     return shared_memory_limit(device)
+
+
+# --- The layer: one plan per call's key, cached. ---
+
+
+class ScaleLayout(NamedTuple):
+    """What a plan reads of float8 scales (`moe_lab.gemm.Fp8Scales` holds the same three with the tensors):
+    "outer" (per tensor, channel or token) or "block" (block_shape [group_n, group_k])."""
+
+    mode: str
+    group_n: int = 1
+    group_k: int = 1
+
+
+class ScheduleShape(NamedTuple):
+    """What a plan reads of a schedule (an `AlignedRouting` has both): whether its blocks are expert-sorted
+    (False: one token's slots in order) and its number of M-blocks (the grid's rows)."""
+
+    expert_sorted: bool
+    max_num_m_blocks: int
+
+
+def tensor_facts(t: Optional[torch.Tensor]) -> Optional[tuple]:
+    """What a layer plan and the layer's input checks read of a tensor: (shape, strides, dtype, device,
+    requires_grad, data_ptr % 16); None for None. Raises AttributeError/TypeError for what is not a tensor."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16)
+
+
+def _frozen(value):
+    """`value` as a hashable key, types kept (so that 1 and True, which compare equal, stay apart)."""
+    if isinstance(value, Mapping):
+        return ("dict", tuple((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    try:
+        hash(value)
+    except TypeError:  # e.g. a 0-d numpy array, which an int field takes: its type and repr are its key
+        return (type(value), "repr", repr(value))
+    return (type(value), value)
+
+
+class LayerKey(NamedTuple):
+    """Everything a `fused_moe` call's plan (`plan_layer`) and its cached input checks depend on, hashable.
+    Tensors enter as `tensor_facts`: shape (T, and every size the checks and plans read), strides (the
+    descriptor rules, slot order), dtype, device (tuned table, TMA and FP8 support, shared memory, SMs),
+    requires_grad (the inference-only check) and data_ptr % 16 (the descriptor's base alignment); `scales`
+    holds w1_scale, w2_scale, a1_scale, a2_scale so. `config` is `config` frozen (a dict's keys and values,
+    types kept); use_tma, chunk_size and block_shape as checked; grad_enabled is torch.is_grad_enabled();
+    fp32_precision is torch.get_float32_matmul_precision() for float32 inputs ("" else: the dot of float32
+    operands and their heuristic config follow it). Not in the key, read when a plan is made: the tuned
+    tables (`moe_lab.tuned.clear_cache` clears the plans too), and the environment (TRITON_INTERPRET,
+    MOE_LAB_TMA): call `clear_layer_plans()` after changing either in a running process."""
+
+    hidden_states: tuple
+    w1: tuple
+    w2: tuple
+    topk_weights: tuple
+    topk_ids: tuple
+    expert_map: Optional[tuple]
+    out: Optional[tuple]
+    scales: tuple
+    block_shape: Optional[tuple]
+    config: Hashable
+    use_tma: UseTma
+    chunk_size: Optional[int]
+    grad_enabled: bool
+    fp32_precision: str
+
+
+def layer_key(
+    hidden_states,
+    w1,
+    w2,
+    topk_weights,
+    topk_ids,
+    *,
+    expert_map=None,
+    out=None,
+    scales=(None, None, None, None),
+    block_shape=None,
+    config=None,
+    use_tma: UseTma = "auto",
+    chunk_size: Optional[int] = None,
+) -> Optional[LayerKey]:
+    """The `LayerKey` of a `fused_moe` call, or None where an argument cannot be part of a key (not a
+    tensor, an unhashable config value): such a call is checked and planned without the cache (and its
+    checks then say what is wrong). `use_tma`, `chunk_size` and `block_shape` as checked."""
+    try:
+        return LayerKey(
+            tensor_facts(hidden_states),
+            tensor_facts(w1),
+            tensor_facts(w2),
+            tensor_facts(topk_weights),
+            tensor_facts(topk_ids),
+            tensor_facts(expert_map),
+            tensor_facts(out),
+            tuple(map(tensor_facts, scales)),
+            block_shape,
+            config if config is None or isinstance(config, (GemmConfig, MoEConfig)) else _frozen(config),
+            use_tma,
+            chunk_size,
+            torch.is_grad_enabled(),
+            torch.get_float32_matmul_precision() if hidden_states.dtype == torch.float32 else "",
+        )
+    except (AttributeError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The stages of `fused_moe` over one chunk of `num_tokens` tokens.
+
+    choice: the MoEConfig and where it came from (`moe_lab.tuned.choose_config`).
+    slot_order: one token's slots in order, no align launch (`moe_lab.align.slot_order_routing`; the align
+        runs where its rows cannot be made, during a CUDA-graph capture).
+    up, down: each GEMM's LaunchPlan (`plan_gemm`); None where there is nothing to launch (T = 0, H = 0).
+    rows: the schedule's padded rows (max_num_tokens_padded), act_cols and act_dtype: the up GEMM's output
+        [rows, act_cols] (I with the SwiGLU epilogue, else 2I; float8 where its epilogue quantizes, float32
+        for float8 weights otherwise).
+    out_scale_cols: where the up GEMM's epilogue quantizes its output to float8, its scales per row
+        (ceil(I / block_k)); 0 otherwise."""
+
+    num_tokens: int
+    choice: ConfigChoice
+    slot_order: bool
+    up: Optional[LaunchPlan]
+    down: Optional[LaunchPlan]
+    rows: int = 0
+    act_cols: int = 0
+    act_dtype: Optional[torch.dtype] = None
+    out_scale_cols: int = 0
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """What a `fused_moe` call does, decided once per `LayerKey` (`plan_layer`) and run as is: the chunks
+    (first token, end token, ChunkPlan), one unless chunk_size splits T; equal chunks share a ChunkPlan."""
+
+    key: LayerKey
+    chunks: Tuple[Tuple[int, int, ChunkPlan], ...]
+
+    def launched(self, index: int, up: LaunchPlan, down: LaunchPlan) -> "LayerPlan":
+        """This plan with chunk `index`'s GEMMs as launched (`moe_lab.gemm.run_gemm` lowers num_stages where
+        the compiler needed more shared memory than estimated)."""
+        start, end, chunk = self.chunks[index]
+        chunk = replace(chunk, up=up, down=down)
+        return replace(self, chunks=self.chunks[:index] + ((start, end, chunk),) + self.chunks[index + 1 :])
+
+
+def quantized_by_epilogue(block_shape: Optional[tuple], up: GemmConfig) -> bool:
+    """Whether the up GEMM's SwiGLU epilogue writes its output as float8 itself (no [rows, I] float32 buffer,
+    no quantization launch): block scales, and each program's I columns (BLOCK_SIZE_N / 2) hold whole groups
+    of block_k. Bit for bit the same as quantizing afterwards."""
+    return block_shape is not None and up.swiglu_epilogue and (up.BLOCK_SIZE_N // 2) % block_shape[1] == 0
+
+
+def _weight_scale_layout(block_shape: Optional[tuple], fp8: bool) -> Optional[ScaleLayout]:
+    if not fp8:
+        return None
+    return ScaleLayout("block", *block_shape) if block_shape is not None else ScaleLayout("outer")
+
+
+def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor, config: ConfigLike) -> ChunkPlan:
+    """The ChunkPlan of `num_tokens` tokens of the call whose key is `key` (inputs checked). w1, w2 and
+    config are the call's, read only for what the key holds (the weights' descriptor rules and device, the
+    config the key holds frozen)."""
+    (_, hidden), dtype, device = key.hidden_states[0], key.hidden_states[2], w1.device
+    num_experts, two_inter, _ = w1.shape
+    inter, top_k = two_inter // 2, key.topk_ids[0][1]
+    choice = choose_config(num_tokens, num_experts, top_k, hidden, inter, w1.dtype, config=config, device=device)
+    cfg, use_tma = choice.config, key.use_tma
+    swiglu = cfg.up.swiglu_epilogue
+    x = torch.empty((num_tokens, hidden), dtype=w1.dtype, device="meta")  # read by pointer (gathered rows)
+    if num_tokens == 0 or hidden == 0:  # nothing to launch, but use_tma=True holds to its rules as with work
+        if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
+            select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=swiglu)
+            act = torch.empty((cfg.block_size_m, inter), dtype=w2.dtype, device="meta")
+            select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True)
+        return ChunkPlan(num_tokens, choice, False, None, None)
+    ids_shape, ids_stride, ids_dtype = (num_tokens, top_k), key.topk_ids[1], key.topk_ids[2]
+    slot_order = slot_order_applies(ids_shape, ids_stride, ids_dtype, key.expert_map is not None)
+    bm = cfg.block_size_m
+    if slot_order:
+        schedule = ScheduleShape(False, top_k)
+    else:
+        schedule = ScheduleShape(True, max_num_tokens_padded(num_tokens * top_k, num_experts, bm) // bm)
+    rows = schedule.max_num_m_blocks * bm
+    fp8 = w1.dtype == FP8_DTYPE
+    scales = _weight_scale_layout(key.block_shape, fp8)
+    fused_quant = fp8 and quantized_by_epilogue(key.block_shape, cfg.up)
+    # float8 inputs for both GEMMs: the SwiGLU output is quantized from float32 (in the epilogue, or from a
+    # float32 buffer): rounded to bfloat16 first, a row's amax (its scale) would move by a bfloat16 step.
+    act_dtype = (FP8_DTYPE if fused_quant else torch.float32) if fp8 else dtype
+    up = plan_gemm(
+        x,
+        w1,
+        schedule,
+        cfg.up,
+        gather_a=True,
+        swiglu=swiglu,
+        use_tma=use_tma,
+        scales=scales,
+        out_quant_group=key.block_shape[1] if fused_quant else 0,
+    )
+    act = torch.empty((rows, inter), dtype=w2.dtype, device="meta")  # a new buffer, contiguous, aligned
+    down = plan_gemm(act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales)
+    out_scale_cols = -(-inter // key.block_shape[1]) if fused_quant else 0
+    return ChunkPlan(
+        num_tokens, choice, slot_order, up, down, rows, inter if swiglu else two_inter, act_dtype, out_scale_cols
+    )
+
+
+def plan_layer(key: LayerKey, w1: torch.Tensor, w2: torch.Tensor, config: ConfigLike = None) -> LayerPlan:
+    """The LayerPlan of a `fused_moe` call whose inputs were checked: a function of its key (w1, w2 and
+    config are the call's, read only for what the key holds). Launches nothing; raises ValueError where
+    use_tma=True cannot hold, and TypeError/ValueError for a malformed config."""
+    num_tokens = key.hidden_states[0][0]
+    step = key.chunk_size or max(num_tokens, 1)
+    plans: Dict[int, ChunkPlan] = {}
+    chunks = []
+    for start in range(0, max(num_tokens, 1), step):
+        end = min(start + step, num_tokens)
+        if end - start not in plans:
+            plans[end - start] = plan_chunk(key, end - start, w1, w2, config)
+        chunks.append((start, end, plans[end - start]))
+    return LayerPlan(key, tuple(chunks))
+
+
+# Plans by key, oldest first; at most LAYER_PLANS of them (a serving process sees a few shapes per layer
+# and token count).
+LAYER_PLANS = 1024
+_layer_plans: Dict[LayerKey, LayerPlan] = {}
+_cache_on = True
+
+
+def cached_layer_plan(key: Optional[LayerKey]) -> Optional[LayerPlan]:
+    """The plan made for `key` before (its inputs then passed the checks), or None."""
+    return _layer_plans.get(key) if key is not None and _cache_on else None
+
+
+def remember_layer_plan(plan: LayerPlan) -> LayerPlan:
+    """Keep `plan` for its key (the oldest plan goes when LAYER_PLANS are kept); returns it."""
+    if _cache_on:
+        if len(_layer_plans) >= LAYER_PLANS:
+            _layer_plans.pop(next(iter(_layer_plans)), None)
+        _layer_plans[plan.key] = plan
+    return plan
+
+
+def clear_layer_plans() -> None:
+    """Forget every layer plan: after changing TRITON_INTERPRET or MOE_LAB_TMA in a running process (the
+    plans read them when made), or a tuned table (`moe_lab.tuned.clear_cache` calls this)."""
+    _layer_plans.clear()
+
+
+@contextlib.contextmanager
+def layer_plan_cache(enabled: bool):
+    """Within the block, `fused_moe` uses the plan cache (True) or checks and plans every call (False), as
+    benchmarks/host_cost.py compares them."""
+    global _cache_on
+    before, _cache_on = _cache_on, bool(enabled)
+    try:
+        yield
+    finally:
+        _cache_on = before

@@ -21,6 +21,10 @@ import torch
 from .routing import topk_routing
 
 DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names none: DeepSeek-V3's
+# The tools' defaults (moe-lab demo, bench and tune; here so that `moe-lab --help` needs no kernel): the three
+# main models, and the token counts a benchmark or a tuning run sweeps, decode to prefill.
+MAIN_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
+SWEEP_TOKENS = (1, 8, 64, 512, 4096, 16384)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,20 @@ def topk_reduce(
     out = output_buffer(out, (num_tokens, hidden), out_k.dtype, out_k.device, "[T, H]")
     check_same_device(out_k=out_k, topk_ids=topk_ids, expert_map=expert_map, out=out)
     check_not_aliased(out, out_k=out_k, topk_ids=topk_ids, expert_map=expert_map)
+    return run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
+
+
+def run_topk_reduce(
+    out_k: torch.Tensor,
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    expert_map: Optional[torch.Tensor],
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """`topk_reduce` on arguments already checked (out_k with a last stride of 1, a contiguous expert_map;
+    `fused_moe` checks its inputs once): no check here."""
+    num_tokens, top_k = topk_ids.shape
+    hidden = out_k.shape[1]
     if num_tokens == 0 or hidden == 0:
         return out
     topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](

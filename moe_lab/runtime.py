@@ -1,16 +1,17 @@
 """Where Triton kernels run: a CUDA GPU, or Triton's interpreter on the CPU.
 
 The interpreter must be switched on before any `@triton.jit` function is defined, so `import moe_lab`
-calls `select_backend()` before it imports its kernels: with no CUDA device and `TRITON_INTERPRET` unset,
-it sets `TRITON_INTERPRET=1`. Set `TRITON_INTERPRET` yourself to decide either way. Where `triton` was
-imported first, `@triton.jit` functions made until then (Triton's own helpers, `tl.max`, `tl.cdiv`, ..., and
-a learner's kernels) were made for a GPU; `select_backend` remakes triton.language's and `__main__`'s for the
-interpreter, and warns.
+calls `select_backend()` before it imports its kernels: with no CUDA device and `TRITON_INTERPRET` unset, it
+sets `TRITON_INTERPRET=1` (set it yourself to decide either way). Where `environment_problem()` says the
+kernels cannot run, it imports none. Where `triton` was imported first, `@triton.jit` functions made until
+then (Triton's own helpers, `tl.max`, `tl.cdiv`, ..., and a learner's kernels) were made for a GPU;
+`select_backend` remakes triton.language's and `__main__`'s for the interpreter, and warns.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import os
 import sys
@@ -33,18 +34,12 @@ def interpreter_active() -> bool:
 
 
 def select_backend() -> None:
-    """Switch the interpreter on when no CUDA device exists and the user has not chosen.
-    Raises RuntimeError where the interpreter would then fail inside every kernel with a loop
-    (see `interpreter_numpy_problem`)."""
+    """Switch the interpreter on when no CUDA device exists and the user has not chosen. Raises nothing:
+    where moe_lab's kernels cannot run, `environment_problem` says why (and `import moe_lab` then leaves them
+    out, so that `moe-lab doctor` still runs)."""
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-    if interpreter_active():
-        import numpy
-        import triton
-
-        problem = interpreter_numpy_problem(triton.__version__, numpy.__version__)
-        if problem:
-            raise RuntimeError(problem)
+    if interpreter_active() and environment_problem() is None:
         remade = _remake_for_the_interpreter()
         if remade is not None:
             yours = f" Your @triton.jit functions in __main__ ({', '.join(remade)}) were remade too." if remade else ""
@@ -58,6 +53,24 @@ def select_backend() -> None:
                 "importing triton.",
                 stacklevel=3,
             )
+
+
+def environment_problem() -> Optional[str]:
+    """None, or why moe_lab's kernels cannot run in this environment and what to install: Triton missing
+    (torch's CPU builds do not bring it), or Triton <= 3.6's interpreter under numpy >= 2.4
+    (`interpreter_numpy_problem`). Where there is one, `import moe_lab` still succeeds (`moe-lab doctor`
+    must run in that state) but any use of a name of the package raises `RuntimeError` with this text."""
+    if importlib.util.find_spec("triton") is None:
+        return (
+            "Triton is not installed, so moe_lab's kernels cannot be defined. Install it "
+            "(pip install 'triton>=3.6'; on a GPU, the version your torch pins), then restart Python."
+        )
+    if interpreter_active():
+        import numpy
+        import triton
+
+        return interpreter_numpy_problem(triton.__version__, numpy.__version__)
+    return None
 
 
 def _remake_for_the_interpreter() -> Optional[list]:
@@ -97,7 +110,8 @@ def version_tuple(text: str) -> tuple:
 def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Optional[str]:
     """None, or what to install: Triton <= 3.6's interpreter fails on every loop with a run-time bound
     under numpy >= 2.4 ("only 0-dimensional arrays can be converted to Python scalars"; fixed in Triton
-    3.7). Only the interpreter needs numpy at all, so numpy is not pinned: this check says it instead."""
+    3.7). Only the interpreter needs numpy at all, so numpy is not pinned: this check says it instead (and the
+    notebooks' first cell pins numpy < 2.4 where it applies)."""
     triton_release, numpy_release = version_tuple(triton_version or ""), version_tuple(numpy_version or "")
     if not triton_release or not numpy_release:  # a version we cannot read ("dev"): let it run
         return None
@@ -105,7 +119,7 @@ def interpreter_numpy_problem(triton_version: str, numpy_version: str) -> Option
         return (
             f"Triton {triton_version}'s interpreter (TRITON_INTERPRET=1, used without a GPU) cannot run "
             f"kernels with loops under numpy {numpy_version}. Install numpy < 2.4 "
-            "(pip install 'numpy<2.4'), or Triton >= 3.7 (it comes with torch >= 2.12)."
+            "(pip install 'numpy<2.4', then restart Python), or Triton >= 3.7 (it comes with torch >= 2.12)."
         )
     return None
 
@@ -143,12 +157,14 @@ _INTERPRETER_LOCK = threading.RLock()
 def interpreter_serialized(fn):
     """Decorate a launcher: under Triton's interpreter its calls take one process-wide (re-entrant) lock.
     The interpreter is not thread-safe (concurrent launches from several threads raise interpreter errors);
-    compiled kernels need no lock and take none."""
+    compiled kernels need no lock and take none. Decided once, where the launcher is defined: the package's
+    kernels are defined beside their launchers, and run under the interpreter exactly when it was on then
+    (`select_backend`), so a compiled launcher stays undecorated, with no look-up per call."""
+    if not interpreter_active():
+        return fn
 
     @functools.wraps(fn)
     def serialized(*args, **kwargs):
-        if not interpreter_active():
-            return fn(*args, **kwargs)
         with _INTERPRETER_LOCK:
             return fn(*args, **kwargs)
 

@@ -374,6 +374,10 @@ def lookup(
 
 def clear_cache() -> None:
     """Forget every table read and every choice made, so the next lookup reads the files again (after
-    `moe-lab tune` wrote a table in this process, or after changing `CONFIG_DIR`)."""
+    `moe-lab tune` wrote a table in this process, or after changing `CONFIG_DIR`), and the layer plans made
+    with them (`moe_lab.plan.clear_layer_plans`)."""
+    from .plan import clear_layer_plans  # the plans import this module
+
     for cached in (_scan, _select_table, _device_table, _entries):
         cached.cache_clear()
+    clear_layer_plans()

@@ -11,42 +11,27 @@
 # 4. See how the ten notebooks are laid out.
 
 # %% [markdown]
-# ## 0. On a hosted notebook: install moe-lab
+# ## 0. Setup
 #
-# On your own machine (`make lab`) moe-lab is installed already and the next cell only says so. On a
-# hosted notebook (a GPU runtime, or a CPU one: the interpreter needs no GPU) it installs moe-lab with
-# its notebook extras from the clone this notebook sits in (editable), or from `MOE_LAB_SOURCE` (a clone's
-# path or a `git+https://...` address; `docs/hosted.md`). It hands pip the host's torch, Triton, numpy and
-# ipywidgets versions as constraints, so none of them is replaced.
+# Every notebook starts with this cell. On your own machine (`make lab`) moe-lab is installed already and
+# it only says so. On a hosted notebook (a GPU runtime, or a CPU one: the interpreter needs no GPU) it
+# installs moe-lab from the clone this notebook sits in, and keeps the host's torch, Triton, numpy and
+# ipywidgets. It also switches on matplotlib's inline pictures.
 
 # %%
-import importlib.metadata, importlib.util, os, pathlib, subprocess, sys, tempfile  # noqa: E401
+# Setup, the same first cell in every notebook. It finds moe-lab (a second) or installs it from the clone
+# this notebook sits in, with the notebooks' extras, keeping the host's torch, Triton, numpy and ipywidgets
+# (a hosted notebook: a minute or two, once per runtime). Where Triton 3.6 runs without a GPU it pins
+# numpy < 2.4 too. How: moe_lab_bootstrap.py, beside this notebook; docs/hosted.md.
+import importlib.util
 
-if importlib.util.find_spec("moe_lab") is None:
-    source = os.environ.get("MOE_LAB_SOURCE") or (".." if os.path.exists("../moe_lab/__init__.py") else None)
-    if source is None:
-        raise RuntimeError("moe-lab is not installed and no source was found: clone the repository and open "
-                           "notebooks/ from it, or set MOE_LAB_SOURCE (see docs/hosted.md)")
-    if "://" not in source and not os.path.exists(os.path.join(source, "pyproject.toml")):
-        raise RuntimeError(f"MOE_LAB_SOURCE={source!r} is neither a clone of moe-lab (no pyproject.toml there) "
-                           "nor an address such as git+https://...")
-    keep = []
-    for dist in ("torch", "triton", "numpy", "ipywidgets"):
-        try:
-            keep.append(f"{dist}=={importlib.metadata.version(dist)}")
-        except importlib.metadata.PackageNotFoundError:
-            pass
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
-        pins.write("\n".join(keep))
-    print("installing moe-lab from", source, "keeping", ", ".join(keep))
-    if os.path.exists(source):  # a clone: editable, so notebooks find its benchmarks/ data too
-        clone = str(pathlib.Path(source).resolve())
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, "-e", f"{clone}[notebook]"])
-        sys.path.insert(0, clone)  # new kernels see the editable install; this one needs the path now
-    else:
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", "-c", pins.name, f"moe-lab[notebook] @ {source}"])
-    importlib.invalidate_caches()
-print("moe-lab found:", importlib.util.find_spec("moe_lab").origin)
+if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clone
+    import moe_lab_bootstrap
+
+    moe_lab_bootstrap.ensure_moe_lab()
+elif importlib.util.find_spec("moe_lab") is None:
+    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
+# %matplotlib inline
 
 # %% [markdown]
 # ## 1. Versions and device
@@ -59,7 +44,6 @@ print("moe-lab found:", importlib.util.find_spec("moe_lab").origin)
 import moe_lab  # first: picks GPU or interpreter before any kernel is defined
 
 import platform
-import sys
 
 import numpy as np
 import torch
@@ -89,8 +73,8 @@ print("sizes in these notebooks:", "real model shapes" if workbook.on_gpu() else
 # known traps, both handled in moe_lab and in these notebooks:
 # - `tl.dot` on **bfloat16** tiles is silently wrong under the interpreter: we use float32 or float16
 #   in the notebook kernels (or upcast tiles to float32 before `tl.dot`).
-# - Triton 3.6's interpreter breaks loops with a runtime bound under numpy ≥ 2.4: `import moe_lab`
-#   refuses that pair with an error that says what to install.
+# - Triton 3.6's interpreter breaks loops with a runtime bound under numpy ≥ 2.4: the setup cell installs
+#   numpy < 2.4 where that pair would run, and moe_lab refuses the pair with an error that says what to install.
 #
 # `moe-lab doctor` (here as a function) checks the rest: versions that belong together, the notebook
 # extras, the front end, the tuned launch table, and what to fix.

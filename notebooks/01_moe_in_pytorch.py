@@ -14,9 +14,22 @@
 # 4. Count why the usual per-expert loop is slow on a GPU — the reason for the kernels in 02–06.
 
 # %%
-import moe_lab  # first: picks GPU or Triton's interpreter before any kernel is defined
+# Setup, the same first cell in every notebook. It finds moe-lab (a second) or installs it from the clone
+# this notebook sits in, with the notebooks' extras, keeping the host's torch, Triton, numpy and ipywidgets
+# (a hosted notebook: a minute or two, once per runtime). Where Triton 3.6 runs without a GPU it pins
+# numpy < 2.4 too. How: moe_lab_bootstrap.py, beside this notebook; docs/hosted.md.
+import importlib.util
 
+if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clone
+    import moe_lab_bootstrap
+
+    moe_lab_bootstrap.ensure_moe_lab()
+elif importlib.util.find_spec("moe_lab") is None:
+    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
 # %matplotlib inline
+
+# %%
+import moe_lab  # first: picks GPU or Triton's interpreter before any kernel is defined
 
 import torch
 import torch.nn.functional as F

@@ -12,9 +12,22 @@
 # 3. See which program computes which tile, and how GROUP_SIZE_M orders them.
 
 # %%
-import moe_lab  # first: picks GPU or Triton's interpreter before any kernel is defined
+# Setup, the same first cell in every notebook. It finds moe-lab (a second) or installs it from the clone
+# this notebook sits in, with the notebooks' extras, keeping the host's torch, Triton, numpy and ipywidgets
+# (a hosted notebook: a minute or two, once per runtime). Where Triton 3.6 runs without a GPU it pins
+# numpy < 2.4 too. How: moe_lab_bootstrap.py, beside this notebook; docs/hosted.md.
+import importlib.util
 
+if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clone
+    import moe_lab_bootstrap
+
+    moe_lab_bootstrap.ensure_moe_lab()
+elif importlib.util.find_spec("moe_lab") is None:
+    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
 # %matplotlib inline
+
+# %%
+import moe_lab  # first: picks GPU or Triton's interpreter before any kernel is defined
 
 import torch
 import triton
@@ -137,8 +150,8 @@ print(f"T*k = {T * k} slots -> {routing.max_num_m_blocks} M-blocks allocated, "
 # and the load reads far outside A (an illegal memory access on a GPU, or rows of the wrong tokens).
 # Cast the row index, `.to(tl.int64)`, and the product is int64; the scaffold does the same for
 # out's rows. Only these token offsets need it (and, in the GEMM, the expert offset of the weights):
-# making every offset int64 costs registers and time. The checker's sizes are small, so it cannot see
-# this mistake; write the cast anyway.
+# making every offset int64 costs registers and time. The checker tries it without a big tensor: once
+# your kernel is right, it passes `stride_am = 2^30` over the same small A and sees whether an offset wraps.
 
 # %%
 @triton.jit

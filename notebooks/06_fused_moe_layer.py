@@ -12,7 +12,21 @@
 # 5. Ask `fused_moe(..., return_info=True)` which load path each GEMM used, and why.
 
 # %%
+# Setup, the same first cell in every notebook. It finds moe-lab (a second) or installs it from the clone
+# this notebook sits in, with the notebooks' extras, keeping the host's torch, Triton, numpy and ipywidgets
+# (a hosted notebook: a minute or two, once per runtime). Where Triton 3.6 runs without a GPU it pins
+# numpy < 2.4 too. How: moe_lab_bootstrap.py, beside this notebook; docs/hosted.md.
+import importlib.util
+
+if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clone
+    import moe_lab_bootstrap
+
+    moe_lab_bootstrap.ensure_moe_lab()
+elif importlib.util.find_spec("moe_lab") is None:
+    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
 # %matplotlib inline
+
+# %%
 import dataclasses
 
 import moe_lab  # first: picks GPU or interpreter before any kernel is defined

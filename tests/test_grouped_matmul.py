@@ -213,6 +213,7 @@ def test_the_launch_plan_is_what_was_launched(monkeypatch):
 
     from .conftest import small_layer
 
+    gm.clear_layer_plans()  # a plan made before for this key would not be made again
     calls = []
     real_select = gm.select_load_path
     monkeypatch.setattr(gm, "select_load_path", lambda *a, **k: calls.append(1) or real_select(*a, **k))

@@ -39,7 +39,7 @@ from ..align import moe_align
 from ..configs import MoEConfig
 from ..gemm import grouped_matmul
 from ..layer import fused_moe
-from ..presets import MoEPreset, get_preset
+from ..presets import MAIN_MODELS, SWEEP_TOKENS, MoEPreset, get_preset
 from ..quantize import FP8_DTYPE, quantize_activations_fp8
 from ..reference import fused_moe_reference, relative_error
 from ..routing import uniform_routing
@@ -47,8 +47,7 @@ from ..runtime import require_gpu_timing
 from ..tuned import choose_config, default_config
 from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
 
-DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
-DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+DEFAULT_MODELS, DEFAULT_TOKENS = MAIN_MODELS, SWEEP_TOKENS
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", FP8_DTYPE: "fp8"}
 ROUNDS = 3  # rounds of replays for the compared figures (both GEMMs, the layer), same for every implementation
 

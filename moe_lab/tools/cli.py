@@ -3,28 +3,22 @@
 moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32|fp8] [--use-tma auto|on|off]
 moe-lab info      versions, device, TMA support
 moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
+moe-lab --version, moe-lab COMMAND --help (every option with its default)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import sys
 
-from ..runtime import select_backend
+import torch
 
-select_backend()  # before the kernels are defined
-
-import torch  # noqa: E402
-import triton  # noqa: E402
-
-from .. import presets as _presets  # noqa: E402
-from ..capability import fp8_support, tma_support  # noqa: E402
-from ..layer import fused_moe  # noqa: E402
-from ..plan import USE_TMA_WORDS  # noqa: E402
-from ..reference import fused_moe_reference, relative_error  # noqa: E402
-from ..runtime import default_device, interpreter_active  # noqa: E402
-from ..tuned import table_for_device  # noqa: E402
+from .. import __version__
+from ..capability import fp8_support, tma_support
+from ..presets import DEFAULT_FP8_BLOCK, MAIN_MODELS, PRESETS, SWEEP_TOKENS, get_preset
+from ..runtime import default_device, environment_problem, interpreter_active
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # Relative Frobenius error allowed against the float32 reference.
@@ -39,7 +33,8 @@ CPU_SCALE = 64  # H and I are divided by this under the interpreter; E and k sta
 CPU_MAX_SLOTS = 4096
 # FP8 is slower there, about 20 s per 500 slots: the activation quantization runs one program per padded row.
 CPU_MAX_SLOTS_FP8 = 1024
-DEFAULT_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
+DEFAULT_MODELS = MAIN_MODELS
+USE_TMA_CHOICES = ("auto", "off", "on")  # the keys of plan.USE_TMA_WORDS (a test checks; plan imports the kernels)
 GPU_TOKENS = (1, 64, 4096)
 CPU_TOKENS = (1, 16, 64)
 CPU_TOKENS_FP8 = (1, 4)  # in the bf16 demo's time on a CPU (about 15 s for the three default models)
@@ -57,9 +52,13 @@ def _device_name(device: torch.device) -> str:
 
 
 def cmd_info(_args) -> int:
+    import triton
+
+    from ..tuned import table_for_device
+
     device = default_device()
     support = tma_support(device)
-    print(f"moe-lab {__import__('moe_lab').__version__}")
+    print(f"moe-lab {__version__}")
     print(f"python  {platform.python_version()}")
     print(f"torch   {torch.__version__}")
     print(f"triton  {triton.__version__}")
@@ -94,6 +93,12 @@ def _fp8_refused(command: str, device) -> bool:
 
 
 def cmd_demo(args) -> int:
+    import triton
+
+    from ..layer import fused_moe
+    from ..plan import USE_TMA_WORDS
+    from ..reference import fused_moe_reference, relative_error
+
     device = default_device()
     on_gpu = device.type == "cuda"
     fp8 = args.dtype == FP8
@@ -104,7 +109,7 @@ def cmd_demo(args) -> int:
     tokens = args.tokens or (GPU_TOKENS if on_gpu else CPU_TOKENS_FP8 if fp8 else CPU_TOKENS)
     scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
     use_tma = USE_TMA_WORDS[args.use_tma]
-    models = [_presets.get_preset(name) for name in args.model or DEFAULT_MODELS]
+    models = [get_preset(name) for name in args.model or DEFAULT_MODELS]
     if not on_gpu and not args.force:
         slots = max(tokens) * max(p.top_k for p in models)
         limit = CPU_MAX_SLOTS_FP8 if fp8 else CPU_MAX_SLOTS
@@ -125,7 +130,7 @@ def cmd_demo(args) -> int:
             "(E and top_k are the real model's). Timings are not taken."
         )
     if fp8:
-        blocks = sorted({tuple(p.weight_block_size or _presets.DEFAULT_FP8_BLOCK) for p in models})
+        blocks = sorted({tuple(p.weight_block_size or DEFAULT_FP8_BLOCK) for p in models})
         shipped = [p.name for p in models if p.quantization == FP8]
         print(
             f"FP8: float8_e4m3fn weights with one float32 scale per {' or '.join(str(list(b)) for b in blocks)} "
@@ -237,8 +242,8 @@ def cmd_bench(args) -> int:
     if args.dtype == FP8 and _fp8_refused("moe-lab bench", default_device()):
         return 2
     bench.run(
-        args.model or bench.DEFAULT_MODELS,
-        args.tokens or bench.DEFAULT_TOKENS,
+        args.model or MAIN_MODELS,
+        args.tokens or SWEEP_TOKENS,
         dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
         out_dir=args.out,
         peers=not args.no_peers,
@@ -254,8 +259,8 @@ def cmd_tune(args) -> int:
     if args.dtype == FP8 and _fp8_refused("moe-lab tune", default_device()):
         return 2
     path = tune.run(
-        args.model or sorted(_presets.PRESETS),
-        args.tokens or tune.DEFAULT_TOKENS,
+        args.model or sorted(PRESETS),
+        args.tokens or SWEEP_TOKENS,
         dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
         path=args.out,
     )
@@ -263,26 +268,45 @@ def cmd_tune(args) -> int:
     return 0
 
 
-def _add_shape_arguments(parser: argparse.ArgumentParser, dtypes=tuple(DTYPES), dtype_help=None) -> None:
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default: argparse's "(default: ...)" where the help does not say it
+    already (defaults that depend on the machine are said in words); flags and help as they are."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default is None or action.default is False or action.nargs == 0:
+            return text
+        return super()._get_help_string(action)
+
+
+class _MainHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """The top level's help: the module docstring's lines as they are, and the defaults."""
+
+
+def _words(values) -> str:
+    return " ".join(map(str, values))
+
+
+def _add_shape_arguments(
+    parser: argparse.ArgumentParser, models, tokens, dtypes=tuple(DTYPES), dtype_help=None
+) -> None:
     parser.add_argument(
         "--model",
         nargs="+",
-        choices=sorted(_presets.PRESETS),
+        choices=sorted(PRESETS),
         metavar="NAME",
-        help=f"model presets; choices: {', '.join(_presets.PRESETS)}",
+        help=f"model presets (default: {_words(models)}); choices: {', '.join(PRESETS)}",
     )
-    parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help="token counts")
+    parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help=f"token counts (default: {_words(tokens)})")
     parser.add_argument("--dtype", choices=sorted(dtypes), default="bf16", help=dtype_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .tune import DEFAULT_TOKENS as TUNE_TOKENS
-
-    parser = argparse.ArgumentParser(
-        prog="moe-lab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
+    parser = argparse.ArgumentParser(prog="moe-lab", description=__doc__, formatter_class=_MainHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"moe-lab {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add = functools.partial(sub.add_parser, formatter_class=HelpFormatter)
+    demo = add(
         "demo",
         help="run fused_moe on real model shapes and check it against PyTorch",
         description="Run the fused MoE layer on real models' shapes with random weights and routing, compare "
@@ -293,9 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--model",
         nargs="+",
         type=str.lower,
-        choices=sorted(_presets.PRESETS),
+        choices=sorted(PRESETS),
         metavar="NAME",
-        help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(_presets.PRESETS)}",
+        help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(PRESETS)}",
     )
     demo.add_argument(
         "--tokens",
@@ -320,7 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--use-tma",
-        choices=sorted(USE_TMA_WORDS),
+        choices=USE_TMA_CHOICES,
         default="auto",
         help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
         "on: TMA, or an error naming the tensor and rule; off: pointer loads only",
@@ -336,7 +360,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)",
     )
     demo.set_defaults(func=cmd_demo)
-    bench = sub.add_parser(
+    bench = add(
         "bench",
         help="GPU benchmark against peers (refuses under the interpreter)",
         description="Time moe-lab's up and down GEMMs (pointer and TMA paths) and the whole layer on real models' "
@@ -349,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_shape_arguments(
         bench,
+        MAIN_MODELS,
+        SWEEP_TOKENS,
         (*DTYPES, FP8),
         "element type (default: bf16); fp8: moe-lab's FP8 layer (float8_e4m3fn weights, "
         "[128, 128] block scales) against moe-lab's bf16 layer in the same run, with speedups",
@@ -361,42 +387,67 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
     bench.set_defaults(func=cmd_bench)
-    tune = sub.add_parser(
+    tune = add(
         "tune",
         help="search launch configs per shape on this GPU and save them as JSON",
         description="For each model preset and token count, time candidate launch configs of the up and the down "
         "GEMM on this GPU (CUDA-graph medians, L2 flushed) and save the fastest pair per shape and "
         "token bucket into the JSON table that fused_moe reads for this device and Triton version "
         "(merged into an existing one). Defaults: all five presets, T = "
-        + " ".join(map(str, TUNE_TOKENS))
+        + _words(SWEEP_TOKENS)
         + ", bf16. Needs a CUDA GPU: refuses under Triton's "
         "interpreter. --dtype fp8 tunes FP8 layers with [128, 128] block scales. docs/tuning.md "
         "says how, and which table serves at run time.",
     )
     _add_shape_arguments(
         tune,
+        sorted(PRESETS),
+        SWEEP_TOKENS,
         (*DTYPES, FP8),
         "element type (default: bf16); fp8: float8_e4m3fn weights with "
         "[128, 128] block scales, tuned under keys of their own",
     )
     tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
     tune.set_defaults(func=cmd_tune)
-    info = sub.add_parser("info", help="versions, device, interpreter, TMA support")
+    info = add(
+        "info",
+        help="versions, device, interpreter, TMA support",
+        description="Print, in a few lines, the versions of moe-lab, Python, torch, Triton and numpy, the device "
+        "kernels run on (a GPU, or Triton's interpreter on the CPU), whether the TMA load path is available "
+        "and why, and the tuned launch table in use.",
+    )
     info.set_defaults(func=cmd_info)
-    doctor = sub.add_parser("doctor", help="check this environment for moe-lab and the notebooks; say what to fix")
+    doctor = add(
+        "doctor",
+        help="check this environment for moe-lab and the notebooks; say what to fix",
+        description="Check this environment for moe-lab and its notebooks: what `info` prints, and the notebook "
+        "extras, the widget front end and Triton's cache folder; then a PROBLEM line for each thing "
+        "that will fail, and a NOTE line for each that works but is worth knowing, each with what to do. "
+        "It runs where moe-lab's kernels cannot (Triton missing, Triton 3.6's interpreter under numpy "
+        ">= 2.4) and says why. Exit status 1 where a problem was found, else 0 (notes, such as the "
+        "notebook extras missing from a library-only install, do not count).",
+    )
     doctor.set_defaults(func=cmd_doctor)
     return parser
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # a bare `moe-lab`: what it can do
+        parser.print_help()
+        return 0
     if getattr(args, "tokens", None) and any(t < 0 for t in args.tokens):
         print("moe-lab: --tokens must be >= 0", file=sys.stderr)
         return 2
     if getattr(args, "scale", None) is not None and args.scale < 1:
         print(f"moe-lab: --scale must be >= 1, got {args.scale}", file=sys.stderr)
         return 2
-    if args.func is not cmd_doctor:  # doctor reports a bad setting among its findings
+    if args.func is not cmd_doctor:  # doctor reports these among its findings
+        problem = environment_problem()
+        if problem:  # Triton missing, or Triton 3.6's interpreter under numpy >= 2.4: said, no traceback
+            print(f"moe-lab {args.command}: {problem} (`moe-lab doctor` checks the rest)", file=sys.stderr)
+            return 2
         try:  # a bad MOE_LAB_TMA: said here, not as a traceback from the first kernel launch
             tma_support()
         except ValueError as exc:

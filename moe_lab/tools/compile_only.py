@@ -437,13 +437,17 @@ def fake_gpu(cc: int, session: Session):
     """Within: the fake driver is sm_`cc` and every kernel launch goes to `session`."""
     if cc not in DEVICES:
         raise ValueError(f"unknown target sm_{cc}; known: {sorted(DEVICES)}")
+    from ..plan import clear_layer_plans  # made for the GPU they were made on: none outlives its fake GPU
+
     triton.runtime.driver.set_active(DRIVER)
     JITFunction.run = _run
     previous, DRIVER.cc = DRIVER.cc, cc
     _ACTIVE.append(session)
+    clear_layer_plans()
     try:
         yield session
     finally:
+        clear_layer_plans()
         _ACTIVE.pop()
         DRIVER.cc = previous
 

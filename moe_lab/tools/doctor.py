@@ -4,12 +4,16 @@ to fix where they will not.
 A report is two lists: facts (versions, device, TMA support, tuned table, notebook front end) and
 findings, each a `Finding(level, what, fix)` with level "problem" (something will fail) or "note" (works,
 but worth knowing). `report()` builds it without printing; `main()` prints it and returns 1 if any
-problem was found, else 0. Nothing here imports Jupyter, ipywidgets or matplotlib unless they are installed.
+problem was found, else 0. Nothing here imports Jupyter, ipywidgets or matplotlib, nor Triton unless it is
+installed, nor moe_lab's kernels: the doctor runs in the states it diagnoses (Triton missing, Triton 3.6's
+interpreter under numpy >= 2.4, no GPU, a library-only install without the notebook extras).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata as metadata
+import importlib.util
 import os
 import platform
 import sys
@@ -17,11 +21,10 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 import torch
-import triton
 
+from .. import __version__
 from ..capability import tma_support
-from ..runtime import default_device, interpreter_active, version_tuple
-from ..tuned import table_for_device
+from ..runtime import default_device, interpreter_active, interpreter_numpy_problem, version_tuple
 
 SUPPORTED_TRITON = ((3, 6), (3, 9))  # inclusive, major.minor; CI tests each of them
 
@@ -69,6 +72,14 @@ def _installed(dist: str) -> Optional[str]:
         return None
 
 
+def _version(module: str) -> Optional[str]:
+    """The version of Triton or numpy as moe_lab.runtime reads it (the module's `__version__`, whatever its
+    distribution is called), or None where it is not installed."""
+    if importlib.util.find_spec(module) is None:
+        return None
+    return importlib.import_module(module).__version__
+
+
 def _torch_wants_triton() -> Optional[str]:
     """The Triton version this torch wheel pins (PyPI's Linux wheels do; CPU builds pin none)."""
     for req in metadata.requires("torch") or []:
@@ -105,34 +116,47 @@ def cache_problem(path: str) -> Optional[str]:
 def report() -> Report:
     rep = Report()
     fact, find = rep.facts.append, rep.findings.append
-    import moe_lab
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    triton_version, numpy_version = _version("triton"), _version("numpy")
 
-    fact(("moe-lab", f"{moe_lab.__version__} ({os.path.dirname(moe_lab.__file__)})"))
+    fact(("moe-lab", f"{__version__} ({package})"))
     fact(("python", f"{platform.python_version()} on {platform.system()} {platform.machine()}"))
     fact(("torch", torch.__version__ + (f" (CUDA {torch.version.cuda})" if torch.version.cuda else "")))
-    fact(("triton", triton.__version__))
-    fact(("numpy", _installed("numpy") or "not installed"))
+    fact(("triton", triton_version or "not installed"))
+    fact(("numpy", numpy_version or "not installed"))
 
     # Versions.
-    low, high = SUPPORTED_TRITON
-    if not low <= version_tuple(triton.__version__)[:2] <= high:
-        find(
-            Finding(
-                "note",
-                f"Triton {triton.__version__} is outside the tested range 3.6 to 3.9",
-                "use the Triton your torch pins (torch 2.10/2.11 -> 3.6, 2.12/2.13 -> 3.7, 2.14 -> 3.8, 2.15 -> 3.9)",
-            )
-        )
     wanted = _torch_wants_triton()
-    if wanted and wanted != triton.__version__:
+    low, high = SUPPORTED_TRITON
+    if triton_version is None:
         find(
             Finding(
                 "problem",
-                f"torch {torch.__version__} was built for Triton {wanted}, but Triton "
-                f"{triton.__version__} is installed",
+                "Triton is not installed: moe_lab's kernels cannot be defined (torch's CPU builds do not bring it)",
+                f"pip install 'triton=={wanted}'"
+                if wanted
+                else "pip install 'triton>=3.6' (Linux), then restart Python",
+            )
+        )
+    elif not low <= version_tuple(triton_version)[:2] <= high:
+        find(
+            Finding(
+                "note",
+                f"Triton {triton_version} is outside the tested range 3.6 to 3.9",
+                "use the Triton your torch pins (torch 2.10/2.11 -> 3.6, 2.12/2.13 -> 3.7, 2.14 -> 3.8, 2.15 -> 3.9)",
+            )
+        )
+    if wanted and triton_version and wanted != triton_version:
+        find(
+            Finding(
+                "problem",
+                f"torch {torch.__version__} was built for Triton {wanted}, but Triton {triton_version} is installed",
                 f"pip install 'triton=={wanted}'",
             )
         )
+    numpy_problem = interpreter_numpy_problem(triton_version, numpy_version) if interpreter_active() else None
+    if numpy_problem:
+        find(Finding("problem", numpy_problem, "pip install 'numpy<2.4', then restart the kernel or Python"))
 
     # Device and load paths.
     device = default_device()
@@ -160,18 +184,24 @@ def report() -> Report:
                 "unset TRITON_INTERPRET (moe_lab then switches the interpreter on) or set it to 1",
             )
         )
+    support = None
     try:
-        support = tma_support(device)
+        support = tma_support(device) if triton_version else None
     except ValueError as exc:  # a bad MOE_LAB_TMA
         find(Finding("problem", str(exc), "export MOE_LAB_TMA=auto (or 0, or 1)"))
-        support = None
-    if support is not None:
+    if triton_version is None:
+        fact(("TMA path", "unknown: Triton is not installed"))
+    elif support is not None:
         fact(("TMA path", f"{'available' if support.available else 'not available'}: {support.reason}"))
     if device.type == "cuda" and torch.version.cuda and support is not None and not support.available:
         find(Finding("note", "this GPU runs the pointer path only (TMA needs compute capability >= 9.0)"))
-    table = table_for_device(device)
-    fact(("tuned table", table.reason))
-    if device.type == "cuda" and not table:
+    table = None
+    if triton_version:  # the tables are per Triton version
+        from ..tuned import table_for_device
+
+        table = table_for_device(device)
+        fact(("tuned table", table.reason))
+    if device.type == "cuda" and table is not None and not table:
         find(
             Finding(
                 "note",
@@ -187,11 +217,13 @@ def report() -> Report:
     fact(("jupyterlab", lab or "not installed"))
     fact(("front end", front_end()))
     missing = [dist for dist in ("ipywidgets", "matplotlib") if not _installed(dist)]
-    if missing:
+    if missing:  # a problem in a notebook; a library-only install (kernels, demo, bench, tune) needs neither
+        in_jupyter = "ipykernel" in sys.modules
         find(
             Finding(
-                "problem",
-                f"the notebooks' pictures and widgets need {' and '.join(missing)}, not installed",
+                "problem" if in_jupyter else "note",
+                f"the notebooks' pictures and widgets need {' and '.join(missing)}, not installed"
+                + ("" if in_jupyter else " (the library and the command need neither)"),
                 "pip install 'moe-lab[notebook]' (keeps a host's ipywidgets 7.7 or 8)",
             )
         )

@@ -36,14 +36,14 @@ from ..capability import shared_memory_limit
 from ..configs import GemmConfig, MoEConfig
 from ..gemm import FP8_DTYPE, grouped_matmul
 from ..layer import Fp8Weights
-from ..presets import get_preset
+from ..presets import SWEEP_TOKENS, get_preset
 from ..quantize import quantize_activations_fp8, quantize_weights_fp8
 from ..routing import uniform_routing
 from ..runtime import require_gpu_timing
 from ..tuned import FORMAT_VERSION, config_path, default_config, shape_key
 from .timing import graph_ms
 
-DEFAULT_TOKENS = (1, 8, 64, 512, 4096, 16384)
+DEFAULT_TOKENS = SWEEP_TOKENS
 FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight blocks: what FP8 configs are tuned for
 Candidates = Dict[int, Tuple[List[GemmConfig], List[GemmConfig]]]
 
@@ -284,7 +284,6 @@ def precompile(points: List[Tuple[str, int]], dtype=torch.bfloat16, workers: Opt
 def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, path: Optional[str] = None) -> str:
     """Tune every (model, T), merge into the device's JSON table and write it. Returns the path."""
     require_gpu_timing("moe-lab tune")
-    from tqdm.auto import tqdm
 
     device, version = torch.cuda.get_device_name(), triton.__version__
     path = path or config_path(device, version)
@@ -301,7 +300,7 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
     points = [(m, t) for m in models for t in tokens]
     print(f"tuning {len(points)} points on {device} (shared memory per program: {smem} bytes)")
     print(f"compiled {precompile(points, dtype)} kernels ahead, in parallel", flush=True)
-    for model, num_tokens in tqdm(points, desc="moe-lab tune"):
+    for done, (model, num_tokens) in enumerate(points, 1):
         preset = get_preset(model)
         r = tune_point(preset, num_tokens, dtype, smem)
         key = shape_key(preset.num_experts, preset.top_k, preset.hidden_size, preset.intermediate_size, dtype)
@@ -311,10 +310,12 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
             "ms": round(r["ms"], 4),
             "heuristic_ms": round(r["heuristic_ms"], 4),
         }
-        tqdm.write(
-            f"{model:<18} T={num_tokens:<6} tuned {r['ms']:.3f} ms (up {r['up_ms']:.3f}, down {r['down_ms']:.3f})"
+        print(
+            f"[{done}/{len(points)}] {model:<18} T={num_tokens:<6}"
+            f" tuned {r['ms']:.3f} ms (up {r['up_ms']:.3f}, down {r['down_ms']:.3f})"
             f"  heuristic {r['heuristic_ms']:.3f} ms ({r['heuristic_ms'] / r['ms']:.2f}x)  "
-            f"up={r['config'].up}  down={r['config'].down}"
+            f"up={r['config'].up}  down={r['config'].down}",
+            flush=True,
         )
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:  # after every point: a stopped run keeps what it found

@@ -19,13 +19,23 @@ What it catches, and how:
   canaries after it (offsets known); reads of guard bytes by launching again with other canary values
   around one input at a time: if what the kernel wrote changes, it read outside that input.
 
+What it adds to what a GPU does, so that a kernel right only by luck under the interpreter fails here too:
+- The masked lanes of a `tl.load` without `other=` hold poison (the largest finite value of the dtype:
+  NaN would slip through `tl.max`, which skips it): a GPU leaves them undefined, while the interpreter
+  alone would give 0. A kernel whose result depends on them (a sum or max over a masked row, a padding row
+  stored as loaded) is wrong on a GPU; `GuardedRun.undefined_lanes` counts them per tensor, and
+  `GuardedRun.with_zero_lanes()` launches again with them 0, to show that they made the difference.
+- A launch that runs longer than `MAX_SECONDS` is stopped (`NeverEnds`, naming the program that ran): a
+  loop that never ends would otherwise hang the learner's Jupyter kernel. A keyboard interrupt during a
+  launch raises `Stopped` (a KeyboardInterrupt) saying where the kernel was.
+
 What it cannot catch:
 - On a GPU, an access that only the compiled kernel makes (the interpreter takes the other branch: a
   kernel reading different data on the two, or one the interpreter cannot run). Beyond the guard it
   lands in other memory or raises "illegal memory access", after which the CUDA context is unusable.
 - Descriptor (TMA) accesses outside the descriptor's shape: by design they read zeros and drop stores,
   on a GPU and in the interpreter; only a wrong shape or stride given to the descriptor shows here.
-- A kernel that never ends (a loop whose bound is wrong) hangs the launch.
+- On a GPU, a kernel that never ends only there (the interpreter's run, which comes first, is stopped).
 - On a GPU, reads outside a tensor by a kernel whose results differ from launch to launch (a race
   between programs, float atomics in varying order): a control launch shows it and the read check is
   skipped (the interpreter's check, which runs first, still covers them).
@@ -46,7 +56,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -57,7 +67,7 @@ GUARD_BYTES = 4096  # canary bytes before and after every tensor (a few blocks o
 # An interpreted launch that makes more memory accesses, or runs longer, is stopped: a loop that never
 # ends would otherwise hang the learner's Jupyter kernel. Every exercise needs a few thousand, in seconds.
 MAX_ACCESSES = 200_000
-MAX_SECONDS = 60.0
+MAX_SECONDS = 20.0
 CANARY = 0x7F  # a float32/bf16 of 3.4e38 (fp16: NaN), an int32 of 2139062143: easy to spot
 SECOND_CANARY = 0xFF  # NaN in every float dtype, -1 in every int dtype: the GPU read check's other fill
 SHOWN_OFFSETS = 6  # offsets listed per finding
@@ -126,6 +136,14 @@ class GuardedRun:
     error: Optional[BaseException] = None
     checked_by: str = "interpreter"  # or "interpreter, then canaries" (a GPU)
     accesses: List[Access] = field(default_factory=list)  # every program's accesses, in order (interpreter)
+    # masked lanes of loads without other= (poisoned, see the module doc), per tensor parameter name
+    undefined_lanes: Dict[str, int] = field(default_factory=dict)
+    relaunch: Optional[Callable[[], "GuardedRun"]] = field(default=None, repr=False, compare=False)
+
+    def with_zero_lanes(self) -> Optional["GuardedRun"]:
+        """The same launch under the interpreter with the masked lanes of loads without `other=` left 0 (no
+        poison), or None if this launch had none or cannot be repeated."""
+        return self.relaunch() if self.undefined_lanes and self.relaunch is not None else None
 
     @property
     def clean(self) -> bool:
@@ -174,8 +192,28 @@ def _not_a_kernel(kernel) -> str:
     return f"expected a @triton.jit function, got {type(kernel).__name__}"
 
 
+class NeverEnds(RuntimeError):
+    """An interpreted launch ran past `MAX_SECONDS` or `MAX_ACCESSES`: the kernel was stopped."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A keyboard interrupt (Jupyter's stop button) during a guarded launch; says where the kernel was."""
+
+
+def never_ends_message(seconds: float, accesses: int, program) -> str:
+    return (
+        f"stopped after {seconds:.0f} s and {accesses} memory accesses, in program {tuple(program)}; every "
+        "exercise runs in a few seconds: a loop that never ends? A `while` loop whose variable never steps "
+        "(no `+= ...` in its body), a `tl.range` whose bound is far too large, or a loop variable that is "
+        "reset in the body"
+    )
+
+
 def describe_error(exc: BaseException) -> str:
     """The first lines of what a kernel raised, without the interpreter's traceback noise."""
+    for cause in (exc, exc.__cause__, exc.__context__):
+        if isinstance(cause, NeverEnds):  # the interpreter may wrap what a kernel raised
+            return str(cause)
     text = str(exc).strip() or repr(exc)
     lines = [line for line in text.splitlines() if line.strip()]
     if "illegal memory access" in text or "illegal instruction" in text:
@@ -240,6 +278,8 @@ class _CheckedMemory:
         self._guarded = guarded
         self.findings: Dict[Tuple[str, str, bool], List[np.ndarray]] = {}
         self.accesses: List[Access] = []
+        self.undefined_lanes: Dict[str, int] = {}
+        self.stopped: Optional[str] = None  # why the launch was stopped (NeverEnds), if it was
         self._calls = 0
         self._started = time.monotonic()
         from triton.runtime import interpreter
@@ -249,15 +289,17 @@ class _CheckedMemory:
     def __getattr__(self, name):
         return getattr(self._real, name)
 
+    def program(self) -> Tuple[int, int, int]:
+        return tuple(getattr(self._builder, "grid_idx", None) or (0, 0, 0))
+
+    def seconds(self) -> float:
+        return time.monotonic() - self._started
+
     def _allowed(self, kind: str, ptrs: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
         self._calls += 1
-        seconds = time.monotonic() - self._started
-        if self._calls > MAX_ACCESSES or seconds > MAX_SECONDS:
-            raise RuntimeError(
-                f"stopped after {self._calls - 1} memory accesses in {seconds:.0f} s, far more than this "
-                "exercise needs: does a loop never end (a while loop without a step, a bound that "
-                "is far too large)?"
-            )
+        if self._calls > MAX_ACCESSES or self.seconds() > MAX_SECONDS:
+            self.stopped = never_ends_message(self.seconds(), self._calls - 1, self.program())
+            raise NeverEnds(self.stopped)
         addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
         active = (
             np.ones(addresses.shape, bool) if mask is None else np.broadcast_to(np.asarray(mask, bool), addresses.shape)
@@ -277,7 +319,7 @@ class _CheckedMemory:
             bad = in_buffer & ~hit
             self.accesses.append(
                 Access(
-                    tuple(getattr(self._builder, "grid_idx", (0, 0, 0))),
+                    self.program(),
                     kind,
                     g.name,
                     g.element_offsets(index[in_buffer]),
@@ -297,6 +339,28 @@ class _CheckedMemory:
 
     def load(self, ptrs, mask, other, dtype):
         return self._real.load(ptrs, self._allowed("load", ptrs, mask), other, dtype)
+
+    def tensor_at(self, address: int) -> str:
+        """The parameter name of the guarded tensor nearest to a byte address."""
+        return min(self._guarded, key=lambda g: abs(address - g.start)).name
+
+    def masked_load(self, real):
+        """The interpreter builder's `create_masked_load`, with poison in the masked lanes of a load that has
+        no `other` (the interpreter alone would give them 0; a GPU leaves them undefined)."""
+
+        def create_masked_load(ptrs, mask, other, *rest, **kwargs):
+            loaded = real(ptrs, mask, other, *rest, **kwargs)
+            if other is None and self._guarded:
+                data = loaded.data
+                unset = ~np.broadcast_to(np.asarray(mask.data, bool), data.shape)
+                kind = data.dtype.kind
+                if unset.any() and kind in "fiu":
+                    data[unset] = np.finfo(data.dtype).max if kind == "f" else np.iinfo(data.dtype).max
+                    name = self.tensor_at(int(np.asarray(ptrs.data, dtype=np.uint64).ravel()[0]))
+                    self.undefined_lanes[name] = self.undefined_lanes.get(name, 0) + int(unset.sum())
+            return loaded
+
+        return create_masked_load
 
     def store(self, ptrs, value, mask):
         return self._real.store(ptrs, value, self._allowed("store", ptrs, mask))
@@ -348,7 +412,9 @@ def _written_guards(guarded: Dict[str, _Guarded]) -> List[OutOfBounds]:
     return reports
 
 
-def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None):
+def _launch(
+    kernel, grid, args: dict, check_accesses: bool, second_canary_for: Optional[str] = None, poison: bool = True
+):
     """One launch on fresh guarded copies; (guarded tensors, the access checker or None, error). Each tensor
     has a canary of its own (a copy from one guard into another shows), but `second_canary_for`'s."""
     guarded, call = {}, {}
@@ -368,48 +434,82 @@ def _launch(kernel, grid, args: dict, check_accesses: bool, second_canary_for: O
 
         checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
         interp._interpreter = checker
+        builder = interp.interpreter_builder
+        if poison:
+            builder.create_masked_load = checker.masked_load(builder.create_masked_load)
+    started = time.monotonic()
     try:
-        with _deadline(MAX_SECONDS if check_accesses else None):
+        # (poisoned lanes overflow sums: numpy's warnings about it would only be noise in a notebook)
+        with _deadline(MAX_SECONDS if check_accesses else None, checker), np.errstate(over="ignore", invalid="ignore"):
             kernel[grid](**call)
         if not check_accesses and torch.cuda.is_available():
             torch.cuda.synchronize()
+    except KeyboardInterrupt as exc:
+        where = f", in program {checker.program()} after {checker._calls} memory accesses" if checker else ""
+        raise Stopped(
+            f"stopped by a keyboard interrupt after {time.monotonic() - started:.0f} s{where}. If the check "
+            f"ran for more than a few seconds, does a loop never end? (The check stops one by itself after "
+            f"{MAX_SECONDS:.0f} s.)"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - a learner's kernel may raise anything; it is reported
-        error = exc
+        # (the interpreter wraps some of what a kernel raised in its own error: the stop is named as such)
+        error = NeverEnds(checker.stopped) if checker is not None and checker.stopped else exc
     finally:
         if checker is not None:
             interp._interpreter = checker._real
+            builder.__dict__.pop("create_masked_load", None)  # back to the class's method
     return guarded, checker, error
 
 
-class _Deadline(RuntimeError):
-    pass
-
-
 @contextlib.contextmanager
-def _deadline(seconds: Optional[float]):
+def _deadline(seconds: Optional[float], checker: Optional[_CheckedMemory] = None):
     """Stop an interpreted launch after `seconds` even where it touches no memory (a loop of arithmetic
-    only never reaches the access checker's clock): a SIGALRM timer, where there is one (the main thread
-    of a Unix process, as a Jupyter kernel runs cells); elsewhere nothing."""
-    usable = (
-        seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
-    )
-    if not usable:
+    only never reaches the access checker's clock): a SIGALRM timer in the main thread of a Unix process
+    (as a Jupyter kernel runs cells), elsewhere a watchdog thread that raises `NeverEnds` in this one."""
+    if seconds is None:
         yield
         return
 
-    def stop(signum, frame):
-        raise _Deadline(
-            f"stopped after {seconds:.0f} s, far more than this exercise needs: does a loop never end "
-            "(a while loop without a step, a bound that is far too large)?"
-        )
+    def message() -> str:
+        text = never_ends_message(seconds, checker._calls, checker.program()) if checker else "stopped"
+        if checker:
+            checker.stopped = text
+        return text
 
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+
+        def stop(signum, frame):
+            raise NeverEnds(message())
+
+        previous = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        try:
+            yield
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+        return
+    import ctypes
+
+    target = threading.get_ident()
+    done = threading.Event()
+    reason: List[str] = []
+
+    # raised in this thread by the watchdog, which can pass a class only: the message is read when shown
+    stop = type("NeverEnds", (NeverEnds,), {"__str__": lambda self: reason[0] if reason else "stopped"})
+
+    def watch():
+        if not done.wait(seconds):
+            reason.append(message())
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(stop))
+
+    watchdog = threading.Thread(target=watch, daemon=True)
+    watchdog.start()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        done.set()
+        watchdog.join()
 
 
 def _is_descriptor(value) -> bool:
@@ -439,10 +539,9 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
 
     if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1
         return _interpreted_run(kernel, grid, args)
+    first = _first_check(kernel, grid, args)
     # A GPU: first the interpreter on CPU copies, so an access out of bounds is found exactly and never
     # reaches the GPU (where a wild one would end the CUDA context); then the GPU itself, with canaries.
-    with _interpreting_beside_a_gpu():
-        first = _interpreted_run(_interpreted(kernel), grid, {name: _on_cpu(value) for name, value in args.items()})
     if not first.clean or interpreter_active() or not torch.cuda.is_available():
         # (a compiled kernel with the interpreter on: defined before `import moe_lab` switched it on)
         first.tensors = {name: t.to(_device_of(args[name])) for name, t in first.tensors.items()}
@@ -450,7 +549,9 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     guarded, _, error = _launch(kernel, grid, args, check_accesses=False)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
     if error is not None:
-        return GuardedRun(tensors, [], error, "interpreter, then canaries", first.accesses)
+        return GuardedRun(
+            tensors, [], error, "interpreter, then canaries", first.accesses, first.undefined_lanes, first.relaunch
+        )
     reports = _written_guards(guarded)
     control, _, error = _launch(kernel, grid, args, check_accesses=False)
     if error is not None or any(not torch.equal(control[n].buffer, g.buffer) for n, g in guarded.items()):
@@ -461,23 +562,45 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             error,
             "interpreter, then canaries (writes only: the kernel's results vary from launch to launch)",
             first.accesses,
+            first.undefined_lanes,
+            first.relaunch,
         )
     for name in guarded:  # reads: change one tensor's canaries; does anything the kernel wrote move?
         again, _, error = _launch(kernel, grid, args, check_accesses=False, second_canary_for=name)
         if error is not None:
-            return GuardedRun(tensors, reports, error, "interpreter, then canaries", first.accesses)
+            return GuardedRun(
+                tensors, reports, error, "interpreter, then canaries", first.accesses, first.undefined_lanes
+            )
         moved = any(
             not torch.equal(again[other].buffer, guarded[other].buffer) for other in guarded if other != name
         ) or not _same(again[name].view, tensors[name])
         if moved:
             reports.append(OutOfBounds(name, "load", (), 0, *guarded[name].extent()))
-    return GuardedRun(tensors, reports, None, "interpreter, then canaries", first.accesses)
+    return GuardedRun(
+        tensors, reports, None, "interpreter, then canaries", first.accesses, first.undefined_lanes, first.relaunch
+    )
 
 
-def _interpreted_run(kernel, grid, args: dict) -> GuardedRun:
-    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True)
+def _first_check(kernel, grid, args: dict, poison: bool = True) -> GuardedRun:
+    """A compiled kernel's check under the interpreter, on CPU copies of its arguments."""
+    with _interpreting_beside_a_gpu():
+        run = _interpreted_run(_interpreted(kernel), grid, {n: _on_cpu(v) for n, v in args.items()}, poison)
+    run.relaunch = lambda: _first_check(kernel, grid, args, poison=False)
+    return run
+
+
+def _interpreted_run(kernel, grid, args: dict, poison: bool = True) -> GuardedRun:
+    guarded, checker, error = _launch(kernel, grid, args, check_accesses=True, poison=poison)
     tensors = {name: g.view.clone() for name, g in guarded.items()}
-    return GuardedRun(tensors, _findings_to_reports(checker.findings, guarded), error, "interpreter", checker.accesses)
+    return GuardedRun(
+        tensors,
+        _findings_to_reports(checker.findings, guarded),
+        error,
+        "interpreter",
+        checker.accesses,
+        checker.undefined_lanes,
+        lambda: _interpreted_run(kernel, grid, args, poison=False),
+    )
 
 
 def _interpreted(kernel):

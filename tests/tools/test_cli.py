@@ -175,3 +175,92 @@ def test_bad_env_settings_are_said_before_any_launch(monkeypatch, capsys):
             err = capsys.readouterr().err
             assert err.startswith(f"moe-lab: {var} must be") and repr(value) in err
         monkeypatch.delenv(var)
+
+
+def test_version_has_one_source(capsys):
+    import importlib.metadata
+    import os
+
+    import pytest
+
+    import moe_lab
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.strip() == f"moe-lab {moe_lab.__version__}"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "pyproject.toml")) as f:
+        pyproject = f.read()
+    assert 'dynamic = ["version"]' in pyproject and 'version = { attr = "moe_lab.__version__" }' in pyproject
+    assert importlib.metadata.version("moe-lab") == moe_lab.__version__  # what pip installed says the same
+
+
+def test_bare_command_prints_the_help(capsys):
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: moe-lab") and all(name in out for name in ("demo", "bench", "tune", "info", "doctor"))
+
+
+def _subcommands():
+    from moe_lab.tools.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if a.dest == "command"]
+    return sub.choices
+
+
+def test_every_subcommand_has_a_description_and_every_option_its_default(capsys):
+    from moe_lab.tools.cli import HelpFormatter
+
+    for name, parser in _subcommands().items():
+        assert parser.description and len(parser.description.split()) > 12, f"{name} has no description"
+        formatter = HelpFormatter(prog=parser.prog)
+        for action in parser._actions:
+            if action.nargs == 0:  # -h and flags
+                continue
+            assert "default" in formatter._get_help_string(action), f"moe-lab {name} {action.option_strings}"
+        parser.print_help()
+        out = " ".join(capsys.readouterr().out.split())  # argparse wraps
+        assert name in ("info", "doctor") or "(default: bf16)" in out
+
+
+def test_use_tma_choices_are_the_plans_words():
+    from moe_lab.plan import USE_TMA_WORDS
+    from moe_lab.tools.cli import USE_TMA_CHOICES
+
+    assert sorted(USE_TMA_CHOICES) == sorted(USE_TMA_WORDS)
+
+
+def test_the_package_imports_only_its_dependencies():
+    """The library and the command (all but the workbook and the integrations, which their extras serve)
+    import nothing beyond torch, Triton and numpy (the base dependencies): `pip install moe-lab` then
+    `moe-lab tune` works."""
+    import ast
+    import os
+    import sys
+
+    import moe_lab
+
+    package = os.path.dirname(moe_lab.__file__)
+    found = set()
+    for folder, _, files in os.walk(package):
+        if os.path.relpath(folder, package).startswith(("workbook", "integrations")):
+            continue
+        for name in (f for f in files if f.endswith(".py")):
+            with open(os.path.join(folder, name)) as f:
+                tree = ast.parse(f.read())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    found.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    found.add(node.module.split(".")[0])
+    assert found - set(sys.stdlib_module_names) - {"moe_lab"} <= {"torch", "triton", "numpy"}
+    assert os.path.exists(os.path.join(package, "py.typed"))
+
+
+def test_readme_gpu_path_installs_the_test_tools():
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(root, "README.md")) as f:
+        readme = f.read()
+    assert "pip install -e '.[notebook,test]'" in readme and "pytest -m gpu" in readme

@@ -1,5 +1,7 @@
 """`moe-lab doctor`: facts, findings, exit status."""
 
+import pytest
+
 from moe_lab.tools import doctor
 from moe_lab.tools.cli import main
 
@@ -21,10 +23,17 @@ def test_doctor_names_a_torch_triton_mismatch_and_its_fix(monkeypatch):
 
 
 def test_doctor_says_how_to_get_the_notebook_extras(monkeypatch):
+    """A library-only install (a terminal): a note, exit 0; in a Jupyter kernel, where notebooks run: a problem."""
+    import sys
+
     real = doctor._installed
     monkeypatch.setattr(doctor, "_installed", lambda dist: None if dist == "ipywidgets" else real(dist))
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
     rep = doctor.report()
-    assert any("moe-lab[notebook]" in f.fix for f in rep.problems)
+    (note,) = [f for f in rep.findings if "moe-lab[notebook]" in f.fix]
+    assert note.level == "note" and "ipywidgets" in note.what and note not in rep.problems
+    monkeypatch.setitem(sys.modules, "ipykernel", sys)  # any module: a Jupyter kernel runs this Python
+    assert any("moe-lab[notebook]" in f.fix for f in doctor.report().problems)
 
 
 def test_doctor_notes_ipywidgets_7_beside_jupyterlab_4(monkeypatch):
@@ -53,3 +62,54 @@ def test_cache_problem(tmp_path):
     assert doctor.cache_problem(str(tmp_path / "new" / "cache")) is None  # created on first use
     (tmp_path / "file").write_text("x")
     assert "is a file" in doctor.cache_problem(str(tmp_path / "file" / "cache"))
+
+
+def test_doctor_without_triton(monkeypatch):
+    monkeypatch.setattr(doctor, "_version", lambda module: None if module == "triton" else "2.3.5")
+    rep = doctor.report()
+    (problem,) = [f for f in rep.problems if "Triton is not installed" in f.what]
+    assert "pip install 'triton" in problem.fix
+    assert ("triton", "not installed") in rep.facts and ("TMA path", "unknown: Triton is not installed") in rep.facts
+
+
+def test_doctor_names_numpy_too_new_for_triton_3_6s_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(doctor, "_version", {"triton": "3.6.0", "numpy": "2.4.6"}.get)
+    (problem,) = [f for f in doctor.report().problems if "numpy 2.4.6" in f.what]
+    assert problem.fix.startswith("pip install 'numpy<2.4'") and "restart" in problem.fix
+
+
+# The real states, in a fresh Python each: `import moe_lab` succeeds, a name of the package raises the
+# explanation, `moe-lab demo` refuses in one line, and `moe-lab doctor` runs and names the problem (exit 1).
+BROKEN = {
+    "no Triton": "import sys; sys.modules['triton'] = None",
+    "Triton 3.6, numpy 2.4": "import os, numpy, triton; os.environ['TRITON_INTERPRET'] = '1'; "
+    "triton.__version__ = '3.6.0'; numpy.__version__ = '2.4.6'",
+}
+
+
+@pytest.mark.parametrize("state", sorted(BROKEN))
+def test_the_doctor_runs_where_the_kernels_cannot(state):
+    import subprocess
+    import sys
+
+    script = (
+        BROKEN[state]
+        + """
+import moe_lab
+from moe_lab.tools.cli import main
+
+try:
+    moe_lab.fused_moe
+except RuntimeError as exc:
+    print("RAISED", exc)
+print("DEMO", main(["demo"]))
+print("DOCTOR", main(["doctor"]))
+"""
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "RAISED moe_lab.fused_moe cannot be used here" in out and "DEMO 2" in out and "DOCTOR 1" in out
+    assert "Traceback" not in run.stderr and "moe-lab demo: " in run.stderr
+    assert ("Triton is not installed" if state == "no Triton" else "numpy < 2.4") in out.split("PROBLEM: ")[1]

@@ -201,4 +201,4 @@ def test_a_loop_without_memory_accesses_is_stopped_too(monkeypatch):
 
     monkeypatch.setattr(guarded, "MAX_SECONDS", 2.0)
     run = guarded.run_guarded(_spins_without_memory, (1,), x_ptr=torch.zeros(4), n=5)
-    assert run.error is not None and "does a loop never end" in str(run.error)
+    assert isinstance(run.error, guarded.NeverEnds) and "a loop that never ends" in str(run.error)

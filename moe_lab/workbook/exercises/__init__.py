@@ -18,7 +18,7 @@ module is imported when its checker is first asked for.
 import functools
 import importlib
 
-from ..guarded import KernelMismatch
+from ..guarded import KernelMismatch, Stopped
 from ._grade import Verdict, grade, report
 
 # checker -> module, in workbook order
@@ -49,15 +49,25 @@ def __getattr__(name):
 
 def _verdict_for_any_kernel(checker, exercise: str):
     """The checker, answering NOT YET (not a traceback) when handed something that is not a kernel taking
-    the exercise's arguments: None, a plain function, kernel[grid], renamed parameters. The verdict is
-    labelled with the learner's function's name, or `exercise` where there is none (None, kernel[grid])."""
+    the exercise's arguments: None, a plain function, kernel[grid], renamed parameters (labelled with the
+    learner's function's name, or `exercise` where there is none: None, kernel[grid]); and when the learner
+    stops a check that runs too long (a keyboard interrupt, labelled `exercise`: where the kernel was; with
+    `strict`, it propagates)."""
 
     @functools.wraps(checker)
     def checked(kernel, *args, strict: bool = False, **kwargs):
+        name = getattr(kernel, "__name__", None)
+        label = exercise if name in (None, "<lambda>") else name
         try:
             return checker(kernel, *args, strict=strict, **kwargs)
         except KernelMismatch as mismatch:
-            name = getattr(kernel, "__name__", None)
-            return report(exercise if name in (None, "<lambda>") else name, str(mismatch), "", strict)
+            return report(label, str(mismatch), "", strict)
+        except KeyboardInterrupt as stop:  # Jupyter's stop button: say where, not a bare traceback
+            if strict:
+                raise
+            why = (
+                str(stop) if isinstance(stop, Stopped) else "stopped by a keyboard interrupt before the check finished"
+            )
+            return report(exercise, why, "", strict)
 
     return checked

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Callable, Optional, Sequence, Tuple
 
 import torch
 
@@ -82,8 +82,27 @@ def report(exercise: str, problem: Optional[str], passed: str, strict: bool = Fa
     return verdict
 
 
-def grade(
-    exercise: str,
+def undefined_lanes_problem(
+    run: GuardedRun, output: str, want: torch.Tensor, hint: str = "", tol: float = 1e-5
+) -> Optional[str]:
+    """The message for a result that is wrong only because of the masked lanes of a load without `other=`
+    (which the guarded run fills with poison, as undefined as a GPU leaves them), or None: the same launch
+    with those lanes 0, as the interpreter alone gives them, is right."""
+    if not run.undefined_lanes or _close(run.tensors[output].cpu(), want.cpu(), tol):
+        return None
+    again = run.with_zero_lanes()
+    if again is None or not again.clean or not _close(again.tensors[output].cpu(), want.cpu(), tol):
+        return None
+    loads = ", ".join(f"{name} ({count} lanes)" for name, count in run.undefined_lanes.items())
+    return (
+        f"{output} is right only where the masked lanes of a tl.load with no other= read 0: a GPU leaves them "
+        f"undefined (here: loads of {loads}; the interpreter alone gives them 0, this check gives them the "
+        "largest value of the dtype, as a GPU may give anything). Give the load `other=`, the value the masked "
+        f"lanes must have{': ' + hint if hint else ''}"
+    )
+
+
+def diagnose(
     run: GuardedRun,
     output: str,
     want: torch.Tensor,
@@ -93,20 +112,15 @@ def grade(
     out_of_bounds_hint: str = "",
     nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
     untouched: Optional[torch.Tensor] = None,
-    strict: bool = False,
-) -> Verdict:
-    """Grade one guarded launch: print and return the verdict, or raise "FAIL ..." if `strict`.
-
-    run: the launch; output: the parameter name of the tensor to grade; want: the right result (same
-    shape). In order: an error the kernel raised; out-of-bounds accesses (with `out_of_bounds_hint`, what
-    usually causes them); a right result (PASS, within relative Frobenius error `tol`, exact for integer
-    results); the output left as given (`untouched`, default all NaN: `nothing_written`); a result equal
-    to one of `mistakes` ((explanation, what that mistake computes) pairs); else what differs, and where.
-    """
+    undefined_hint: str = "",
+) -> Optional[str]:
+    """What is wrong with one guarded launch, or None when it is right: `grade`'s diagnosis, unprinted."""
     got = run.tensors[output]
     problem = run.problem()
     if problem is not None and run.out_of_bounds and out_of_bounds_hint:
         problem += f". {out_of_bounds_hint}"
+    if problem is None and not _close(got, want, tol):
+        problem = undefined_lanes_problem(run, output, want, undefined_hint, tol)
     if problem is None and not _close(got, want, tol):
         before = untouched if untouched is not None else torch.full_like(got, float("nan"))
         if torch.equal(
@@ -123,13 +137,65 @@ def grade(
             problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) or _difference(
                 got, want, tol
             )
+    return problem
+
+
+def at_other_sizes(problem: Optional[str], first: str, second: str, hint: str) -> Optional[str]:
+    """The message for a kernel right at the first sizes (`first`) and wrong at the second (`second`, where
+    it gets `problem`), or None when it is right there too."""
+    if problem is None:
+        return None
+    return f"right with {first}, but not with {second}: {hint}. There: {problem}"
+
+
+def grade(
+    exercise: str,
+    run: GuardedRun,
+    output: str,
+    want: torch.Tensor,
+    *,
+    tol: float = 1e-5,
+    mistakes: Sequence[Tuple[str, torch.Tensor]] = (),
+    out_of_bounds_hint: str = "",
+    nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
+    untouched: Optional[torch.Tensor] = None,
+    undefined_hint: str = "",
+    then: Optional[Tuple[str, Callable[[], Optional[str]]]] = None,
+    strict: bool = False,
+) -> Verdict:
+    """Grade one guarded launch: print and return the verdict, or raise "FAIL ..." if `strict`.
+
+    run: the launch; output: the parameter name of the tensor to grade; want: the right result (same
+    shape). In order: an error the kernel raised; out-of-bounds accesses (with `out_of_bounds_hint`, what
+    usually causes them); a right result (PASS, within relative Frobenius error `tol`, exact for integer
+    results); values computed from the undefined masked lanes of a load without `other=`
+    (`undefined_hint`: what `other` must be); the output left as given (`untouched`, default all NaN:
+    `nothing_written`); a result equal to one of `mistakes` ((explanation, what that mistake computes)
+    pairs); else what differs, and where. then: (what it checked, for the PASS line; a further check run
+    only when this launch is right, returning its problem or None), such as the same kernel at other sizes.
+    """
+    got = run.tensors[output]
+    problem = diagnose(
+        run,
+        output,
+        want,
+        tol=tol,
+        mistakes=mistakes,
+        out_of_bounds_hint=out_of_bounds_hint,
+        nothing_written=nothing_written,
+        untouched=untouched,
+        undefined_hint=undefined_hint,
+    )
+    if problem is None and then is not None:
+        problem = then[1]()
     if problem is None:
         kept = ~torch.isnan(want) if want.is_floating_point() else None  # NaN where the kernel must not write
         error = relative_error(got[kept], want[kept]) if kept is not None and not kept.all() else None
         if error is None and got.is_floating_point():
             error = relative_error(got, want)
         detail = "exact" if not got.is_floating_point() else f"relative error {error:.1e} < {tol:.0e}"
-        verdict = Verdict(exercise, "PASS", f"{detail}, no access out of bounds")
+        also = f", {then[0]}" if then is not None else ""
+        verdict = Verdict(exercise, "PASS", f"{detail}, no access out of bounds{also}")
     elif strict:
         raise AssertionError(f"FAIL {exercise}: {problem}")
     else:

@@ -12,19 +12,22 @@ way round (the row block from program_id(1)) leave boxes uncopied.
 from __future__ import annotations
 
 import re
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...runtime import default_device, interpreter_active
 from ..guarded import GuardedRun, run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 M, N, ROW_STRIDE = 60, 84, 100  # src = x[:, :N] of x [M, ROW_STRIDE]: neither size a multiple of its block
 BLOCK_M, BLOCK_N = 16, 32
 GRID = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
+# the second launch, once the first is right: src = x[:, :72] of x [40, 80], boxes of 32 x 16 on a (2, 5) grid
+M2, N2, ROW_STRIDE2, BLOCK_M2, BLOCK_N2 = 40, 72, 80, 32, 16
 
 # What a launch that raised usually means in a descriptor kernel: (a pattern of the error, the hint).
 ALIGNMENT_HINT = (
@@ -100,11 +103,104 @@ def _window(box, tensor, row, col, into_box):
         tensor[r0:r1, c0:c1] = box[r0 - row : r1 - row, c0 - col : c1 - col]
 
 
-def _inputs():
-    x = torch.randn(M, ROW_STRIDE, device=default_device())
-    src = x[:, :N]  # non-contiguous: rows 100 elements apart
-    dst = torch.full((M, N), float("nan"), device=src.device)
+def _inputs(m: int = M, n: int = N, row_stride: int = ROW_STRIDE):
+    x = torch.randn(m, row_stride, device=default_device())
+    src = x[:, :n]  # non-contiguous: rows row_stride elements apart
+    dst = torch.full((m, n), float("nan"), device=src.device)
     return src, dst
+
+
+def _corners(run: GuardedRun, tensor: str, kind: str, row_stride: int) -> Dict[Tuple[int, int], Tuple[int, ...]]:
+    """{(pid_m, pid_n): (first row, first column, rows, columns)} of the elements each program's accesses of
+    `kind` reached inside `tensor` (rows `row_stride` elements apart), from the interpreter's record."""
+    reached: Dict[Tuple[int, int], List[np.ndarray]] = {}
+    for a in run.accesses:
+        if a.tensor == tensor and a.kind == kind and a.in_bounds.any():
+            reached.setdefault(a.program[:2], []).append(a.offsets[a.in_bounds])
+    boxes = {}
+    for program, chunks in reached.items():
+        rows, cols = np.divmod(np.concatenate(chunks), row_stride)
+        boxes[program] = (int(rows.min()), int(cols.min()), int(np.ptp(rows)) + 1, int(np.ptp(cols)) + 1)
+    return boxes
+
+
+def box_problem(
+    run: GuardedRun, names: Tuple[str, str], sizes: Tuple[int, int, int, int], src_row_stride: int
+) -> Optional[str]:
+    """What the record of each program's loads and stores says is wrong with its box: the same corner for
+    every program (a constant offset), a row or column offset that steps by the other block size or by 1,
+    or a box of another size than BLOCK_M x BLOCK_N (the descriptor's block shape); None if nothing."""
+    m, n, bm, bn = sizes
+    problems: Dict[str, List[str]] = {}
+    for what, tensor, kind, row_stride in (
+        ("load", names[0], "load", src_row_stride),
+        ("store", names[1], "store", n),
+    ):
+        boxes = _corners(run, tensor, kind, row_stride)
+        if len(boxes) < 2:
+            continue
+        corners = {(r, c) for r, c, _, _ in boxes.values()}
+        if len(corners) == 1:
+            ((r, c),) = corners
+            problems.setdefault(what, []).append(
+                f"every program's {{what}} is at the same offsets [{r}, {c}]: a constant offset; the box of program "
+                "(pid_m, pid_n) is at [pid_m * BLOCK_M, pid_n * BLOCK_N] (tl.program_id(0) and tl.program_id(1))"
+            )
+            continue
+        for axis, label, block, other, pid in ((0, "row", bm, bn, 0), (1, "column", bn, bm, 1)):
+            starts = {p: box[axis] for p, box in boxes.items()}
+            if all(v == p[pid] * block for p, v in starts.items()):
+                continue
+            for step, why in ((other, f"{'BLOCK_N' if axis == 0 else 'BLOCK_M'}, the other block size"), (1, "1")):
+                if all(v == p[pid] * step for p, v in starts.items() if p[pid] * step < (m, n)[axis]):
+                    problems.setdefault(what, []).append(
+                        f"the {{what}}'s {label} offset steps by {why}: it is pid_{'mn'[axis]} * {step}, and must be "
+                        f"pid_{'mn'[axis]} * {'BLOCK_M' if axis == 0 else 'BLOCK_N'} (= {block})"
+                    )
+                    break
+            else:
+                if len(set(starts.values())) == 1:
+                    problems.setdefault(what, []).append(
+                        f"the {{what}}'s {label} offset is the same ({next(iter(starts.values()))}) in every "
+                        f"program: it must be pid_{'mn'[axis]} * {'BLOCK_M' if axis == 0 else 'BLOCK_N'}"
+                    )
+        whole = [(h, w) for (r, c, h, w) in boxes.values() if r + bm <= m and c + bn <= n]
+        if whole and all(size != (bm, bn) for size in whole):
+            h, w = whole[0]
+            problems.setdefault(what, []).append(
+                f"each {{what}} moves a box of {h} x {w} elements, not BLOCK_M x BLOCK_N = {bm} x {bn}: the "
+                "descriptor's block_shape is [BLOCK_M, BLOCK_N]"
+            )
+    load, store = problems.get("load", []), problems.get("store", [])
+    both = [p for p in load if p in store]  # the same slip in the load and the store: say it once
+    texts = [p.format(what="load and store") for p in both]
+    texts += [p.format(what=what) for what, ps in (("load", load), ("store", store)) for p in ps if p not in both]
+    return "; ".join(texts) or None
+
+
+def _second_size(kernel, device_descriptors: bool) -> Optional[str]:
+    """The same copy at other sizes (M2, N2, boxes BLOCK_M2 x BLOCK_N2): sizes written into the kernel."""
+    src, dst = _inputs(M2, N2, ROW_STRIDE2)
+    grid = (triton.cdiv(M2, BLOCK_M2), triton.cdiv(N2, BLOCK_N2))
+    if device_descriptors:
+        args = dict(src_ptr=src, dst_ptr=dst, M=M2, N=N2, stride_src_m=ROW_STRIDE2, stride_dst_m=N2)
+        names = ("src_ptr", "dst_ptr")
+    else:
+        args = dict(
+            src_desc=TensorDescriptor(src, [M2, N2], [ROW_STRIDE2, 1], [BLOCK_M2, BLOCK_N2]),
+            dst_desc=TensorDescriptor.from_tensor(dst, [BLOCK_M2, BLOCK_N2]),
+        )
+        names = ("src_desc", "dst_desc")
+    run = run_guarded(kernel, grid, **args, BLOCK_M=BLOCK_M2, BLOCK_N=BLOCK_N2)
+    box = box_problem(run, names, (M2, N2, BLOCK_M2, BLOCK_N2), ROW_STRIDE2)
+    problem = diagnose(run, names[1], src, tol=1e-6, mistakes=[(box, run.tensors[names[1]])] if box else [])
+    return at_other_sizes(
+        problem,
+        f"{M} x {N} and boxes of {BLOCK_M} x {BLOCK_N}",
+        f"{M2} x {N2} (rows {ROW_STRIDE2} apart) and boxes of {BLOCK_M2} x {BLOCK_N2}",
+        f"look for a size written into the kernel ({BLOCK_M}, {BLOCK_N}, {M}, {N}, {ROW_STRIDE}) where BLOCK_M, "
+        "BLOCK_N, M, N or a stride belongs",
+    )
 
 
 def _mistakes(src: torch.Tensor, dst: torch.Tensor) -> List[Tuple[str, torch.Tensor]]:
@@ -159,7 +255,9 @@ def check_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     `TensorDescriptor.from_tensor(dst, [16, 32])`. Names: block indices passed as offsets (`[pid_m,
     pid_n]`: the 16-byte rule), the program axes swapped, row and column offsets swapped (in the load,
     the store or both), every program at [0, 0], nothing stored, offsets not in a list
-    (`desc.load(row, col)`), a descriptor used as a pointer (`tl.load(desc)`).
+    (`desc.load(row, col)`), a descriptor used as a pointer (`tl.load(desc)`); from the record of each
+    program's loads and stores: a constant load or store offset, an offset stepping by the other block size
+    or by 1. Then, if right, a second launch (src 40 x 72 of rows 80 apart, boxes of 32 x 16, grid (2, 5)).
     """
     src, dst = _inputs()
     run = run_guarded(
@@ -171,6 +269,7 @@ def check_descriptor_copy(kernel, strict: bool = False) -> Verdict:
         BLOCK_N=BLOCK_N,
     )
     exercise = "copy_2d_kernel"
+    box = box_problem(run, ("src_desc", "dst_desc"), (M, N, BLOCK_M, BLOCK_N), ROW_STRIDE)
     return error_verdict(exercise, run, ERROR_HINTS, strict) or grade(
         exercise,
         run,
@@ -178,7 +277,8 @@ def check_descriptor_copy(kernel, strict: bool = False) -> Verdict:
         src,
         tol=1e-6,
         strict=strict,
-        mistakes=_mistakes(src, dst),
+        mistakes=_mistakes(src, dst) + ([(box, run.tensors["dst_desc"])] if box else []),
+        then=(f"and at {M2} x {N2} with boxes of {BLOCK_M2} x {BLOCK_N2}", lambda: _second_size(kernel, False)),
         nothing_written="the kernel stores nothing: load the box (tile = src_desc.load([row, col])) and store it "
         "with dst_desc.store([row, col], tile)",
     )
@@ -223,7 +323,10 @@ def check_device_descriptor_copy(kernel, strict: bool = False) -> Verdict:
     Jupyter does not carry from cell to cell); the interpreter needs none. Names: block indices passed as
     offsets, strides swapped ([1, stride]), a shape or stride that is not the tensor's (the padded grid
     size as shape, N as src's row stride, src's stride for dst: out-of-bounds accesses), row and column
-    offsets swapped, every program at [0, 0], nothing stored.
+    offsets swapped, every program at [0, 0], nothing stored; from the record of each program's loads and
+    stores: a constant load or store offset, an offset stepping by the other block size or by 1, a box of
+    another size than BLOCK_M x BLOCK_N (a wrong block_shape). Then, if right, the second launch of
+    `check_descriptor_copy`'s sizes.
     """
     src, dst = _inputs()
     if not interpreter_active():
@@ -241,6 +344,7 @@ def check_device_descriptor_copy(kernel, strict: bool = False) -> Verdict:
         BLOCK_N=BLOCK_N,
     )
     exercise = "copy_2d_device_kernel"
+    box = box_problem(run, ("src_ptr", "dst_ptr"), (M, N, BLOCK_M, BLOCK_N), ROW_STRIDE)
     return error_verdict(exercise, run, ERROR_HINTS, strict) or grade(
         exercise,
         run,
@@ -248,7 +352,8 @@ def check_device_descriptor_copy(kernel, strict: bool = False) -> Verdict:
         src,
         tol=1e-6,
         strict=strict,
-        mistakes=_mistakes(src, dst),
+        mistakes=_mistakes(src, dst) + ([(box, run.tensors["dst_ptr"])] if box else []),
+        then=(f"and at {M2} x {N2} with boxes of {BLOCK_M2} x {BLOCK_N2}", lambda: _second_size(kernel, True)),
         out_of_bounds_hint=_bounds_hint(run) if run.out_of_bounds else "",
         nothing_written="the kernel stores nothing: build both descriptors, load the box from src's and store it "
         "into dst's at the same offsets",

@@ -8,6 +8,7 @@ multiply, for the expert of its M-block, `expert_ids[pid_m]`, and stores it wher
 from __future__ import annotations
 
 import re
+from typing import Optional
 
 import torch
 import triton
@@ -15,7 +16,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...runtime import default_device
 from ..guarded import run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 from .descriptor_copy import ALIGNMENT_HINT, error_verdict, verdict
 
 E, N, K = 5, 40, 64  # 5 experts: not a power of two; N = 40 not a multiple of BLOCK_SIZE_N
@@ -24,6 +25,9 @@ N_PADDED = triton.cdiv(N, BLOCK_SIZE_N) * BLOCK_SIZE_N  # 48: the last N-block's
 EXPERT_IDS = [0, 1, 1, 3, 4, -1, -1]  # one per M-block, sorted by expert (expert 2 got no tokens), then unused
 GRID = (len(EXPERT_IDS), N_PADDED // BLOCK_SIZE_N, K // BLOCK_SIZE_K)
 EXERCISE = "expert_tile_kernel"
+# the second launch, once the first is right: other sizes (N not a multiple of BLOCK_SIZE_N again)
+E2, N2, K2, BLOCK_SIZE_N2, BLOCK_SIZE_K2 = 3, 20, 48, 8, 16
+EXPERT_IDS2 = [2, 0, 0, -1]
 UNUSED = 1000.0  # what out holds in the unused M-blocks before the launch, and must hold after it (elsewhere NaN)
 
 RESHAPE_HINT = (
@@ -157,12 +161,12 @@ def _misplaced(kernel, make_w_desc):
     )
 
 
-def _learner_desc(make_w_desc, w: torch.Tensor):
+def _learner_desc(make_w_desc, w: torch.Tensor, block_n: int = BLOCK_SIZE_N, block_k: int = BLOCK_SIZE_K):
     """(the learner's descriptor, None) or (None, what is wrong with the helper)."""
     name = getattr(make_w_desc, "__name__", "make_w_desc")
-    call = f"{name}(w, {BLOCK_SIZE_N}, {BLOCK_SIZE_K})"
+    call = f"{name}(w, {block_n}, {block_k})"
     try:
-        w_desc = make_w_desc(w, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        w_desc = make_w_desc(w, block_n, block_k)
     except Exception as exc:  # noqa: BLE001 - the learner's helper; reported
         first = (str(exc).strip().splitlines() or [""])[0].split("TensorDescriptor(")[0].rstrip(": ")[:200]
         why = (
@@ -178,6 +182,46 @@ def _learner_desc(make_w_desc, w: torch.Tensor):
             "one expert's BLOCK_SIZE_N x BLOCK_SIZE_K tile"
         )
     return w_desc, None
+
+
+def _second_size(kernel, make_w_desc) -> Optional[str]:
+    """The kernel (and the learner's descriptor helper) at other sizes: sizes written into either."""
+    device = default_device()
+    w = torch.randn(E2, N2, K2, device=device).to(torch.float16)
+    if make_w_desc is None:
+        w_desc = TensorDescriptor.from_tensor(w, [1, BLOCK_SIZE_N2, BLOCK_SIZE_K2])
+    else:
+        w_desc, problem = _learner_desc(make_w_desc, w, BLOCK_SIZE_N2, BLOCK_SIZE_K2)
+        if problem:
+            return problem
+    padded = triton.cdiv(N2, BLOCK_SIZE_N2) * BLOCK_SIZE_N2
+    ids = torch.tensor(EXPERT_IDS2, dtype=torch.int32, device=device)
+    out = torch.full((len(EXPERT_IDS2), padded, K2), float("nan"), dtype=w.dtype, device=device)
+    out[ids < 0] = UNUSED
+    want = out.clone()
+    for b, e in enumerate(EXPERT_IDS2):
+        if e >= 0:
+            want[b] = 0
+            want[b, :N2] = w[e]
+    run = run_guarded(
+        kernel,
+        (len(EXPERT_IDS2), padded // BLOCK_SIZE_N2, K2 // BLOCK_SIZE_K2),
+        w_desc=w_desc,
+        expert_ids_ptr=ids,
+        out_ptr=out,
+        N=N2,
+        stride_ob=out.stride(0),
+        stride_on=out.stride(1),
+        BLOCK_SIZE_N=BLOCK_SIZE_N2,
+        BLOCK_SIZE_K=BLOCK_SIZE_K2,
+    )
+    return at_other_sizes(
+        diagnose(run, "out_ptr", want, tol=1e-6, untouched=out),
+        f"w [{E}, {N}, {K}] and blocks of {BLOCK_SIZE_N} x {BLOCK_SIZE_K}",
+        f"w [{E2}, {N2}, {K2}] and blocks of {BLOCK_SIZE_N2} x {BLOCK_SIZE_K2}",
+        f"look for a size written into the kernel or the helper ({BLOCK_SIZE_N}, {BLOCK_SIZE_K}, {N}, {E}) where "
+        "BLOCK_SIZE_N, BLOCK_SIZE_K or N belong",
+    )
 
 
 def check_expert_tile(kernel, make_w_desc=None, strict: bool = False) -> Verdict:
@@ -197,7 +241,8 @@ def check_expert_tile(kernel, make_w_desc=None, strict: bool = False) -> Verdict
     expert, n0 or k0 in block units, a 2-D descriptor over w.view(E * N, K) (the last box reads the next
     expert's rows), -1 blocks not skipped, the reshape forgotten, a wrong number of offsets, nothing
     stored, a descriptor helper that returns something else or raises, the two arguments swapped (a
-    @triton.jit function where the helper goes).
+    @triton.jit function where the helper goes). Then, if right, a second launch (w [3, 20, 48], blocks of
+    8 x 16, expert_ids [2, 0, 0, -1], the helper called with those blocks) for sizes written in.
     """
     misplaced = _misplaced(kernel, make_w_desc)
     if misplaced:
@@ -243,4 +288,8 @@ def check_expert_tile(kernel, make_w_desc=None, strict: bool = False) -> Verdict
         "its shape: load the expert at expert_ids_ptr + pid_m, and store through the "
         "stub's out_ptrs as given",
         nothing_written="the kernel stores nothing: load the tile and tl.store(out_ptrs, tile)",
+        then=(
+            f"and with w [{E2}, {N2}, {K2}], blocks of {BLOCK_SIZE_N2} x {BLOCK_SIZE_K2}",
+            lambda: _second_size(kernel, make_w_desc),
+        ),
     )

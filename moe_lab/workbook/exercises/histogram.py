@@ -13,13 +13,15 @@ import triton
 
 from ...runtime import default_device
 from ..guarded import run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 NUM_TOKENS, TOP_K, NUM_EXPERTS = 45, 6, 10  # E = 10 is not a power of two
 NUM_SLOTS = NUM_TOKENS * TOP_K  # 270 slots: not a multiple of BLOCK
 BLOCK = 64
 NUM_PROGRAMS = triton.cdiv(NUM_SLOTS, BLOCK)  # 5; the last one has 14 slots and 50 lanes past the end
 SPARE_LANES = NUM_PROGRAMS * BLOCK - NUM_SLOTS
+# the second launch, once the first is right: T = 20 tokens, top_k = 3 of E = 6, BLOCK = 32 (60 slots)
+NUM_TOKENS2, TOP_K2, NUM_EXPERTS2, BLOCK2 = 20, 3, 6, 32
 
 MASK_HINT = (
     f"num_slots = {NUM_SLOTS} is not a multiple of BLOCK = {BLOCK}: in the last program, lanes with "
@@ -36,6 +38,13 @@ SPARE_LANES_HINT = (
 )
 
 
+UNDEFINED_IDS_HINT = (
+    "The last block's lanes past num_slots added 1 at the id their masked load left undefined (no "
+    "other=: on a GPU any value, here the largest int32, far outside counts): mask the tl.atomic_add with "
+    "offs < num_slots too"
+)
+
+
 OFF_BY_ONE_HINT = (
     f"off by one on the expert id: counts_ptr + ids, not counts_ptr + ids + 1. Every atomic outside "
     f"counts is at counts_ptr + {NUM_EXPERTS} = E, one past the last bin: expert ids run 0 .. E - 1 = "
@@ -46,7 +55,9 @@ OFF_BY_ONE_HINT = (
 def _out_of_bounds_hint(run) -> str:
     hints = []
     for o in run.out_of_bounds:
-        if o.tensor == "topk_ids_ptr":
+        if o.kind == "atomic" and o.far and run.undefined_lanes.get("topk_ids_ptr"):
+            hints.append(UNDEFINED_IDS_HINT)  # (the nearest tensor to so far an address may be either)
+        elif o.tensor == "topk_ids_ptr":
             hints.append(MASK_HINT)
         elif o.tensor == "counts_ptr":
             offsets = run.offsets(o.tensor, o.kind)
@@ -72,6 +83,29 @@ def _lost_counts(got: torch.Tensor, want: torch.Tensor):
     return None
 
 
+def _routing(num_tokens: int, top_k: int, num_experts: int) -> torch.Tensor:
+    """topk_ids [T, top_k] int32: distinct experts per token, skewed towards low ids."""
+    logits = torch.randn(num_tokens, num_experts) - torch.log1p(torch.arange(num_experts, dtype=torch.float32))
+    return logits.topk(top_k, dim=-1).indices.to(torch.int32).to(default_device())
+
+
+def _second_size(kernel):
+    topk_ids = _routing(NUM_TOKENS2, TOP_K2, NUM_EXPERTS2)
+    slots = topk_ids.numel()
+    counts = torch.zeros(NUM_EXPERTS2, dtype=torch.int32, device=topk_ids.device)
+    run = run_guarded(
+        kernel, (triton.cdiv(slots, BLOCK2),), topk_ids_ptr=topk_ids, counts_ptr=counts, num_slots=slots, BLOCK=BLOCK2
+    )
+    want = torch.bincount(topk_ids.reshape(-1).long(), minlength=NUM_EXPERTS2).to(torch.int32)
+    return at_other_sizes(
+        diagnose(run, "counts_ptr", want, untouched=counts),
+        f"num_slots = {NUM_SLOTS}, BLOCK = {BLOCK}, E = {NUM_EXPERTS}",
+        f"num_slots = {slots}, BLOCK = {BLOCK2}, E = {NUM_EXPERTS2}",
+        f"look for a size written into the kernel ({NUM_SLOTS}, {BLOCK}, {NUM_EXPERTS}) where num_slots and "
+        "BLOCK belong",
+    )
+
+
 def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
     """Grade `histogram_kernel(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr)`, launched with
     grid (cdiv(num_slots, BLOCK),).
@@ -83,11 +117,12 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
     lanes counted as expert 0 (load masked, atomic not), tl.store instead of tl.atomic_add (counts too
     low, recognised by that shape since the exact result depends on the order of the writes), every
     count in bin 0 (no expert id offset), every program counting block 0, adding the id instead of 1,
-    and the expert id off by one (`counts_ptr + ids + 1`: every atomic outside counts lands at E).
+    the expert id off by one (`counts_ptr + ids + 1`: every atomic outside counts lands at E), the
+    spare lanes' undefined ids (a load without other=, an atomic without mask: far outside counts). Then,
+    if right, a second launch (T = 20, top_k = 3 of E = 6, BLOCK = 32) for sizes written into the kernel.
     """
     device = default_device()
-    logits = torch.randn(NUM_TOKENS, NUM_EXPERTS) - torch.log1p(torch.arange(NUM_EXPERTS, dtype=torch.float32))
-    topk_ids = logits.topk(TOP_K, dim=-1).indices.to(torch.int32).to(device)
+    topk_ids = _routing(NUM_TOKENS, TOP_K, NUM_EXPERTS)
     flat = topk_ids.reshape(-1).long()
     counts = torch.zeros(NUM_EXPERTS, dtype=torch.int32, device=device)
     run = run_guarded(
@@ -136,6 +171,7 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
         untouched=counts,
         out_of_bounds_hint=_out_of_bounds_hint(run),
         mistakes=mistakes,
+        then=(f"and with num_slots = {NUM_TOKENS2 * TOP_K2}, BLOCK = {BLOCK2}", lambda: _second_size(kernel)),
         nothing_written="every count is still 0: the kernel adds nothing. Load each slot's expert id "
         "and tl.atomic_add 1 at counts_ptr + that id",
     )

@@ -159,9 +159,9 @@ def _walk_problem(case: Case, run) -> Optional[str]:
                 f"must go on to its next tile (use the loop variable as the tile). {LOOP_HINT}"
             )
         if missing == list(range(missing[0], case.num_tiles)):
-            return (
+            return (  # every other tile was stored once, as a whole tile: the count is short
                 f"tiles {missing[0]} .. {case.num_tiles - 1} of {case.num_tiles} were never copied: the loop "
-                f"stops early ({COUNT_HINT}), or tiles land on the wrong rows and columns ({TILE_HINT})"
+                f"stops early: {COUNT_HINT}"
             )
         return f"tiles {missing} of {case.num_tiles} were never copied. {LOOP_HINT}; {TILE_HINT}"
     per_program = np.bincount([p for ps in owners.values() for p in ps], minlength=case.programs)

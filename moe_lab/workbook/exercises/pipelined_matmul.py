@@ -19,7 +19,7 @@ import triton
 from ...reference import relative_error
 from ...runtime import default_device
 from ..guarded import GuardedRun, run_guarded
-from ._grade import Verdict, grade, report
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 # K = 200 is not a multiple of BLOCK_SIZE_K = 32: 7 K blocks, the last one 8 columns wide. M and N are
 # multiples of their blocks, so only K needs a mask. B is the transposed view of a weight W [N, K] (as the
@@ -30,6 +30,9 @@ from ._grade import Verdict, grade, report
 # Every tl.dot tile is at least 16 x 16.
 M, N, K = 64, 96, 200
 BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, NUM_STAGES = 32, 32, 32, 3
+# the last launch, once the others are right: other sizes and blocks, A and B row-major
+M2, N2, K2 = 32, 48, 72
+BLOCK_SIZE_M2, BLOCK_SIZE_N2, BLOCK_SIZE_K2, NUM_STAGES2 = 32, 16, 16, 2
 TOL = 2e-5  # float32 accumulation of float16 products: ~1e-7; float16 rounding anywhere: ~1e-4
 
 
@@ -207,7 +210,8 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
     tl.constexpr) on M = 64, N = 96, K = 200 with 32 x 32 x 32 blocks and NUM_STAGES = 3 (grid (2, 3), 7 K
     blocks, the last 8 columns wide): float16 A [64, 200] (column-major, strides (1, 64)) and B [200, 96]
     (a transposed view, strides (1, 200)), float32 C poisoned with NaN; compared with the float64 product
-    within 2e-5. A kernel right there runs once more with B row-major (strides (96, 1)).
+    within 2e-5. A kernel right there runs once more with B row-major (strides (96, 1)), then at M = 32,
+    N = 48, K = 72 with 32 x 16 x 16 blocks and NUM_STAGES = 2 (A and B row-major).
 
     Names: no K mask on the last block (out-of-bounds loads); pointers not advanced (every step read the
     first K block); pointers advanced by BLOCK_SIZE_K elements without the stride (on A, or on B in the
@@ -215,7 +219,8 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
     the first K block counting (a loop over columns, `tl.range(0, K, BLOCK_SIZE_K)`, whose k is used as a
     block index); tl.dot(b, a); float16 accumulation (or a float16 round of each block's product); an
     off-by-one block offset (the mask of the next block, the first block skipped, the last partial block
-    left out); nothing accumulated."""
+    left out); nothing accumulated; a masked load without other= (its lanes are NaN here, undefined on a
+    GPU); sizes written into the kernel (the last launch)."""
     device = default_device()
     a = torch.randn(K, M, device=device).half().T  # column-major: stride_am = 1, stride_ak = M
     b = torch.randn(N, K, device=device).half().T  # W.T: stride_bk = 1, stride_bn = K
@@ -276,10 +281,6 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
     ]
     want = _product(a, b, [(s, s, n) for s, n in full])
     got = run.tensors["c_ptr"]
-    if _right(run, want):
-        problem = _row_major_b_problem(kernel, a, b)
-        if problem is not None:
-            return report("matmul_kernel", problem, "", strict=strict)
     if run.problem() is None and relative_error(got, want) >= TOL and _float16_fingerprint(got, a, b, want):
         mistakes.insert(
             0,
@@ -300,4 +301,45 @@ def check_pipelined_matmul(kernel, strict: bool = False) -> Verdict:
         strict=strict,
         out_of_bounds_hint=_out_of_bounds_hint(kernel, run, a, b),
         mistakes=mistakes,
+        undefined_hint="other=0.0, so that the columns past K add nothing to the dot",
+        then=(
+            f"also with B row-major, and at M = {M2}, N = {N2}, K = {K2} with {BLOCK_SIZE_M2} x {BLOCK_SIZE_N2} x "
+            f"{BLOCK_SIZE_K2} blocks",
+            lambda: _row_major_b_problem(kernel, a, b) or _second_size(kernel),
+        ),
+    )
+
+
+def _second_size(kernel) -> Optional[str]:
+    """The kernel at other sizes and blocks (row-major A and B): sizes written into the kernel."""
+    a = torch.randn(M2, K2, device=default_device()).half()
+    b = torch.randn(K2, N2, device=a.device).half()
+    c = torch.full((M2, N2), float("nan"), device=a.device)
+    run = run_guarded(
+        kernel,
+        (triton.cdiv(M2, BLOCK_SIZE_M2), triton.cdiv(N2, BLOCK_SIZE_N2)),
+        a_ptr=a,
+        b_ptr=b,
+        c_ptr=c,
+        M=M2,
+        N=N2,
+        K=K2,
+        stride_am=a.stride(0),
+        stride_ak=a.stride(1),
+        stride_bk=b.stride(0),
+        stride_bn=b.stride(1),
+        stride_cm=c.stride(0),
+        stride_cn=c.stride(1),
+        BLOCK_SIZE_M=BLOCK_SIZE_M2,
+        BLOCK_SIZE_N=BLOCK_SIZE_N2,
+        BLOCK_SIZE_K=BLOCK_SIZE_K2,
+        NUM_STAGES=NUM_STAGES2,
+    )
+    want = (a.double() @ b.double()).float()
+    return at_other_sizes(
+        diagnose(run, "c_ptr", want, tol=TOL, undefined_hint="other=0.0"),
+        f"M = {M}, N = {N}, K = {K} and blocks of {BLOCK_SIZE_K}",
+        f"M = {M2}, N = {N2}, K = {K2}, blocks {BLOCK_SIZE_M2} x {BLOCK_SIZE_N2} x {BLOCK_SIZE_K2}",
+        f"look for a size written into the kernel ({K}, {BLOCK_SIZE_K}, {triton.cdiv(K, BLOCK_SIZE_K)} K blocks) "
+        "where K, the BLOCK_SIZE constants or the strides belong",
     )

@@ -31,7 +31,7 @@ instead of max |x|, one per row instead of one per group, groups starting at cha
 approximate `/`); rows or channels of q never written; q multiplied by the scale instead of divided, or cast
 without it, or divided by 448 instead of the scale; every scale 448; the row's start missing from x's offsets
 (every row gets row 0's scales); a masked load of x without `other=` (undefined lanes on a GPU, read by
-the amax; found in the source, since the interpreter fills 0); a cast to another float8 type (e5m2, before or
+the amax; the guarded run fills them with NaN); a cast to another float8 type (e5m2, before or
 after `round_to_e4m3_grid`, or e4b15); the interpreter's cast without `round_to_e4m3_grid`;
 sizes written into the kernel (the second launch only). A missing clamp cannot be seen: with scale =
 amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_to_e4m3_grid` and a GPU's
@@ -41,9 +41,6 @@ also takes.
 
 from __future__ import annotations
 
-import ast
-import inspect
-import textwrap
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -56,7 +53,7 @@ from triton.runtime.jit import JITFunction
 from ...quantize import quantize_activations_fp8
 from ...runtime import default_device
 from ..guarded import _interpreted, _interpreting_beside_a_gpu, run_guarded
-from ._grade import Verdict, report
+from ._grade import Verdict, report, undefined_lanes_problem
 
 EXERCISE = "quantize_rows_kernel"
 FP8 = torch.float8_e4m3fn
@@ -389,37 +386,13 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
     # A mistake recognized by name first; then channels never written (a group's bounds or index gone wrong
     # also spoil its scale, and are the thing to fix), then whatever else differs.
     return (
-        _coverage_problem(case, stored_q, True)
+        undefined_lanes_problem(run, "scale_ptr", want_s, "other=0.0, which leaves the amax alone", tol=1e-6)
+        or _coverage_problem(case, stored_q, True)
         or _scale_problem(case, x, got_s, want_s, stored_s, True)
         or _coverage_problem(case, stored_q, False)
         or _scale_problem(case, x, got_s, want_s, stored_s)
         or _q_problem(case, x, got_q, want_q, want_s)
     )
-
-
-def _masked_x_load_without_other(kernel) -> bool:
-    """Whether the kernel's source loads x (its first argument) with a mask but no `other`: masked-off lanes
-    are undefined on a GPU (the interpreter fills 0, so the numbers here cannot show it), and here they
-    feed the group's amax."""
-    fn = getattr(kernel, "fn", kernel)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-        x_name = next(iter(inspect.signature(fn).parameters))
-    except (OSError, TypeError, SyntaxError, StopIteration):
-        return False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "load":
-            pointer = node.args[0] if node.args else next((k.value for k in node.keywords if k.arg == "pointer"), None)
-            names = {n.id for n in ast.walk(pointer) if isinstance(n, ast.Name)} if pointer is not None else set()
-            words = {k.arg for k in node.keywords}
-            if (
-                x_name in names
-                and ("mask" in words or len(node.args) >= 2)
-                and "other" not in words
-                and len(node.args) < 3
-            ):
-                return True
-    return False
 
 
 def check_quantize_rows(kernel, strict: bool = False) -> Verdict:
@@ -432,15 +405,6 @@ def check_quantize_rows(kernel, strict: bool = False) -> Verdict:
             if i:
                 problem = f"with {case.describe()}, {SIZES_HINT}: {problem}"
             return report(EXERCISE, problem, "", strict)
-    if _masked_x_load_without_other(kernel):
-        return report(
-            EXERCISE,
-            "every value is right here, but the masked load of x has no other=: on a GPU the "
-            "lanes past K are undefined and go into the group's amax (the interpreter fills 0, so these "
-            "numbers cannot show it). Load with other=0.0",
-            "",
-            strict,
-        )
     return report(
         EXERCISE,
         None,

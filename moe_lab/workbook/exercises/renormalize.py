@@ -13,11 +13,14 @@ import torch
 from ...reference import relative_error
 from ...runtime import default_device
 from ..guarded import run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 NUM_TOKENS, NUM_EXPERTS = 37, 64
 TOP_K, BLOCK_K = 6, 8  # top_k is not a power of two: lanes 6 and 7 of each program must be masked
 ROW_STRIDE = 8  # topk_weights is a [T, 8] buffer sliced to [:, :6]
+# the second launch, once the first is right: other sizes (top_k = 3 in lanes of 4, rows 5 apart)
+NUM_TOKENS2, TOP_K2, BLOCK_K2, ROW_STRIDE2 = 11, 3, 4, 5
+OTHER_HINT = "other=0.0, so that the masked lanes add nothing to the sum"
 
 MASK_HINT = (
     f"top_k = {TOP_K} is not a power of two, so each program has BLOCK_K = {BLOCK_K} lanes and the "
@@ -44,6 +47,42 @@ def _stride_hint(run) -> str:
     return "; ".join(hints)
 
 
+def _inputs(num_tokens: int, top_k: int, row_stride: int):
+    """(topk_weights [T, top_k], a view of a [T, row_stride] buffer; the right out)."""
+    device = default_device()
+    logits = torch.randn(num_tokens, NUM_EXPERTS, device=device)
+    weights = torch.softmax(logits, dim=-1).topk(top_k, dim=-1).values
+    buffer = torch.full((num_tokens, row_stride), float("nan"), device=device)
+    buffer[:, :top_k] = weights
+    return buffer[:, :top_k], weights / weights.sum(dim=-1, keepdim=True)
+
+
+def _launch(kernel, w: torch.Tensor, block_k: int):
+    out = torch.full(w.shape, float("nan"), device=w.device)
+    return run_guarded(
+        kernel,
+        (w.shape[0],),
+        topk_weights_ptr=w,
+        out_ptr=out,
+        weights_row_stride=w.stride(0),
+        out_row_stride=out.stride(0),
+        top_k=w.shape[1],
+        BLOCK_K=block_k,
+    )
+
+
+def _second_size(kernel):
+    w, want = _inputs(NUM_TOKENS2, TOP_K2, ROW_STRIDE2)
+    problem = diagnose(_launch(kernel, w, BLOCK_K2), "out_ptr", want, tol=1e-6, undefined_hint=OTHER_HINT)
+    return at_other_sizes(
+        problem,
+        f"T = {NUM_TOKENS}, top_k = {TOP_K}, BLOCK_K = {BLOCK_K}",
+        f"T = {NUM_TOKENS2}, top_k = {TOP_K2}, BLOCK_K = {BLOCK_K2}, weights_row_stride = {ROW_STRIDE2}",
+        f"look for a size written into the kernel ({TOP_K}, {BLOCK_K}, {ROW_STRIDE}) where top_k, BLOCK_K and "
+        "the strides belong",
+    )
+
+
 def check_renormalize(kernel, strict: bool = False) -> Verdict:
     """Grade `renormalize_kernel(topk_weights_ptr, out_ptr, weights_row_stride, out_row_stride, top_k,
     BLOCK_K: tl.constexpr)`, launched with one program per token (grid (T,)).
@@ -51,32 +90,19 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
     Sizes: T = 37 tokens, top_k = 6 of E = 64 experts, BLOCK_K = 8. `topk_weights` [T, 6] float32 (the
     top-6 softmax probabilities of random logits, descending) is a view of a [T, 8] buffer
     (weights_row_stride = 8, column stride 1); `out` [T, 6] float32 contiguous (out_row_stride = 6),
-    poisoned with NaN. Names: a missing mask (lanes 6 and 7: out of bounds), rows stepped by top_k instead
-    of weights_row_stride (found by a second launch on a contiguous copy, where that kernel is right),
-    out equal to the input (not normalised), division by the row's maximum instead of its sum, a softmax
-    of the weights, every program working on token 0 (storing into every row, or into row 0 only), and
-    float16 rounding.
+    poisoned with NaN. Then, if right, a second launch at other sizes (T = 11, top_k = 3, BLOCK_K = 4,
+    weights_row_stride = 5) for sizes written into the kernel. Names: a masked load without other=0.0 (its
+    masked lanes are NaN here, as undefined as on a GPU), a missing mask (lanes 6 and 7: out of bounds),
+    rows stepped by top_k instead of weights_row_stride (found by a second launch on a contiguous copy,
+    where that kernel is right), out equal to the input (not normalised), division by the row's maximum
+    instead of its sum, a softmax of the weights, every program working on token 0 (storing into every
+    row, or into row 0 only), and float16 rounding.
     """
-    device = default_device()
-    logits = torch.randn(NUM_TOKENS, NUM_EXPERTS, device=device)
-    weights = torch.softmax(logits, dim=-1).topk(TOP_K, dim=-1).values
-    buffer = torch.full((NUM_TOKENS, ROW_STRIDE), float("nan"), device=device)
-    buffer[:, :TOP_K] = weights
-    topk_weights = buffer[:, :TOP_K]
-    want = weights / weights.sum(dim=-1, keepdim=True)
+    topk_weights, want = _inputs(NUM_TOKENS, TOP_K, ROW_STRIDE)
+    weights = topk_weights.contiguous()
 
     def launch(w):
-        out = torch.full((NUM_TOKENS, TOP_K), float("nan"), device=device)
-        return run_guarded(
-            kernel,
-            (NUM_TOKENS,),
-            topk_weights_ptr=w,
-            out_ptr=out,
-            weights_row_stride=w.stride(0),
-            out_row_stride=out.stride(0),
-            top_k=TOP_K,
-            BLOCK_K=BLOCK_K,
-        )
+        return _launch(kernel, w, BLOCK_K)
 
     run = launch(topk_weights)
     row_zero_only = torch.full_like(want, float("nan"))
@@ -95,6 +121,7 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
                     tol=1e-6,
                     strict=strict,
                     mistakes=[(hint, run.tensors["out_ptr"])],
+                    then=(f"and at a second size (T = {NUM_TOKENS2}, top_k = {TOP_K2})", lambda: _second_size(kernel)),
                 )
     return grade(
         "renormalize_kernel",
@@ -104,6 +131,8 @@ def check_renormalize(kernel, strict: bool = False) -> Verdict:
         tol=1e-6,
         strict=strict,
         out_of_bounds_hint=hint,
+        undefined_hint=OTHER_HINT,
+        then=(f"and at a second size (T = {NUM_TOKENS2}, top_k = {TOP_K2})", lambda: _second_size(kernel)),
         mistakes=[
             (
                 "out equals topk_weights: not normalised; divide each weight by the sum of its row (tl.sum(w, axis=0))",

@@ -7,9 +7,14 @@ import triton
 
 from ...runtime import default_device
 from ..guarded import run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 N, BLOCK, ALPHA = 1000, 256, 2.5  # n is not a multiple of BLOCK: the last program must mask
+N2, BLOCK2 = 777, 128  # the second launch: other sizes, n again not a multiple of BLOCK
+SIZES_HINT = (
+    f"look for a size written into the kernel (1000, 256, {triton.cdiv(N, BLOCK)} programs) where the "
+    "arguments n and BLOCK belong: the mask is `offs < n`"
+)
 
 MASK_HINT = f"n = {N} is not a multiple of BLOCK = {BLOCK}: mask the last block's load and store with `offs < n`"
 OFFSETS_HINT = (
@@ -31,22 +36,40 @@ def _bounds_hint(run) -> str:
     return MASK_HINT
 
 
+def _launch(kernel, n: int, block: int):
+    x = torch.randn(n, device=default_device())
+    out = torch.full_like(x, float("nan"))
+    return x, run_guarded(kernel, (triton.cdiv(n, block),), x_ptr=x, out_ptr=out, alpha=ALPHA, n=n, BLOCK=block)
+
+
+def _second_size(kernel):
+    x, run = _launch(kernel, N2, BLOCK2)
+    problem = diagnose(run, "out_ptr", ALPHA * x, tol=1e-6)
+    offsets = run.offsets()
+    hint = SIZES_HINT
+    if run.out_of_bounds and offsets.size and ((offsets >= N2) & (offsets < N)).all():
+        hint = f"the mask compares with {N}, the first launch's n: use the argument, `offs < n`"
+    return at_other_sizes(problem, f"n = {N}, BLOCK = {BLOCK}", f"n = {N2}, BLOCK = {BLOCK2}", hint)
+
+
+def _offsets_without_block(x: torch.Tensor) -> torch.Tensor:
+    """out after programs that store offs = program_id(0) + tl.arange(0, BLOCK): the first BLOCK + P - 1
+    values (P programs), each written by one or more programs, and nothing after them."""
+    out = torch.full_like(x, float("nan"))
+    reach = BLOCK + triton.cdiv(N, BLOCK) - 1
+    out[:reach] = ALPHA * x[:reach]
+    return out
+
+
 def check_scale(kernel, strict: bool = False) -> Verdict:
     """Grade `scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr)` on n = 1000, BLOCK = 256
-    (4 programs): float32 `x`, `out` poisoned with NaN. Names: a missing mask (out-of-bounds load or
-    store within the last block's spill, n .. n + BLOCK - 1), wrong offsets (out of bounds anywhere else:
+    (4 programs), then (if right there) on n = 777, BLOCK = 128 (7 programs): float32 `x`, `out`
+    poisoned with NaN. Names: sizes written into the kernel (right at the first sizes only: `offs < 1000`
+    named), a missing mask (out-of-bounds load or store within the last block's spill, n .. n + BLOCK -
+    1), wrong offsets (out of bounds anywhere else:
     a stride, a wrapping int8 cast), alpha left out, only the first block written (offsets without
-    `program_id * BLOCK`)."""
-    x = torch.randn(N, device=default_device())
-    run = run_guarded(
-        kernel,
-        (triton.cdiv(N, BLOCK),),
-        x_ptr=x,
-        out_ptr=torch.full_like(x, float("nan")),
-        alpha=ALPHA,
-        n=N,
-        BLOCK=BLOCK,
-    )
+    `program_id * BLOCK`), overlapping blocks (`program_id + arange`)."""
+    x, run = _launch(kernel, N, BLOCK)
     first_block = torch.full_like(x, float("nan"))
     first_block[:BLOCK] = ALPHA * x[:BLOCK]
     return grade(
@@ -57,11 +80,18 @@ def check_scale(kernel, strict: bool = False) -> Verdict:
         tol=1e-6,
         strict=strict,
         out_of_bounds_hint=_bounds_hint(run),
+        then=(f"and with n = {N2}, BLOCK = {BLOCK2}", lambda: _second_size(kernel)),
         mistakes=[
             ("out equals x: multiply by alpha before storing", x),
             (
                 "only the first block is right: every program works on block 0; start at program_id(0) * BLOCK",
                 first_block,
+            ),
+            (
+                "only the first values are right: the offsets are program_id(0) + tl.arange(0, BLOCK), so "
+                "the programs' blocks overlap, each one element further on. Program p's block starts at "
+                "p * BLOCK: offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+                _offsets_without_block(x),
             ),
         ],
     )

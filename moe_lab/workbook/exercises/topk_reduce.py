@@ -10,6 +10,8 @@ rows, one per (token, k) slot: slot j of token t is row t * TOP_K + j.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 import torch
 import triton
@@ -17,13 +19,15 @@ import triton
 from ...reference import relative_error
 from ...runtime import default_device
 from ..guarded import GuardedRun, run_guarded
-from ._grade import Verdict, grade
+from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 # T * TOP_K = 30 slots; TOP_K = 6 is not a power of two; H = 200 is not a multiple of BLOCK_H = 64 (the last
 # H block has 8 columns). y and topk_weights are views of wider buffers: their row strides (224 and 8)
 # are not H and TOP_K, so a kernel must use the strides it is given.
 T, TOP_K, H, BLOCK_H = 5, 6, 200, 64
 Y_ROW_STRIDE, W_ROW_STRIDE = 224, 8
+# the second launch, once the first is right: other sizes, H again not a multiple of BLOCK_H
+T2, TOP_K2, H2, BLOCK_H2, Y_ROW_STRIDE2, W_ROW_STRIDE2 = 3, 2, 100, 32, 112, 3
 
 
 def _inputs(device):
@@ -83,6 +87,13 @@ def _launch(kernel, y, weights) -> GuardedRun:
     )
 
 
+def _column(offsets: np.ndarray) -> np.ndarray:
+    """The column of y each element offset lies in, counted from the start of its row (past y's end: from
+    the start of its last row)."""
+    rows = np.minimum(offsets // Y_ROW_STRIDE, T * TOP_K - 1)
+    return offsets - rows * Y_ROW_STRIDE
+
+
 def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
     """What usually causes the out-of-bounds accesses of `run`. A kernel that reads the gaps between rows
     is launched once more on contiguous copies (row strides H and TOP_K): right there, it ignores a stride."""
@@ -123,11 +134,21 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
         )
         where = where - {"out_ptr"}
     if where & {"y_ptr", "out_ptr"}:
+        mask = (
+            f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its store with "
+            "`offs_h < H`"
+        )
+        loads, stores = run.offsets("y_ptr", "load"), run.offsets("out_ptr", "store")
+        # a missing mask reaches only columns H .. of a row of y, and past out's end by less than a block
+        spill_only = not any(o.far for o in run.out_of_bounds) and (
+            bool(((loads >= 0) & (_column(loads) >= H) & (_column(loads) < triton.cdiv(H, BLOCK_H) * BLOCK_H)).all())
+            and bool(((stores >= T * H) & (stores < reach)).all())
+        )
         hints.append(
-            f"H = {H} is not a multiple of BLOCK_H = {BLOCK_H}: mask the last H block's loads and its "
-            "store with `offs_h < H`. Row r of y starts at y_ptr + r * stride_y_row (here "
-            f"{Y_ROW_STRIDE}, not H: y is a view of a wider buffer), and slot j of token t is row "
-            "t * TOP_K + j"
+            mask
+            if spill_only
+            else f"{mask}. Row r of y starts at y_ptr + r * stride_y_row (here {Y_ROW_STRIDE}, not H: y is a view "
+            "of a wider buffer), and slot j of token t is row t * TOP_K + j"
         )
     if "topk_weights_ptr" in where:
         hints.append(
@@ -136,6 +157,35 @@ def _out_of_bounds_hint(kernel, run: GuardedRun, y, weights) -> str:
             f"buffer), not TOP_K = {TOP_K}"
         )
     return ". ".join(hints)
+
+
+def _second_size(kernel) -> Optional[str]:
+    device = default_device()
+    y = torch.randn(T2 * TOP_K2, Y_ROW_STRIDE2, device=device)[:, :H2]
+    weights = torch.zeros(T2, W_ROW_STRIDE2, device=device)[:, :TOP_K2]
+    weights.copy_(torch.rand(T2, TOP_K2, device=device) + 0.1)
+    out = torch.full((T2, H2), float("nan"), device=device)
+    run = run_guarded(
+        kernel,
+        (T2, triton.cdiv(H2, BLOCK_H2)),
+        y_ptr=y,
+        topk_weights_ptr=weights,
+        out_ptr=out,
+        H=H2,
+        stride_y_row=y.stride(0),
+        stride_w_token=weights.stride(0),
+        stride_out_row=out.stride(0),
+        TOP_K=TOP_K2,
+        BLOCK_H=BLOCK_H2,
+    )
+    want = (y.double().reshape(T2, TOP_K2, H2) * weights.double()[:, :, None]).sum(dim=1).float()
+    return at_other_sizes(
+        diagnose(run, "out_ptr", want, tol=1e-5),
+        f"T = {T}, TOP_K = {TOP_K}, H = {H}, BLOCK_H = {BLOCK_H}",
+        f"T = {T2}, TOP_K = {TOP_K2}, H = {H2}, BLOCK_H = {BLOCK_H2} (rows of y {Y_ROW_STRIDE2} apart)",
+        f"look for a size written into the kernel ({TOP_K}, {H}, {BLOCK_H}, {Y_ROW_STRIDE}, {W_ROW_STRIDE}) where "
+        "TOP_K, H, BLOCK_H or a stride belongs",
+    )
 
 
 def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
@@ -148,7 +198,8 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
     (reversed, or any other order); slot j of token t read at row j * T + t instead of t * TOP_K + j; no
     mask on the last H block (out-of-bounds loads or stores); the weights or y read with the wrong row
     stride (out-of-bounds reads of the gaps between rows); out's rows stepped by y's stride (stores past
-    the last row plus BLOCK_H); the accumulator overwritten (only the last slot counts)."""
+    the last row plus BLOCK_H); the accumulator overwritten (only the last slot counts). Then, if right, a
+    second launch (T = 3, TOP_K = 2, H = 100, BLOCK_H = 32, row strides 112 and 3) for sizes written in."""
     y, weights = _inputs(default_device())
     run = _launch(kernel, y, weights)
     last_only = torch.zeros_like(weights)
@@ -201,4 +252,5 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
         strict=strict,
         out_of_bounds_hint=_out_of_bounds_hint(kernel, run, y, weights),
         mistakes=mistakes,
+        then=(f"and with T = {T2}, TOP_K = {TOP_K2}, H = {H2}, BLOCK_H = {BLOCK_H2}", lambda: _second_size(kernel)),
     )

@@ -1,0 +1,176 @@
+"""Host time against GPU time of one `fused_moe` call, at decode sizes, on a CUDA GPU.
+
+    python benchmarks/host_cost.py --out host_cost.json [--models ...] [--tokens 1 8 64] [--profile prof.txt]
+
+For each model preset (full size, bfloat16) and token count T it measures, in milliseconds per call:
+  - host_ms: the median wall time of the Python call (`time.perf_counter` around `fused_moe`), the GPU idle
+    before each call (`torch.cuda.synchronize()` outside the timed region), so the time is the host's alone:
+    checks, planning and enqueueing the kernels;
+  - host_uncached_ms: the same with the layer-plan cache off (`moe_lab.plan.layer_plan_cache(False)`): every
+    call checks its weights and plans its stages again, as before the cache; absent where the package has no
+    such switch;
+  - gpu_ms: the median of CUDA-graph replays of the call, L2 flushed before each (`moe_lab.tools.timing.graph_ms`):
+    the GPU's time without any host cost;
+  - eager_ms: calls back to back without synchronizing, total time / calls: what an engine that does not
+    capture graphs sees, about max(host_ms, gpu_ms);
+  - host_no_launch_ms: host_ms with Triton's launches left out (`JITFunction.run` made a no-op): moe-lab's
+    own host time and PyTorch's allocations; host_ms less this is the cost of Triton's launcher.
+Writes the rows as JSON to --out and as a markdown table beside it (same name, .md); prints the table.
+With --profile, also writes the cProfile statistics (sorted by own time) of 200 calls at every point to
+that file. Needs a CUDA GPU; takes about a minute on an H200.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from moe_lab import fused_moe, get_preset  # noqa: E402
+from moe_lab.routing import uniform_routing  # noqa: E402
+from moe_lab.runtime import require_gpu_timing  # noqa: E402
+from moe_lab.tools.bench import environment  # noqa: E402
+from moe_lab.tools.timing import graph_ms  # noqa: E402
+
+try:
+    from moe_lab.plan import layer_plan_cache
+except ImportError:  # a moe-lab without the cache: no uncached column
+    layer_plan_cache = None
+
+MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
+TOKENS = (1, 8, 64)
+
+
+def host_ms(call, calls: int) -> float:
+    """Median wall time (ms) of `call()`, the GPU idle before each."""
+    times = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(times)
+
+
+def eager_ms(call, calls: int) -> float:
+    """Wall time (ms) per call of `calls` calls back to back, synchronized at the ends only."""
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start) / calls
+
+
+@contextlib.contextmanager
+def no_launches():
+    """Triton's launches left out: every `kernel[grid](...)` returns at once."""
+    from triton.runtime.jit import JITFunction
+
+    run = JITFunction.run
+    JITFunction.run = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        JITFunction.run = run
+
+
+def profile(call, calls: int, path: str, title: str) -> None:
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(30)
+    with open(path, "a") as f:
+        f.write(f"===== {title}, {calls} calls\n{text.getvalue()}\n")
+
+
+def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
+    preset = get_preset(name)
+    e, h, i, k = preset.num_experts, preset.hidden_size, preset.intermediate_size, preset.top_k
+    hs = torch.randn(num_tokens, h, device="cuda").to(torch.bfloat16)
+    # The values do not change the host's work: weights drawn in place, no float32 copy of 20 GB.
+    w1 = torch.empty(e, 2 * i, h, device="cuda", dtype=torch.bfloat16).normal_(0, h**-0.5)
+    w2 = torch.empty(e, h, i, device="cuda", dtype=torch.bfloat16).normal_(0, i**-0.5)
+    tw, ti = uniform_routing(num_tokens, e, k)
+
+    def call():
+        return fused_moe(hs, w1, w2, tw, ti)
+
+    call()  # compile
+    row = dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i, host_ms=host_ms(call, calls))
+    if layer_plan_cache is not None:
+        with layer_plan_cache(False):
+            call()
+            row["host_uncached_ms"] = host_ms(call, calls)
+    row["gpu_ms"] = graph_ms(call, rounds=3)
+    row["eager_ms"] = eager_ms(call, calls)
+    with no_launches():
+        row["host_no_launch_ms"] = host_ms(call, calls)
+    if profile_path:
+        profile(call, 200, profile_path, f"{name}, T = {num_tokens}")
+    return row
+
+
+def markdown(rows, env) -> str:
+    lines = [
+        f"Host time and GPU time of one `fused_moe` call, bf16, ms per call: {env['device']}, torch {env['torch']}, "
+        f"Triton {env['triton']}, {env['date']}.",
+        "",
+        "| model | T | host | host, no plan cache | host, no Triton launch | GPU (graph replay) | eager | host / GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        uncached = f"{r['host_uncached_ms']:.3f}" if "host_uncached_ms" in r else "-"
+        lines.append(
+            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {uncached} | {r['host_no_launch_ms']:.3f} | "
+            f"{r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | {r['host_ms'] / r['gpu_ms']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file; the markdown table goes beside it (.md)")
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    parser.add_argument("--calls", type=int, default=300, help="timed calls per figure (default 300)")
+    parser.add_argument("--profile", help="write cProfile statistics of every point to this file")
+    args = parser.parse_args(argv)
+    require_gpu_timing("benchmarks/host_cost.py")
+    if args.profile:
+        open(args.profile, "w").close()
+    env = environment()
+    rows = []
+    for name in args.models:
+        for num_tokens in args.tokens:
+            rows.append(point(name, num_tokens, args.calls, args.profile))
+            torch.cuda.empty_cache()  # the point's weights are gone
+            print(json.dumps(rows[-1]), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(dict(environment=env, rows=rows), f, indent=1)
+    table = markdown(rows, env)
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

@@ -1,69 +1,85 @@
-"""Expert parallelism over the GPUs of one host, with moe-lab's `expert_map`.
+"""Expert parallelism with moe-lab, both modes of `moe_lab.fused_moe_expert_parallel`.
 
-Each rank holds E / world_size experts (a contiguous slice of w1 and w2), computes the share of every
-token's output that its experts produce (`fused_moe(..., expert_map=...)`: slots routed to other ranks
-contribute zero), and one all-reduce sums the shares. Rank 0 checks the result against the same layer on
-one GPU and against the float32 reference.
+Each rank holds a contiguous block of the experts (`moe_lab.expert_range`).
+- all_to_all: each rank keeps its own T tokens; their rows travel to their experts' ranks and back
+  (dispatch and combine), so each rank's GEMMs see only the rows routed to it.
+- all_reduce: every rank holds the same tokens (here all ranks' W*T), computes its experts' share
+  (`fused_moe(..., expert_map=...)`) and one all-reduce sums the shares.
+Every rank checks its result against the same layer on one device and against the float32 reference.
+docs/expert_parallel.md says which mode wins where.
 
     torchrun --nproc_per_node 2 examples/expert_parallel.py [--model qwen3-30b-a3b] [--tokens 512]
+    python examples/expert_parallel.py          # no GPU: 2 processes over gloo, H and I divided by 64
 """
 
 import argparse
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
-from moe_lab import fused_moe, fused_moe_reference, get_preset, relative_error
+from moe_lab import expert_range, fused_moe, fused_moe_expert_parallel, fused_moe_reference, get_preset, relative_error
 
 
-def shard_experts(num_experts: int, rank: int, world: int, device) -> tuple:
-    """This rank's expert slice [lo, hi) and the map global expert -> local index (-1 elsewhere)."""
-    per_rank = -(-num_experts // world)
-    lo, hi = rank * per_rank, min(num_experts, (rank + 1) * per_rank)
-    expert_map = torch.full((num_experts,), -1, dtype=torch.int32, device=device)
-    expert_map[lo:hi] = torch.arange(hi - lo, dtype=torch.int32, device=device)
-    return lo, hi, expert_map
+def run(rank: int, world: int, args, init_method: str) -> int:
+    on_gpu = torch.cuda.is_available()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if on_gpu else torch.device("cpu")
+    if on_gpu:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init_method, rank=rank, world_size=world)
+    torch.set_grad_enabled(False)
+
+    # Every rank draws the same layer and the same batch of W*T tokens (one seed); rank r owns rows [r*T, (r+1)*T).
+    preset = get_preset(args.model) if on_gpu else get_preset(args.model).scaled(64)
+    tokens = args.tokens or (512 if on_gpu else 4)
+    hs, w1, w2, (tw, ti) = preset.build(world * tokens, dtype=torch.bfloat16, device=device, seed=0)
+    lo, hi = expert_range(preset.num_experts, rank, world)
+    w1_local, w2_local = w1[lo:hi].contiguous(), w2[lo:hi].contiguous()
+    mine = slice(rank * tokens, (rank + 1) * tokens)
+
+    single = fused_moe(hs, w1, w2, tw, ti)
+    reference = fused_moe_reference(hs, w1, w2, tw, ti)
+    outputs = {
+        "all_to_all": (fused_moe_expert_parallel(hs[mine], w1_local, w2_local, tw[mine], ti[mine],
+                                                 num_experts=preset.num_experts), mine),
+        "all_reduce": (fused_moe_expert_parallel(hs, w1_local, w2_local, tw, ti, num_experts=preset.num_experts,
+                                                 mode="all_reduce"), slice(None)),
+    }  # fmt: skip
+    failed = 0
+    for mode, (out, rows) in outputs.items():
+        err_single, err_ref = relative_error(out, single[rows]), relative_error(out, reference[rows])
+        ok = err_single < 1e-2 and err_ref < 1e-2
+        failed += not ok
+        print(
+            f"rank {rank}, {mode}: {preset.name}, T={tokens} per rank, {world} ranks x {hi - lo} experts: "
+            f"relative error vs one device {err_single:.2e} (bitwise equal: {torch.equal(out, single[rows])}), "
+            f"vs float32 reference {err_ref:.2e}: {'ok' if ok else 'FAIL'}",
+            flush=True,
+        )
+    flag = torch.tensor([failed], device=device)
+    dist.all_reduce(flag)
+    dist.destroy_process_group()
+    return int(flag.item())
+
+
+def _spawned(rank, world, args, init_method):
+    if run(rank, world, args, init_method):
+        raise SystemExit(1)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="qwen3-30b-a3b")
-    parser.add_argument("--tokens", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (512 on GPUs, 4 on the CPU)")
+    parser.add_argument("--world", type=int, default=2, help="without torchrun: the number of processes")
     args = parser.parse_args()
-
-    dist.init_process_group("nccl")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(device)
-
-    # Rank 0 draws the layer and the routing; every rank receives the same tensors.
-    preset = get_preset(args.model)
-    hs, w1, w2, (tw, ti) = preset.build(args.tokens, dtype=torch.bfloat16, device=device, seed=0)
-    for t in (hs, w1, w2, tw, ti):
-        dist.broadcast(t, src=0)
-
-    lo, hi, expert_map = shard_experts(preset.num_experts, rank, world, device)
-    w1_local, w2_local = w1[lo:hi].contiguous(), w2[lo:hi].contiguous()
-    out = fused_moe(hs, w1_local, w2_local, tw, ti, expert_map=expert_map)
-    dist.all_reduce(out)  # the shares of the experts on every rank
-
-    status = 0
-    if rank == 0:
-        single = fused_moe(hs, w1, w2, tw, ti)
-        err_single = relative_error(out, single)
-        err_ref = relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti))
-        ok = err_single < 1e-2 and err_ref < 1e-2
-        print(
-            f"{preset.name}, T={args.tokens}, {world} GPUs x {hi - lo} experts: relative error vs one GPU "
-            f"{err_single:.2e}, vs float32 reference {err_ref:.2e}: {'ok' if ok else 'FAIL'}",
-            flush=True,
-        )
-        status = 0 if ok else 1
-    flag = torch.tensor([status], device=device)
-    dist.broadcast(flag, src=0)
-    dist.destroy_process_group()
-    return int(flag.item())
+    if "RANK" in os.environ:  # under torchrun
+        return run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
+    with tempfile.TemporaryDirectory() as tmp:  # a file:// rendezvous: no network
+        mp.spawn(_spawned, args=(args.world, args, f"file://{tmp}/init"), nprocs=args.world)
+    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ if _PROBLEM is None:
     from .align import AlignedRouting, moe_align
     from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support
     from .configs import GemmConfig, MoEConfig
+    from .expert_parallel import expert_range, fused_moe_expert_parallel
     from .gemm import grouped_matmul
     from .layer import FusedMoE, FusedMoEInfo, fused_moe
     from .permute import permute_tokens
@@ -52,8 +53,10 @@ __all__ = [
     "FP8_DTYPE",
     "FP8_MAX",
     "Fp8Support",
+    "expert_range",
     "fp8_support",
     "fused_moe",
+    "fused_moe_expert_parallel",
     "fused_moe_reference",
     "FusedMoE",
     "FusedMoEInfo",

@@ -182,7 +182,7 @@ def test_torch_compile_on_gpu():
 
 
 def test_expert_parallel_two_gpus():
-    """examples/expert_parallel.py on two GPUs of one host (NCCL), checked against one GPU."""
+    """examples/expert_parallel.py on two GPUs of one host (NCCL), both modes, checked against one GPU."""
     import os
     import subprocess
     import sys

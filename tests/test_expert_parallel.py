@@ -1,0 +1,148 @@
+"""Expert parallelism on the CPU: 2 and 4 processes over gloo (a file:// rendezvous, no network), one spawn
+per world size running every case, each rank's tokens checked against one process's `fused_moe` of the
+whole batch: bitwise in all_to_all mode (the interpreter runs one config at every shape, so the received
+rows sum K in the same steps), to rounding in all_reduce mode."""
+
+import datetime
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from moe_lab import fused_moe, quantize_weights_fp8, relative_error
+from moe_lab.expert_parallel import expert_map_for_rank, expert_range, fused_moe_expert_parallel
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# name: (tokens per rank for 4 ranks (2 ranks take the first two), E, k, dtype, experts the router may pick)
+CASES = {
+    "bf16, uneven tokens, an idle rank, E=6": ((3, 0, 5, 1), 6, 2, torch.bfloat16, None),
+    "experts no token chose (only ranks 0 and 1 receive)": ((4, 2, 3, 0), 6, 2, torch.bfloat16, (0, 1, 2)),
+    "float32, top_k=1, E=5": ((2, 5, 0, 3), 5, 1, torch.float32, None),
+    "top_k=E=5": ((1, 3, 2, 2), 5, 5, torch.bfloat16, None),
+    "fp8 weights, block scales": ((3, 1, 4, 0), 6, 2, torch.bfloat16, None),
+}
+HIDDEN, INTER = 64, 64
+
+
+def _case(name, world):
+    """The whole batch (every rank's tokens, rank after rank) and this case's layer, the same on every rank."""
+    counts, num_experts, top_k, dtype, allowed = CASES[name]
+    counts = counts[:world]
+    gen = torch.Generator().manual_seed(len(name))
+    total = sum(counts)
+    hs = torch.randn(total, HIDDEN, generator=gen).to(dtype)
+    w1 = (torch.randn(num_experts, 2 * INTER, HIDDEN, generator=gen) / HIDDEN**0.5).to(dtype)
+    w2 = (torch.randn(num_experts, HIDDEN, INTER, generator=gen) / INTER**0.5).to(dtype)
+    pool = torch.tensor(allowed or range(num_experts))
+    ids = pool[torch.rand(total, len(pool), generator=gen).topk(top_k, dim=1).indices].int()
+    weights = torch.softmax(torch.randn(total, top_k, generator=gen), dim=-1)
+    scales = {}
+    if name.startswith("fp8"):
+        (w1, s1), (w2, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
+        scales = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
+    return counts, num_experts, hs, w1, w2, weights, ids, scales
+
+
+def _local(rank, world, num_experts, w1, w2, scales):
+    lo, hi = expert_range(num_experts, rank, world)
+    local = {k: (v[lo:hi] if k.endswith("_scale") else v) for k, v in scales.items()}
+    return w1[lo:hi], w2[lo:hi], local
+
+
+def _one_process(world):
+    """Each case's `fused_moe` of the whole batch in one process (computed once, in the parent)."""
+    outputs = {}
+    with torch.no_grad():
+        for name in CASES:
+            _, _, hs, w1, w2, weights, ids, scales = _case(name, world)
+            outputs[name] = fused_moe(hs, w1, w2, weights, ids, **scales)
+    return outputs
+
+
+def _worker(rank, world, init_file, single_outputs):
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+    )
+    torch.set_grad_enabled(False)
+    for name in CASES:
+        counts, num_experts, hs, w1, w2, weights, ids, scales = _case(name, world)
+        single = single_outputs[name]
+        mine = slice(sum(counts[:rank]), sum(counts[: rank + 1]))
+        w1_local, w2_local, local_scales = _local(rank, world, num_experts, w1, w2, scales)
+        out = torch.full((counts[rank], HIDDEN), float("nan"), dtype=hs.dtype)  # unwritten rows show
+        fused_moe_expert_parallel(
+            hs[mine], w1_local, w2_local, weights[mine], ids[mine], num_experts=num_experts, out=out, **local_scales
+        )
+        assert torch.equal(out, single[mine]), f"{name}: rank {rank} of {world} differs from one process"
+        if name.startswith("bf16"):  # the other mode: every rank the whole batch, the shares all-reduced
+            shared = fused_moe_expert_parallel(
+                hs, w1_local, w2_local, weights, ids, num_experts=num_experts, mode="all_reduce"
+            )
+            assert relative_error(shared, single) < 1e-2, f"all_reduce: rank {rank} of {world}"
+
+    # A non-contiguous batch: hidden states a column slice, topk_ids and topk_weights transposed views.
+    counts, num_experts, hs, w1, w2, weights, ids, _ = _case("bf16, uneven tokens, an idle rank, E=6", world)
+    mine = slice(sum(counts[:rank]), sum(counts[: rank + 1]))
+    wide = torch.cat((hs, hs), dim=1)[mine, HIDDEN:]
+    w1_local, w2_local, _ = _local(rank, world, num_experts, w1, w2, {})
+    got = fused_moe_expert_parallel(
+        wide, w1_local, w2_local, weights[mine].T.contiguous().T, ids[mine].T.contiguous().T, num_experts=num_experts
+    )
+    assert torch.equal(got, single_outputs["bf16, uneven tokens, an idle rank, E=6"][mine]), f"non-contiguous: {rank}"
+
+    # Bad input: raised before any collective, or (an expert out of range on one rank) on every rank alike.
+    with pytest.raises(ValueError, match="mode must be one of 'all_to_all', 'all_reduce', got 'ring'"):
+        fused_moe_expert_parallel(hs[mine], w1_local, w2_local, weights[mine], ids[mine], num_experts=6, mode="ring")
+    with pytest.raises(ValueError, match=r"w1_local must be \[E_local, 2I, H\] with this rank's"):
+        fused_moe_expert_parallel(hs[mine], w1, w2, weights[mine], ids[mine], num_experts=num_experts)
+    bad = ids[mine].clone()
+    if rank == 0:
+        bad[0, 0] = num_experts
+    with pytest.raises(ValueError, match=r"topk_ids must hold experts in \[0, 6\): rank 0 of the group has 1 outside"):
+        fused_moe_expert_parallel(hs[mine], w1_local, w2_local, weights[mine], bad, num_experts=num_experts)
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_to_all_matches_one_process_bitwise(world, tmp_path):
+    mp.spawn(_worker, args=(world, str(tmp_path / "init"), _one_process(world)), nprocs=world)
+
+
+def test_expert_range_splits_in_contiguous_blocks():
+    assert [expert_range(6, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 6)]
+    assert [expert_range(256, r, 64)[1] - expert_range(256, r, 64)[0] for r in range(64)] == [4] * 64
+    assert expert_map_for_rank(5, 1, 2, torch.device("cpu")).tolist() == [-1, -1, -1, 0, 1]
+    with pytest.raises(ValueError, match=r"world_size must be at most num_experts=3 \(each rank holds"):
+        expert_range(3, 0, 4)
+    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+        expert_range(4, 2, 2)
+
+
+def test_needs_an_initialized_group():
+    if dist.is_initialized():
+        pytest.skip("a process group is already up")
+    hs = torch.zeros(1, 4)
+    with pytest.raises(RuntimeError, match="needs torch.distributed initialized"):
+        fused_moe_expert_parallel(hs, hs, hs, hs, hs, num_experts=2)
+
+
+def test_benchmark_script_runs_on_two_cpu_processes(tmp_path):
+    """benchmarks/expert_parallel.py's logic (correctness, both modes, bytes, timing) at a tiny size."""
+    result = tmp_path / "ep.json"
+    run = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "expert_parallel.py"), "--cpu", "--world", "2"]
+        + ["--models", "qwen3-30b-a3b", "--tokens", "2", "--experts", "16", "--json", str(result)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),  # this checkout's moe_lab in the spawned processes too
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "all_to_all" in run.stdout and "all_reduce" in run.stdout and "FAIL" not in run.stdout
+    assert result.exists()

@@ -647,7 +647,7 @@ class FusedMoE(torch.nn.Module):
         if (shared_w1 is None) != (shared_w2 is None):
             raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
         if shared_w1 is not None:
-            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2])
+            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], prefix="shared_")
             shared_w1 = torch.nn.Parameter(shared_w1, requires_grad=False)
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2

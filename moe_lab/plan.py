@@ -391,7 +391,7 @@ class LayerKey(NamedTuple):
     grad_enabled: bool
     fp32_precision: str
     activation: Activation = SILU
-    expert_tensors: tuple = ()
+    expert_tensors: tuple = (None,) * 5
 
 
 def layer_key(
@@ -409,7 +409,7 @@ def layer_key(
     use_tma: UseTma = "auto",
     chunk_size: Optional[int] = None,
     activation: Activation = SILU,
-    expert_tensors=(),
+    expert_tensors=(None,) * 5,
 ) -> Optional[LayerKey]:
     """The `LayerKey` of a `fused_moe` call, or None where an argument cannot be part of a key (not a
     tensor, an unhashable config value): such a call is checked and planned without the cache (and its

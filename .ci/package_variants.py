@@ -28,6 +28,10 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer,
   persistent, with the quantizing epilogue, with [64, 128] blocks), per-channel Qwen3, per-tensor Mixtral
   with static activation scales; refused below sm_89 likewise.
+- expert kinds (`expert_kind_workloads`) at gpt-oss-20b's shape (E=32, k=4, H=2880, I=2880), bf16: gpt-oss's
+  clamped SwiGLU on interleaved rows with both biases at T = 1, 64, 4096 (and by pointer, unfused through
+  silu_and_mul, persistent, FP8 block-scaled), the other two activation names (swigluoai in halves, silu
+  interleaved), and a layer with shared experts (DeepSeek-V2-Lite's: 2 of I = 1408 at H = 2048).
 
 Cut, to keep a cold run of all four Tritons on two cores at a few minutes (compiling every rule in every
 dtype tripled it; a 128x256 fp32 FMA tile alone took 20 to 50 s):
@@ -94,8 +98,10 @@ def layer_call(
     expert_map_experts=None,
     ids_dtype=torch.int32,
     precision="highest",
+    layer_kwargs: Callable[[], dict] = dict,
 ) -> Callable[[], object]:
-    """fused_moe on meta tensors of this shape. `expert_map_experts`: E_global, with E = num_experts local."""
+    """fused_moe on meta tensors of this shape. `expert_map_experts`: E_global, with E = num_experts local.
+    `layer_kwargs`: makes more keyword arguments of the call (meta tensors made when it runs)."""
 
     def run():
         hs = _empty(num_tokens, hidden, dtype=dtype)
@@ -105,7 +111,9 @@ def layer_call(
         ids = _empty(num_tokens, top_k, dtype=ids_dtype)
         emap = _empty(expert_map_experts, dtype=torch.int32) if expert_map_experts else None
         with matmul_precision(precision):
-            moe_lab.fused_moe(hs, w1, w2, weights, ids, config=config, use_tma=use_tma, expert_map=emap)
+            moe_lab.fused_moe(
+                hs, w1, w2, weights, ids, config=config, use_tma=use_tma, expert_map=emap, **layer_kwargs()
+            )
 
     return run
 
@@ -336,7 +344,17 @@ def quantize_workloads() -> List[Workload]:
 
 
 def fp8_layer_call(
-    num_tokens, num_experts, top_k, hidden, inter, config, scheme="block", *, use_tma="auto", block_shape=(128, 128)
+    num_tokens,
+    num_experts,
+    top_k,
+    hidden,
+    inter,
+    config,
+    scheme="block",
+    *,
+    use_tma="auto",
+    block_shape=(128, 128),
+    layer_kwargs: Callable[[], dict] = dict,
 ) -> Callable[[], object]:
     """One FP8 w8a8 layer call (bf16 hidden states, float8_e4m3fn weights) with `scheme`'s scales: "block"
     (`block_shape` weight blocks, per-token-group activations), "channel" (per-channel weights, per-token
@@ -371,6 +389,7 @@ def fp8_layer_call(
             use_tma=use_tma,
             config=config,
             **scales,
+            **layer_kwargs(),
         )
         if moe_lab.fp8_support():
             return call()
@@ -421,6 +440,75 @@ def fp8_layer_workloads() -> List[Workload]:
     return wl
 
 
+def expert_kind_workloads() -> List[Workload]:
+    """gpt-oss-20b's layer (clamped SwiGLU on interleaved gate/up rows, biases on both projections), bf16
+    with heuristic configs: at decode, a middle and prefill; by pointer, unfused (the activation kernel on
+    interleaved columns), persistent, and FP8 block-scaled at 64 tokens. The other activation names once each
+    at T = 64, and shared experts (DeepSeek-V2-Lite's two of I = 1408) beside 64 routed ones."""
+    p = moe_lab.get_preset("gpt-oss-20b")
+    e, k, h, i = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size
+    bf16 = torch.bfloat16
+
+    def gpt_oss(activation=moe_lab.GPT_OSS, biases=True, bias_dtype=bf16):
+        def kwargs():
+            bias = dict(w1_bias=_empty(e, 2 * i, dtype=bias_dtype), w2_bias=_empty(e, h, dtype=bias_dtype))
+            return dict(activation=activation, **(bias if biases else {}))
+
+        return kwargs
+
+    wl: List[Workload] = []
+    for t in (1, 64, 4096):
+        cfg = heuristic(t, e, k, h, i, bf16)
+        runs = [("", cfg, "auto")]
+        if t != 64:
+            runs += [
+                (" use_tma=False", cfg, False),
+                (" fuse_swiglu=False", MoEConfig(replace(cfg.up, fuse_swiglu=False), cfg.down), "auto"),
+            ]
+        if t == 4096:
+            runs.append((" persistent", MoEConfig(replace(cfg.up, persistent=True), cfg.down), "auto"))
+        for switch, config, use_tma in runs:
+            wl.append(
+                (
+                    f"expert kinds gpt-oss-20b swigluoai interleaved, biases, bfloat16 T={t}{switch}",
+                    layer_call(t, e, k, h, i, bf16, config, use_tma=use_tma, layer_kwargs=gpt_oss()),
+                )
+            )
+    cfg = heuristic(64, e, k, h, i, bf16)
+    for name, activation in (
+        ("swigluoai halves", moe_lab.Activation("swigluoai")),
+        ("silu interleaved", moe_lab.Activation("silu", "interleaved")),
+    ):
+        wl.append(
+            (
+                f"expert kinds gpt-oss-20b {name}, float32 biases, bfloat16 T=64",
+                layer_call(64, e, k, h, i, bf16, cfg, layer_kwargs=gpt_oss(activation, bias_dtype=torch.float32)),
+            )
+        )
+    fp8_cfg = heuristic(64, e, k, h, i, torch.float8_e4m3fn)
+    wl.append(
+        (
+            "expert kinds gpt-oss-20b swigluoai interleaved, biases, fp8 block T=64",
+            fp8_layer_call(64, e, k, h, i, fp8_cfg, layer_kwargs=gpt_oss()),
+        )
+    )
+
+    def shared():
+        return dict(
+            shared_w1=_empty(2, 2 * 1408, 2048, dtype=bf16),
+            shared_w2=_empty(2, 2048, 1408, dtype=bf16),
+            shared_weights=_empty(64, 2, dtype=torch.float32),
+        )
+
+    wl.append(
+        (
+            "expert kinds shared experts, DeepSeek-V2-Lite's 2 of I=1408 beside E=64, k=6, bfloat16 T=64",
+            layer_call(64, 64, 6, 2048, 1408, bf16, heuristic(64, 64, 6, 2048, 1408, bf16), layer_kwargs=shared),
+        )
+    )
+    return wl
+
+
 def all_workloads() -> List[Workload]:
     return (
         heuristic_workloads()
@@ -429,4 +517,5 @@ def all_workloads() -> List[Workload]:
         + parallel_workloads()
         + kernel_workloads()
         + fp8_layer_workloads()
+        + expert_kind_workloads()
     )

@@ -4,8 +4,8 @@ weights, bf16) with experts_implementation "moe_lab" against transformers' own "
 
     python benchmarks/transformers_experts.py --out h200-out/   # writes transformers-experts-<device>-<date>.json / .md
 
-Experts: Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3's routed experts and gpt-oss-20b (which moe-lab refuses for
-now: biases, interleaved gate/up rows, clamped SwiGLU; its row says so) at T = 1, 8, 64, 512, 4096 tokens,
+Experts: Qwen3-30B-A3B, Mixtral-8x7B, DeepSeek-V3's routed experts and gpt-oss-20b (biases, interleaved gate/up
+rows, clamped SwiGLU: `fused_moe`'s expert kinds) at T = 1, 8, 64, 512, 4096 tokens,
 uniform random top-k routing. Each point: every implementation called twice to warm up, then rounds of one
 call each in a rotated order (L2 flushed before each call); the time is the median of CUDA-event times (ms)
 per call, launches and host work included (eager mode, as a transformers model runs). batched_mm gathers a

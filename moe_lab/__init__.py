@@ -18,7 +18,7 @@ select_backend()  # before any @triton.jit function is defined
 _PROBLEM = environment_problem()
 
 if _PROBLEM is None:
-    from .activation import silu_and_mul
+    from .activation import GPT_OSS, Activation, silu_and_mul
     from .align import AlignedRouting, moe_align
     from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support
     from .configs import GemmConfig, MoEConfig
@@ -27,7 +27,7 @@ if _PROBLEM is None:
     from .layer import FusedMoE, FusedMoEInfo, fused_moe
     from .permute import permute_tokens
     from .plan import LaunchPlan, LoadPath, select_load_path
-    from .presets import PRESETS, MoEPreset, get_preset
+    from .presets import EXPERT_KIND_PRESETS, PRESETS, MoEPreset, get_preset
     from .quantize import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_activations_fp8, quantize_weights_fp8
     from .reduce import topk_reduce
     from .reference import fused_moe_reference, moe_align_reference, relative_error
@@ -46,10 +46,12 @@ else:
 
 
 __all__ = [
+    "Activation",
     "AlignedRouting",
     "default_config",
     "dequantize_fp8",
     "descriptor_problem",
+    "EXPERT_KIND_PRESETS",
     "FP8_DTYPE",
     "FP8_MAX",
     "Fp8Support",
@@ -62,6 +64,7 @@ __all__ = [
     "FusedMoEInfo",
     "GemmConfig",
     "get_preset",
+    "GPT_OSS",
     "grouped_matmul",
     "interpreter_active",
     "LaunchPlan",

@@ -10,6 +10,8 @@ and the output either in the same padded order ([max_num_tokens_padded, N], scat
 to flat (token, k) slots ([T*k, N], scatter=True). With swiglu=True (the up projection of SwiGLU experts,
 w = w1 = [gate; up] of 2I rows) the epilogue writes silu(a @ gate.T) * (a @ up.T), [max_num_tokens_padded, I],
 from the float32 accumulators: the separate activation kernel and its [rows, 2I] buffer are not needed.
+swiglu=Activation(...) names another gated activation or gate/up layout (gpt-oss's clamped SwiGLU on
+interleaved rows), and w_bias a bias per weight row, added to the float32 sums first.
 
 Load paths (see `select_load_path`): weights through a 3-D tensor descriptor (block [1, BLOCK_SIZE_N,
 BLOCK_SIZE_K]) and sorted A rows through a 2-D descriptor (block [BLOCK_SIZE_M, BLOCK_SIZE_K]) on Hopper;
@@ -27,13 +29,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from typing import Dict, Optional
+from typing import Dict, Optional, Union
 
 import torch
 import triton
 
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from .activation import SILU, Activation
 from .align import AlignedRouting
 from .capability import fp8_support
 from .configs import GemmConfig
@@ -154,6 +157,17 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
     return Fp8Scales("outer", a_scale, w_scale)
 
 
+def check_bias(name: str, bias, w: torch.Tensor, a_dtype: torch.dtype, layout: str = "[E, N]"):
+    """A bias per weight row of w [E, N, K]: None, or [E, N] in a's dtype or float32 (float16, bfloat16 or
+    float32 for float8 w). Raises TypeError/ValueError naming `name` otherwise."""
+    if bias is None:
+        return None
+    dtypes = FLOAT_DTYPES if w.dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
+    of = "" if w.dtype == FP8_DTYPE else "the activations, or float32"
+    check_tensor(name, bias, ndim=2, dtypes=dtypes, shape=tuple(w.shape[:2]), layout=layout, dtype_of=of)
+    return bias
+
+
 @interpreter_serialized
 def grouped_matmul(
     a: torch.Tensor,
@@ -164,7 +178,8 @@ def grouped_matmul(
     gather_a: bool,
     scatter: bool = False,
     topk_weights: Optional[torch.Tensor] = None,
-    swiglu: bool = False,
+    swiglu: Union[bool, Activation] = False,
+    w_bias: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     use_tma: UseTma = "auto",
     a_scale: Optional[torch.Tensor] = None,
@@ -193,6 +208,11 @@ def grouped_matmul(
             silu(gate) * up, [rows, I], computed in float32 and rounded once. Needs config.BLOCK_SIZE_N >= 32:
             each program reads BLOCK_SIZE_N/2 gate and BLOCK_SIZE_N/2 up rows (the same weight tile and
             accumulator size as without the epilogue) and writes BLOCK_SIZE_N/2 columns. Not with scatter.
+            An `Activation` instead of True: that activation and gate/up layout (`moe_lab.Activation`;
+            interleaved rows 2j, 2j + 1 are read as stored, in a descriptor box of BLOCK_SIZE_N rows).
+        w_bias: optional [E, N] bias of each weight row (N = 2I in w's row order with swiglu), dtype of a
+            or float32 (bfloat16/float16/float32 for float8 a), any strides: added to the float32 sums
+            before the activation and before the routed weight (out = weight * (a @ w.T + bias)).
         out: optional output buffer of the shape above (N = I with swiglu), dtype of a. Rows of blocks past
             `num_tokens_post_padded` (sorted layout), or of slots not routed here (scatter with an
             expert_map), are left as they were; so may padding rows be, when `config.tail_tiles` runs a
@@ -233,9 +253,13 @@ def grouped_matmul(
             f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
             f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
         )
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("swiglu", swiglu), ("return_plan", return_plan)):
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if not isinstance(swiglu, (bool, Activation)):
+        raise TypeError(f"swiglu must be a bool or a moe_lab.Activation, got {swiglu!r}")
+    activation = swiglu if isinstance(swiglu, Activation) else SILU
+    swiglu = swiglu is not False
     check_tensor(
         "w", w, ndim=3, dtypes=FLOAT_DTYPES + (FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]"
     )
@@ -264,6 +288,7 @@ def grouped_matmul(
             shape=(routing.num_tokens, routing.top_k),
             layout="[T, k]",
         )
+    w_bias = check_bias("w_bias", w_bias, w, a.dtype)
     if swiglu:
         if n % 2 or n == 0:
             raise ValueError(f"swiglu=True needs w [E, 2I, K] with an even, non-zero 2I, got {tuple(w.shape)}")
@@ -314,11 +339,13 @@ def grouped_matmul(
         topk_weights=topk_weights,
         a_scale=a_scale,
         w_scale=w_scale,
+        w_bias=w_bias,
     )
     check_not_aliased(
         out,
         a=a,
         w=w,
+        w_bias=w_bias,
         topk_weights=topk_weights,
         a_scale=a_scale,
         w_scale=w_scale,
@@ -345,8 +372,11 @@ def grouped_matmul(
         use_tma=use_tma,
         scales=scales,
         out_quant_group=quant_group,
+        activation=activation,
     )
-    plan = run_gemm(plan, a, w, routing, out, out_scale=out_scale, topk_weights=topk_weights, scales=scales)
+    plan = run_gemm(
+        plan, a, w, routing, out, out_scale=out_scale, topk_weights=topk_weights, scales=scales, w_bias=w_bias
+    )
     result = (out, out_scale) if quant_group else out
     return (result, plan) if return_plan else result
 
@@ -361,10 +391,12 @@ def run_gemm(
     out_scale: Optional[torch.Tensor] = None,
     topk_weights: Optional[torch.Tensor] = None,
     scales: Optional[Fp8Scales] = None,
+    w_bias: Optional[torch.Tensor] = None,
 ) -> LaunchPlan:
     """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
-    check here. Returns the plan as launched: where the compiler needed more shared memory than the plan's
-    estimate, with fewer pipeline stages (ValueError if even one stage does not fit)."""
+    check here (w_bias: [E, N], a bias per weight row, or None). Returns the plan as launched: where the
+    compiler needed more shared memory than the plan's estimate, with fewer pipeline stages (ValueError if
+    even one stage does not fit)."""
     if plan.grid == 0:
         return plan
     a_desc = w_desc = None
@@ -380,7 +412,7 @@ def run_gemm(
         weights = weights.contiguous()
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale)
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale, w_bias)
             return plan
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
@@ -405,10 +437,10 @@ def _weight_descriptor(w: torch.Tensor, plan: LaunchPlan):
         key = id(w)
         entry = (weakref.ref(w, lambda _, key=key: _WEIGHT_DESCRIPTORS.pop(key, None)), facts, {})
         _WEIGHT_DESCRIPTORS[key] = entry
-    box_key = (plan.swiglu, plan.config.BLOCK_SIZE_N, plan.box_k)
+    box_key = (plan.gate_up_halves, plan.config.BLOCK_SIZE_N, plan.box_k)
     desc = entry[2].get(box_key)
     if desc is None:
-        view, box = weight_box(w.detach(), plan.config, plan.swiglu, plan.box_k)
+        view, box = weight_box(w.detach(), plan.config, plan.gate_up_halves, plan.box_k)
         desc = entry[2][box_key] = TensorDescriptor(view, list(view.shape), list(view.stride()), box)
     return desc
 
@@ -424,6 +456,7 @@ def _launch(
     routing,
     scales: Optional[Fp8Scales],
     out_scale: Optional[torch.Tensor],
+    w_bias: Optional[torch.Tensor],
 ):
     """Launch the plan's kernel: operands as the kernels' tuples (see moe_lab/_kernels/grouped_matmul.py)."""
     _, n, k = w.shape
@@ -438,6 +471,7 @@ def _launch(
         (None, None, 0, 0, 0, 0, 0, 1)
         if scales is None
         else (scales.a_scale, scales.w_scale, *scales.a_scale.stride(), *scales.w_scale.stride(), scales.group_n),
+        (w_bias, *(w_bias.stride() if w_bias is not None else (0, 0)), plan.activation.alpha, plan.activation.limit),
         weights,
         routing.sorted_token_ids,
         routing.expert_ids,

@@ -15,7 +15,7 @@ own kernels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 import torch
 
@@ -30,11 +30,11 @@ from ._validate import (
     output_buffer,
     same_view,
 )
-from .activation import silu_and_mul
+from .activation import Activation, check_activation, silu_and_mul
 from .align import AlignedRouting, run_align, run_slot_order
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .gemm import check_gemm_block_shape, check_weight_scale, kernel_scales, run_gemm
+from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, kernel_scales, run_gemm
 from .plan import (
     ChunkPlan,
     LaunchPlan,
@@ -74,29 +74,31 @@ class FusedMoEInfo:
     down_plan: Optional[LaunchPlan] = None
 
 
-def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None):
-    """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE)."""
-    check_tensor("w1", w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]", dtype_of=dtype_of)
+def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, prefix=""):
+    """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE); `prefix`
+    names shared experts' (shared_w1, shared_w2) in messages."""
+    n1, n2 = prefix + "w1", prefix + "w2"
+    check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]", dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
     if num_experts == 0:
-        raise ValueError(f"w1 must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
+        raise ValueError(f"{n1} must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
     if two_inter % 2 or two_inter == 0:
-        raise ValueError(f"w1 must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
+        raise ValueError(f"{n1} must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
     if isinstance(w2, torch.Tensor) and tuple(w2.shape) == (num_experts, hidden, two_inter):
         # I is read from w1's rows: a w1 of I rows (its up half missing) would read as a wrong w2
         raise ValueError(
-            f"w1 must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
-            f"{2 * two_inter}, {hidden}] for w2 [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
+            f"{n1} must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
+            f"{2 * two_inter}, {hidden}] for {n2} [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
             f"only one of the gate and up projections?"
         )
     check_tensor(
-        "w2",
+        n2,
         w2,
         ndim=3,
         dtypes=(w1.dtype,),
         shape=(num_experts, hidden, two_inter // 2),
         layout="[E, H, I]",
-        dtype_of="w1",
+        dtype_of=n1,
     )
 
 
@@ -230,6 +232,84 @@ def _fp8_weights(w1, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Opt
     return Fp8Weights(w1_scale, w2_scale, block_shape, a1_scale, a2_scale)
 
 
+# --- Expert kinds: the activation, biases and shared experts (checked once per key, run by the chunks). ---
+
+
+@dataclass(frozen=True)
+class ExpertKind:
+    """The expert-kind side of a layer call: the activation, the biases ([E, 2I] in w1's row order, [E, H];
+    None: none) and the shared experts (None: none) with their weights [T, S] (None: 1)."""
+
+    activation: Activation
+    w1_bias: Optional[torch.Tensor] = None
+    w2_bias: Optional[torch.Tensor] = None
+    shared_w1: Optional[torch.Tensor] = None
+    shared_w2: Optional[torch.Tensor] = None
+    shared_weights: Optional[torch.Tensor] = None
+
+    @property
+    def tensors(self) -> tuple:
+        return (self.w1_bias, self.w2_bias, self.shared_w1, self.shared_w2, self.shared_weights)
+
+
+def _check_expert_kind(hidden_states, w1, w2, expert_map, kind: ExpertKind) -> None:
+    dtype = hidden_states.dtype
+    check_bias("w1_bias", kind.w1_bias, w1, dtype, "[E, 2I]")
+    check_bias("w2_bias", kind.w2_bias, w2, dtype, "[E, H]")
+    shared_w1, shared_w2, shared_weights = kind.shared_w1, kind.shared_w2, kind.shared_weights
+    if shared_w1 is None and shared_w2 is None:
+        if shared_weights is not None:
+            raise ValueError("shared_weights given without shared_w1 and shared_w2: the shared experts' weights")
+    else:
+        if shared_w1 is None or shared_w2 is None:
+            raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
+        _check_weights(shared_w1, shared_w2, (dtype,), hidden_states.shape[1], "hidden_states", "shared_")
+        if expert_map is not None:
+            raise ValueError(
+                "shared_w1 with expert_map is not supported: every rank would add the shared experts' output; "
+                "run them on one rank (a fused_moe call of their own) instead"
+            )
+        if shared_weights is not None:
+            check_tensor(
+                "shared_weights",
+                shared_weights,
+                ndim=2,
+                dtypes=FLOAT_DTYPES,
+                shape=(hidden_states.shape[0], shared_w1.shape[0]),
+                layout="[T, S]",
+            )
+    for name, t in zip(_EXPERT_TENSORS, kind.tensors):
+        if t is not None and t.requires_grad and torch.is_grad_enabled():
+            raise ValueError(f"{name} requires grad: fused_moe is inference-only (no backward)")
+    check_same_device(hidden_states=hidden_states, **dict(zip(_EXPERT_TENSORS, kind.tensors)))
+
+
+_EXPERT_TENSORS = ("w1_bias", "w2_bias", "shared_w1", "shared_w2", "shared_weights")
+
+
+def _shared_experts(hidden_states, kind: ExpertKind, config, use_tma, chunk_size) -> torch.Tensor:
+    """The shared experts' output [T, H]: every token routed to each of the S shared experts, with weight
+    shared_weights (or 1), through the same kernels (no copy of any weight)."""
+    num_tokens, num_shared = hidden_states.shape[0], kind.shared_w1.shape[0]
+    device = hidden_states.device
+    ids = torch.arange(num_shared, dtype=torch.int32, device=device).repeat(num_tokens, 1)
+    weights = kind.shared_weights
+    if weights is None:
+        weights = torch.ones((num_tokens, num_shared), dtype=torch.float32, device=device)
+    return fused_moe(
+        hidden_states,
+        kind.shared_w1,
+        kind.shared_w2,
+        weights,
+        ids,
+        config=config,
+        use_tma=use_tma,
+        chunk_size=chunk_size,
+        check_ids=False,
+        activation=kind.activation,
+    )
+
+
 @interpreter_serialized
 def fused_moe(
     hidden_states: torch.Tensor,
@@ -250,10 +330,19 @@ def fused_moe(
     a2_scale: Optional[torch.Tensor] = None,
     block_shape=None,
     return_info: bool = False,
+    activation: Union[Activation, str, None] = None,
+    w1_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    shared_w1: Optional[torch.Tensor] = None,
+    shared_w2: Optional[torch.Tensor] = None,
+    shared_weights: Optional[torch.Tensor] = None,
 ):
-    """A Mixture-of-Experts feed-forward layer with SwiGLU experts, through moe-lab's Triton kernels.
+    """A Mixture-of-Experts feed-forward layer with gated (SwiGLU) experts, through moe-lab's Triton kernels.
 
     out[t] = sum_j topk_weights[t, j] * w2[e] @ (silu(w1[e, :I] @ x_t) * (w1[e, I:] @ x_t)), e = topk_ids[t, j]
+    and in general, with the optional activation, biases and shared experts s:
+    out[t] = sum_j topk_weights[t, j] * (w2[e] @ act(w1[e] @ x_t + b1[e]) + b2[e])
+             + sum_s shared_weights[t, s] * shared_w2[s] @ act(shared_w1[s] @ x_t)
 
     Args:
         hidden_states: [T, H] float16/bfloat16/float32 (any strides); T may be 0.
@@ -290,7 +379,21 @@ def fused_moe(
             token's output. Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument
             names are vLLM's fused_experts' (use_fp8_w8a8).
         return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for
-            the last chunk).
+            the last chunk; of the routed experts).
+        activation: the experts' gated activation and how w1's rows hold gate and up: a `moe_lab.Activation`
+            (e.g. `moe_lab.GPT_OSS`: gpt-oss's clamped SwiGLU on interleaved rows), "silu" or "swigluoai"
+            (gate and up as halves), or None: SiLU-and-mul of halves (the default). Applied in the up
+            GEMM's epilogue (or by `silu_and_mul` where the config unfuses it): the same function.
+        w1_bias, w2_bias: optional biases [E, 2I] (in w1's row order) and [E, H], dtype of hidden_states or
+            float32: added to the float32 sums before the activation and before the routed weight,
+            out = w * (w2 @ act + b2) (transformers' GptOssExperts, vLLM). Any strides.
+        shared_w1, shared_w2, shared_weights: optional shared experts, always routed (DeepSeek's and
+            Qwen2-MoE's): shared_w1 [S, 2I_s, H], shared_w2 [S, H, I_s] in hidden_states' dtype, the same
+            activation as the routed experts, no biases; shared_weights [T, S] their weight per token (None:
+            1; Qwen2-MoE: sigmoid(shared_expert_gate(x))). They run as a second pass of the same kernels,
+            every token routed to each of the S experts, and are added to the routed output: no weight is
+            copied, any I_s; a shared MLP of intermediate size S*I may also be given as S experts of I.
+            Not with expert_map (each rank would add them).
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
     Raises:
@@ -307,6 +410,7 @@ def fused_moe(
     if chunk_size is not None:
         chunk_size = check_positive_int("chunk_size", chunk_size)
     block_shape = check_gemm_block_shape(block_shape)
+    kind = ExpertKind(check_activation(activation), w1_bias, w2_bias, shared_w1, shared_w2, shared_weights)
     scales = (w1_scale, w2_scale, a1_scale, a2_scale)
     key = layer_key(
         hidden_states,
@@ -321,11 +425,14 @@ def fused_moe(
         config=config,
         use_tma=use_tma,
         chunk_size=chunk_size,
+        activation=kind.activation,
+        expert_tensors=kind.tensors,
     )
     plan = cached_layer_plan(key)
     if plan is None:  # a call of a new key: every check that its key decides, then its plan, kept
         _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
         _check_fp8(w1, w2, *scales, block_shape)
+        _check_expert_kind(hidden_states, w1, w2, expert_map, kind)
         if out is not None:
             if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
                 raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
@@ -341,24 +448,29 @@ def fused_moe(
         # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
         inputs = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map)
         inputs.update(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+        inputs.update(zip(_EXPERT_TENSORS, kind.tensors))
         if not same_view(out, hidden_states):
             inputs["hidden_states"] = hidden_states
         check_not_aliased(out, **inputs)
     fp8 = _fp8_weights(w1, *scales, block_shape)
     if expert_map is not None:
         expert_map = expert_map.contiguous()
+    # The shared experts first: with out=hidden_states the routed experts overwrite their input.
+    shared = _shared_experts(hidden_states, kind, config, use_tma, chunk_size) if shared_w1 is not None else None
     info = None
     for index, (start, end, chunk) in enumerate(plan.chunks):
         args = (hidden_states, topk_weights, topk_ids, out)
         if len(plan.chunks) > 1:
             args = tuple(t[start:end] for t in args)
-        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8)
+        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind)
         if up is not chunk.up or down is not chunk.down:  # launched with fewer stages: kept for the next call
             plan = remember_layer_plan(plan.launched(index, up, down))
             chunk = plan.chunks[index][2]
         if return_info:
             path = (up.path, down.path) if up is not None else (None, None)
             info = FusedMoEInfo(chunk.choice.config, *path, routing, chunk.choice.source, up, down)
+    if shared is not None:
+        out.add_(shared)
     return (out, info) if return_info else out
 
 
@@ -372,6 +484,7 @@ def _run_chunk(
     w2,
     expert_map,
     fp8: Optional[Fp8Weights],
+    kind: ExpertKind,
 ) -> Tuple[Optional[AlignedRouting], Optional[LaunchPlan], Optional[LaunchPlan]]:
     """Run one chunk's stages as planned, on checked inputs: (the schedule, each GEMM's plan as launched)."""
     if chunk.up is None:  # an idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing)
@@ -389,9 +502,9 @@ def _run_chunk(
     act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
     if chunk.out_scale_cols:
         out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
-    up = run_gemm(chunk.up, x, w1, routing, act, out_scale=out_scale, scales=up_scales)
+    up = run_gemm(chunk.up, x, w1, routing, act, out_scale=out_scale, scales=up_scales, w_bias=kind.w1_bias)
     if not up.swiglu:
-        act = silu_and_mul(act, routing=routing)
+        act = silu_and_mul(act, routing=routing, activation=kind.activation)
     if fp8 is not None:
         if out_scale is not None:  # quantized by the up GEMM's epilogue
             a2_scale = out_scale
@@ -399,7 +512,9 @@ def _run_chunk(
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
         down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, chunk.rows)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
-    down = run_gemm(chunk.down, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales)
+    down = run_gemm(
+        chunk.down, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales, w_bias=kind.w2_bias
+    )
     run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
     return routing, up, down
 
@@ -419,11 +534,21 @@ def fused_moe_op(
     w1_scale: Optional[torch.Tensor] = None,
     w2_scale: Optional[torch.Tensor] = None,
     block_shape: Optional[List[int]] = None,
+    activation: str = "silu",
+    gate_up_layout: str = "halves",
+    swiglu_alpha: float = 1.702,
+    swiglu_limit: float = 7.0,
+    w1_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    shared_w1: Optional[torch.Tensor] = None,
+    shared_w2: Optional[torch.Tensor] = None,
+    shared_weights: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op. use_tma: True or False as in
     `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
     other values). w1_scale, w2_scale, block_shape: for float8_e4m3fn weights, as in `fused_moe`
-    (activations quantized dynamically)."""
+    (activations quantized dynamically). activation, gate_up_layout, swiglu_alpha, swiglu_limit: the fields
+    of `moe_lab.Activation` (a schema has no dataclass type). The biases and shared experts as in `fused_moe`."""
     return fused_moe(
         hidden_states,
         w1,
@@ -435,6 +560,12 @@ def fused_moe_op(
         w1_scale=w1_scale,
         w2_scale=w2_scale,
         block_shape=block_shape,
+        activation=Activation(activation, gate_up_layout, swiglu_alpha, swiglu_limit),
+        w1_bias=w1_bias,
+        w2_bias=w2_bias,
+        shared_w1=shared_w1,
+        shared_w2=shared_w2,
+        shared_weights=shared_weights,
     )
 
 
@@ -450,6 +581,15 @@ def _(
     w1_scale=None,
     w2_scale=None,
     block_shape=None,
+    activation="silu",
+    gate_up_layout="halves",
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    w1_bias=None,
+    w2_bias=None,
+    shared_w1=None,
+    shared_w2=None,
+    shared_weights=None,
 ):
     # PyTorch also picks this for a real call with one input on the meta device: refuse mixed devices, as
     # fused_moe does, rather than return an empty tensor as if it were the result
@@ -462,6 +602,11 @@ def _(
         expert_map=expert_map,
         w1_scale=w1_scale,
         w2_scale=w2_scale,
+        w1_bias=w1_bias,
+        w2_bias=w2_bias,
+        shared_w1=shared_w1,
+        shared_w2=shared_w2,
+        shared_weights=shared_weights,
     )
     return hidden_states.new_empty(hidden_states.shape)
 
@@ -472,7 +617,9 @@ class FusedMoE(torch.nn.Module):
     The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k]).
     use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad).
     FP8: float8_e4m3fn w1 and w2 with w1_scale, w2_scale and block_shape as `fused_moe` takes them (kept as
-    buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically."""
+    buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically.
+    activation, w1_bias, w2_bias, shared_w1, shared_w2: as in `fused_moe` (biases kept as buffers, shared
+    experts as parameters, none of them copied); forward then takes shared_weights [T, S] (None: 1)."""
 
     def __init__(
         self,
@@ -484,10 +631,26 @@ class FusedMoE(torch.nn.Module):
         w1_scale: Optional[torch.Tensor] = None,
         w2_scale: Optional[torch.Tensor] = None,
         block_shape=None,
+        activation: Union[Activation, str, None] = None,
+        w1_bias: Optional[torch.Tensor] = None,
+        w2_bias: Optional[torch.Tensor] = None,
+        shared_w1: Optional[torch.Tensor] = None,
+        shared_w2: Optional[torch.Tensor] = None,
     ):
         super().__init__()
         _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,))
         fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, None, None, block_shape)
+        self.activation = check_activation(activation)
+        bias_dtype = torch.float32 if w1.dtype == FP8_DTYPE else w1.dtype
+        self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, bias_dtype, "[E, 2I]"))
+        self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, bias_dtype, "[E, H]"))
+        if (shared_w1 is None) != (shared_w2 is None):
+            raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
+        if shared_w1 is not None:
+            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], prefix="shared_")
+            shared_w1 = torch.nn.Parameter(shared_w1, requires_grad=False)
+            shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
+        self.shared_w1, self.shared_w2 = shared_w1, shared_w2
         self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
         self.register_buffer("w1_scale", w1_scale)
         self.register_buffer("w2_scale", w2_scale)
@@ -499,7 +662,7 @@ class FusedMoE(torch.nn.Module):
         self.register_buffer("expert_map", expert_map)
         self.use_tma = None if use_tma == "auto" else use_tma  # the op's spelling of "auto"
 
-    def forward(self, hidden_states, topk_weights, topk_ids):
+    def forward(self, hidden_states, topk_weights, topk_ids, shared_weights=None):
         if self.w1_scale is not None and self.w1.dtype != FP8_DTYPE:
             raise TypeError(
                 f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
@@ -516,4 +679,13 @@ class FusedMoE(torch.nn.Module):
             self.w1_scale,
             self.w2_scale,
             self.block_shape,
+            self.activation.kind,
+            self.activation.gate_up_layout,
+            self.activation.alpha,
+            self.activation.limit,
+            self.w1_bias,
+            self.w2_bias,
+            self.shared_w1,
+            self.shared_w2,
+            shared_weights,
         )

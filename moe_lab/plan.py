@@ -27,6 +27,7 @@ from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 import torch
 import triton
 
+from .activation import SILU, Activation
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
@@ -67,8 +68,9 @@ class LaunchPlan:
         shared memory (or the compiler) needed it.
     path: each operand's load path and why (`select_load_path`).
     gather_a: the kernel gathers token rows itself (the up projection).
-    scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies SiLU-and-mul, each
-    program reading BLOCK_SIZE_N/2 gate rows and the matching BLOCK_SIZE_N/2 up rows of w.
+    scatter: output rows go to their (token, k) slot. swiglu: the epilogue applies the gated activation
+    `activation` (SiLU-and-mul by default), each program reading BLOCK_SIZE_N/2 gate rows and the matching
+    BLOCK_SIZE_N/2 up rows of w (in halves, or BLOCK_SIZE_N interleaved rows in a row: `activation`'s layout).
     grid: programs launched (M-blocks x N-tiles, or with `persistent` one per SM at most).
     persistent: `grouped_matmul_persistent_kernel` walks the tiles (config.persistent); tail tiles are off.
     fold_m (property): config.fold_tail_rows, which the plan sets to 0 where folds do not apply (the
@@ -101,6 +103,13 @@ class LaunchPlan:
     scale_group_k: int = 1
     even_k: bool = True
     dot: str = "mma"
+    activation: Activation = SILU
+
+    @property
+    def gate_up_halves(self) -> bool:
+        """The SwiGLU epilogue reads gate and up rows as halves of w: the weight descriptor views w as
+        [E, 2, I, K] (`weight_box`)."""
+        return self.swiglu and not self.activation.interleaved
 
     @property
     def fold_m(self) -> int:
@@ -127,7 +136,7 @@ class LaunchPlan:
         config = self.config
         args = dict(
             ROWS="gather" if self.gather_a else "scatter" if self.scatter else "sorted",
-            SWIGLU=self.swiglu,
+            SWIGLU=self.activation.kernel_name if self.swiglu else "none",
             SCALES="block_tile" if self.w_scale_per_tile else self.scales,
             SCALE_GROUP_K=self.scale_group_k,
             EVEN_K=self.even_k,
@@ -167,8 +176,9 @@ def select_load_path(
     (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
     pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
     descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
-    `use_tma=True` (for w, and for a sorted-layout a). With `swiglu` the weights are read
-    as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate and up rows in one tile. (With
+    `use_tma=True` (for w, and for a sorted-layout a). With `swiglu` (the SwiGLU epilogue, gate and up rows
+    as halves of w) the weights are read as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate
+    and up rows in one tile (interleaved gate and up rows are plain rows: swiglu=False here). (With
     block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
     wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.)"""
     check_use_tma(use_tma)
@@ -223,6 +233,7 @@ def plan_gemm(
     use_tma: UseTma = "auto",
     scales=None,
     out_quant_group: int = 0,
+    activation: Activation = SILU,
 ) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, checked by the caller: the config
     fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale block), the
@@ -231,7 +242,9 @@ def plan_gemm(
     `ScheduleShape` (the two facts read of it) where the schedule is not made yet. `scales`: None for float
     operands, else the float8 scales' layout (`mode`, `group_n`, `group_k`, as `moe_lab.gemm.Fp8Scales` or
     `ScaleLayout` holds them).
+    `activation`: the SwiGLU epilogue's (`moe_lab.Activation`; only read with swiglu).
     Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
+    halves = swiglu and not activation.interleaved  # interleaved gate/up rows are read as rows in a row
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
     if scales is not None and config.BLOCK_SIZE_K < MIN_FP8_DOT_K:
@@ -257,16 +270,16 @@ def plan_gemm(
     if grid == 0:
         path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
     else:
-        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=swiglu)
-    # A program's weight rows (each half's, with SwiGLU) start at a multiple of their count, so they lie in
-    # one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
+        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=halves)
+    # A program's weight rows (each half's, with SwiGLU in halves) start at a multiple of their count, so they
+    # lie in one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
     # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
-    tile_rows = config.BLOCK_SIZE_N // 2 if swiglu else config.BLOCK_SIZE_N
+    tile_rows = config.BLOCK_SIZE_N // 2 if halves else config.BLOCK_SIZE_N
     w_scale_per_tile = (
         scales is not None
         and scales.mode == "block"
         and scales.group_n % tile_rows == 0
-        and (not swiglu or (w.shape[1] // 2) % tile_rows == 0)
+        and (not halves or (w.shape[1] // 2) % tile_rows == 0)
         and w.shape[2] > 0
     )
     dot = "interpreter" if interpreter_active() else "ieee" if full_precision_fp32(w.dtype) else "mma"
@@ -285,12 +298,14 @@ def plan_gemm(
         scales.group_k if scales is not None else 1,
         w.shape[2] % config.BLOCK_SIZE_K == 0,
         dot,
+        activation if swiglu else SILU,
     )
 
 
 def weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
     """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
-    [1, BLOCK_SIZE_N, box_k]; with the SwiGLU epilogue [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
+    [1, BLOCK_SIZE_N, box_k]; with `swiglu` (the SwiGLU epilogue with gate and up in halves,
+    `LaunchPlan.gate_up_halves`) [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
     whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K, or one dot's K where a
     K step runs several (`LaunchPlan.box_k`); validity does not depend on it (the inner box stays >= 16 bytes)."""
     if swiglu:
@@ -357,7 +372,9 @@ class LayerKey(NamedTuple):
     fp32_precision is torch.get_float32_matmul_precision() for float32 inputs ("" else: the dot of float32
     operands and their heuristic config follow it). Not in the key, read when a plan is made: the tuned
     tables (`moe_lab.tuned.clear_cache` clears the plans too), and the environment (TRITON_INTERPRET,
-    MOE_LAB_TMA): call `clear_layer_plans()` after changing either in a running process."""
+    MOE_LAB_TMA): call `clear_layer_plans()` after changing either in a running process.
+    The expert kind: `activation` (a `moe_lab.Activation`, as checked) and `expert_tensors`, the
+    `tensor_facts` of w1_bias, w2_bias, shared_w1, shared_w2 and shared_weights (their checks are cached)."""
 
     hidden_states: tuple
     w1: tuple
@@ -373,6 +390,8 @@ class LayerKey(NamedTuple):
     chunk_size: Optional[int]
     grad_enabled: bool
     fp32_precision: str
+    activation: Activation = SILU
+    expert_tensors: tuple = (None,) * 5
 
 
 def layer_key(
@@ -389,10 +408,13 @@ def layer_key(
     config=None,
     use_tma: UseTma = "auto",
     chunk_size: Optional[int] = None,
+    activation: Activation = SILU,
+    expert_tensors=(None,) * 5,
 ) -> Optional[LayerKey]:
     """The `LayerKey` of a `fused_moe` call, or None where an argument cannot be part of a key (not a
     tensor, an unhashable config value): such a call is checked and planned without the cache (and its
-    checks then say what is wrong). `use_tma`, `chunk_size` and `block_shape` as checked."""
+    checks then say what is wrong). `use_tma`, `chunk_size`, `block_shape` and `activation` as checked;
+    `expert_tensors`: the biases and shared experts' tensors (None where not given)."""
     try:
         return LayerKey(
             tensor_facts(hidden_states),
@@ -409,6 +431,8 @@ def layer_key(
             chunk_size,
             torch.is_grad_enabled(),
             torch.get_float32_matmul_precision() if hidden_states.dtype == torch.float32 else "",
+            activation,
+            tuple(map(tensor_facts, expert_tensors)),
         )
     except (AttributeError, TypeError):
         return None
@@ -481,7 +505,8 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
     x = torch.empty((num_tokens, hidden), dtype=w1.dtype, device="meta")  # read by pointer (gathered rows)
     if num_tokens == 0 or hidden == 0:  # nothing to launch, but use_tma=True holds to its rules as with work
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
-            select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=swiglu)
+            halves = swiglu and not key.activation.interleaved  # the weight descriptor's 4-D view
+            select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=halves)
             act = torch.empty((cfg.block_size_m, inter), dtype=w2.dtype, device="meta")
             select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True)
         return ChunkPlan(num_tokens, choice, False, None, None)
@@ -509,6 +534,7 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
         use_tma=use_tma,
         scales=scales,
         out_quant_group=key.block_shape[1] if fused_quant else 0,
+        activation=key.activation,
     )
     act = torch.empty((rows, inter), dtype=w2.dtype, device="meta")  # a new buffer, contiguous, aligned
     down = plan_gemm(act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales)

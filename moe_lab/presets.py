@@ -8,6 +8,11 @@ A preset whose checkpoint ships its experts in FP8 says so, in the words of its 
 block; DeepSeek-V3: [128, 128]). `build` makes weights in `dtype` (bfloat16 by default) whatever the
 checkpoint's format; `quantize_fp8(w1, w2)` turns them into that format: float8_e4m3fn weights and their
 scales, as `fused_moe` and `fused_moe_reference` take them (`moe-lab demo --dtype fp8` runs it).
+
+`PRESETS` holds the models with SwiGLU experts (the notebooks, the demo and the benchmark tour it).
+`EXPERT_KIND_PRESETS` holds those whose experts are of another kind (gpt-oss: clamped SwiGLU on
+interleaved gate/up rows, biases): `activation` and `biases` say so, `build` makes w1 and w2 only (in
+the activation's row order), and `get_preset` finds them too.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from .activation import GPT_OSS, SILU, Activation
 from .routing import topk_routing
 
 DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names none: DeepSeek-V3's
@@ -44,6 +50,8 @@ class MoEPreset:
     source: str = ""
     quantization: Optional[str] = None  # "fp8": the checkpoint's experts are float8_e4m3fn; None: bf16
     weight_block_size: Optional[Tuple[int, int]] = None  # the checkpoint's FP8 scale blocks [bn, bk]
+    activation: Activation = SILU  # `fused_moe(..., activation=)`: the experts' kind and w1's row order
+    biases: bool = False  # the experts have biases: w1_bias [E, 2I], w2_bias [E, H]
 
     def scaled(self, divisor: int) -> "MoEPreset":
         """The same routing (E, k, scoring) with H and I divided by `divisor` (rounded up to 16).
@@ -137,9 +145,35 @@ PRESETS = {
 }
 
 
+# Models whose experts are not plain SwiGLU; kept apart from PRESETS, which the notebooks and the demo tour
+# with SwiGLU layers. gpt-oss: the router's top-k logits through a softmax (= softmax, top-k, renormalized).
+EXPERT_KIND_PRESETS = {
+    p.name: p
+    for p in (
+        MoEPreset(
+            "gpt-oss-20b", 32, 4, 2880, 2880, activation=GPT_OSS, biases=True, source="openai/gpt-oss-20b config.json"
+        ),
+        MoEPreset(
+            "gpt-oss-120b",
+            128,
+            4,
+            2880,
+            2880,
+            activation=GPT_OSS,
+            biases=True,
+            source="openai/gpt-oss-120b config.json",
+        ),
+    )
+}
+
+
 def get_preset(name: str) -> MoEPreset:
-    """The preset called `name` (see PRESETS); raises ValueError listing the names otherwise."""
-    try:
-        return PRESETS[name.lower()]
-    except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+    """The preset called `name` (see PRESETS and EXPERT_KIND_PRESETS); raises ValueError listing the names
+    otherwise."""
+    key = name.lower()
+    if key in PRESETS:
+        return PRESETS[key]
+    if key in EXPERT_KIND_PRESETS:
+        return EXPERT_KIND_PRESETS[key]
+    names = ", ".join([*PRESETS, *EXPERT_KIND_PRESETS])
+    raise ValueError(f"unknown model preset {name!r}; choose one of {names}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
 
+from .activation import Activation, check_activation
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
 from .gemm import check_weight_scale
 from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
@@ -70,6 +71,21 @@ def fake_quantize_activations(
     return q.reshape(rows, k + pad)[:, :k]
 
 
+def gated_activation_reference(gate_up: torch.Tensor, activation: Union[Activation, str, None] = None) -> torch.Tensor:
+    """act [rows, I] of gate_up [rows, 2I] (w1's row order: halves or interleaved), in gate_up's dtype:
+    silu(gate) * up, or gpt-oss's clamped SwiGLU (`moe_lab.Activation`)."""
+    activation = check_activation(activation)
+    if activation.interleaved:
+        gate, up = gate_up[:, 0::2], gate_up[:, 1::2]
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+    if activation.kind == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=activation.limit)
+    up = up.clamp(-activation.limit, activation.limit)
+    return (up + 1) * gate * torch.sigmoid(activation.alpha * gate)
+
+
 def fused_moe_reference(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
@@ -84,12 +100,21 @@ def fused_moe_reference(
     a1_scale: Optional[torch.Tensor] = None,
     a2_scale: Optional[torch.Tensor] = None,
     block_shape=None,
+    activation: Union[Activation, str, None] = None,
+    w1_bias: Optional[torch.Tensor] = None,
+    w2_bias: Optional[torch.Tensor] = None,
+    shared_w1: Optional[torch.Tensor] = None,
+    shared_w2: Optional[torch.Tensor] = None,
+    shared_weights: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1g[e] x_t) * W1u[e] x_t), e = topk_ids[t, j].
 
     hidden_states [T, H], w1 [E, 2I, H] (gate rows first, then up), w2 [E, H, I]; math in `dtype`
     (float32 by default, float64 for tight checks). Returns [T, H] in `dtype`. With `expert_map`, only
     local experts contribute (the others give zero).
+
+    activation, w1_bias, w2_bias, shared_w1, shared_w2, shared_weights as `moe_lab.fused_moe` takes them:
+    out[t] = sum_j w[t, j] * (W2[e] act(W1[e] x_t + b1[e]) + b2[e]) + sum_s g[t, s] * W2s[s] act(W1s[s] x_t).
 
     float8_e4m3fn w1 and w2 (scales and block_shape as `moe_lab.fused_moe` takes them): the weights are
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
@@ -110,7 +135,6 @@ def fused_moe_reference(
         hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
     x = hidden_states.to(dtype)
     num_tokens = x.shape[0]
-    inter = w2.shape[-1]
     out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=x.device)
     ids = topk_ids.long()
     if expert_map is not None:
@@ -120,11 +144,20 @@ def fused_moe_reference(
         if token.numel() == 0:
             continue
         gate_up = x[token] @ w1[e].to(dtype).T
-        act = F.silu(gate_up[:, :inter]) * gate_up[:, inter:]
+        if w1_bias is not None:
+            gate_up = gate_up + w1_bias[e].to(dtype)
+        act = gated_activation_reference(gate_up, activation)
         if fp8:
             act = fake_quantize_activations(act, group, a2_scale).to(dtype)
-        y = (act @ w2[e].to(dtype).T) * topk_weights[token, slot].to(dtype)[:, None]
-        out.index_add_(0, token, y)
+        y = act @ w2[e].to(dtype).T
+        if w2_bias is not None:
+            y = y + w2_bias[e].to(dtype)
+        out.index_add_(0, token, y * topk_weights[token, slot].to(dtype)[:, None])
+    if shared_w1 is not None:
+        for s in range(shared_w1.shape[0]):
+            act = gated_activation_reference(x @ shared_w1[s].to(dtype).T, activation)
+            y = act @ shared_w2[s].to(dtype).T
+            out += y if shared_weights is None else y * shared_weights[:, s].to(dtype)[:, None]
     return out
 
 

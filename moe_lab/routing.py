@@ -4,7 +4,10 @@
 - softmax over all experts, top-k, optional renormalization over the k (Mixtral, Qwen-MoE, OLMoE);
 - sigmoid scores with a score-correction bias that steers the choice but not the weights, and grouped
   top-k: keep the `topk_group` best of `num_expert_group` groups (scored by the sum of each group's two
-  best biased scores), then top-k inside them (DeepSeek-V3, arXiv:2412.19437, section 2.1.2).
+  best biased scores), then top-k inside them (DeepSeek-V3, arXiv:2412.19437, section 2.1.2);
+- DeepSeek-V2's group-limited greedy routing: softmax scores, groups scored by their best expert
+  (`group_scoring="max"`), top-k inside the kept groups (arXiv:2405.04434, section 2.1.3; transformers'
+  DeepseekV2 `topk_method="group_limited_greedy"`).
 Routing is a few small PyTorch ops; the kernels of this package start at alignment.
 """
 
@@ -39,6 +42,7 @@ def topk_routing(
     num_expert_group: Optional[int] = None,
     topk_group: Optional[int] = None,
     routed_scaling_factor: float = 1.0,
+    group_scoring: str = "top2_sum",
 ) -> TopKRouting:
     """Pick `top_k` experts per token.
 
@@ -50,6 +54,9 @@ def topk_routing(
         correction_bias: [E] float, added to the scores for choosing only (DeepSeek-V3's
             e_score_correction_bias); the weights come from the unbiased scores.
         num_expert_group, topk_group: grouped top-k; both or neither; E must divide into groups.
+        group_scoring: how a group is scored for grouped top-k: "top2_sum", the sum of its two best
+            (biased) scores (DeepSeek-V3's noaux_tc), or "max", its best score (DeepSeek-V2's
+            group_limited_greedy, with scoring="softmax"). Only read with num_expert_group.
         routed_scaling_factor: multiplies the final weights (2.5 for DeepSeek-V3).
     Returns:
         TopKRouting(topk_weights [T, k] float32, topk_ids [T, k] int32).
@@ -75,6 +82,8 @@ def topk_routing(
         or not routed_scaling_factor > 0
     ):
         raise ValueError(f"routed_scaling_factor must be a number > 0, got {routed_scaling_factor!r}")
+    if group_scoring not in ("top2_sum", "max"):
+        raise ValueError(f"group_scoring must be 'top2_sum' or 'max', got {group_scoring!r}")
     if (num_expert_group is None) != (topk_group is None):
         raise ValueError(
             "num_expert_group and topk_group go together: give both or neither, got "
@@ -96,7 +105,10 @@ def topk_routing(
         if top_k > topk_group * per_group:
             raise ValueError(f"top_k={top_k} exceeds the {topk_group * per_group} experts in the kept groups")
         grouped = choice.view(num_tokens, num_expert_group, per_group)
-        group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(-1)
+        if group_scoring == "max":
+            group_score = grouped.amax(dim=-1)
+        else:
+            group_score = grouped.topk(min(2, per_group), dim=-1).values.sum(-1)
         kept = group_score.topk(topk_group, dim=-1).indices
         keep_mask = torch.zeros_like(group_score, dtype=torch.bool).scatter_(1, kept, True)
         choice = choice.masked_fill(~keep_mask.repeat_interleave(per_group, dim=1), float("-inf"))

@@ -48,3 +48,37 @@ def test_deepseek_grouped_sigmoid_with_bias():
 def test_bad_input(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         topk_routing(torch.randn(4, 8), **kwargs)
+
+
+def _group_limited_greedy(logits, top_k, num_groups, topk_group):
+    """DeepSeek-V2's routing as transformers' DeepseekV2 writes it (topk_method="group_limited_greedy"), per
+    token in float64: softmax scores, each group scored by its best expert, the topk_group best groups kept,
+    top-k of their experts, weights the softmax scores (no renormalization)."""
+    ids, weights = [], []
+    for row in logits.double():
+        scores = torch.softmax(row, dim=-1)
+        groups = scores.view(num_groups, -1)
+        kept = groups.max(dim=-1).values.topk(topk_group).indices
+        masked = torch.zeros_like(groups).fill_(-1.0)
+        masked[kept] = groups[kept]
+        top = masked.flatten().topk(top_k)
+        ids.append(top.indices)
+        weights.append(scores[top.indices])
+    return torch.stack(weights), torch.stack(ids)
+
+
+def test_deepseek_v2_group_limited_greedy_matches_the_reference():
+    """DeepSeek-V2's shape (160 experts in 8 groups, 3 kept, top-6) and one where V3's scoring (sum of a
+    group's two best) keeps another group than V2's (its best expert): group 0 = [0.9, 0.0], group 1 =
+    [0.5, 0.5]."""
+    logits = torch.randn(32, 160)
+    tw, ti = topk_routing(logits, 6, renormalize=False, num_expert_group=8, topk_group=3, group_scoring="max")
+    ref_w, ref_i = _group_limited_greedy(logits, 6, 8, 3)
+    assert torch.equal(ti.long(), ref_i)
+    assert torch.allclose(tw.double(), ref_w, rtol=1e-6)
+    scores = torch.tensor([[0.9, 0.0, 0.5, 0.5]]).log()
+    v2 = topk_routing(scores, 1, num_expert_group=2, topk_group=1, group_scoring="max").topk_ids
+    v3 = topk_routing(scores, 1, num_expert_group=2, topk_group=1).topk_ids
+    assert v2.item() == 0 and v3.item() in (2, 3)
+    with pytest.raises(ValueError, match="group_scoring must be 'top2_sum' or 'max', got 'sum'"):
+        topk_routing(logits, 6, num_expert_group=8, topk_group=3, group_scoring="sum")

@@ -87,3 +87,17 @@ def e4m3_to_float32(x):
     a GPU as NaN."""
     nan = (x.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F
     return tl.where(nan, float("nan"), x.to(tl.float32))
+
+
+@triton.jit
+def gated_activation(gate, up, KIND: tl.constexpr, alpha, limit):
+    """The gated activation of float32 gate and up (KIND: "silu..." or "swigluoai...", `moe_lab.Activation`):
+    silu(gate) * up (Shazeer, arXiv:2002.05202), or gpt-oss's clamped SwiGLU: gate clamped above at limit,
+    up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate) (vLLM's "swigluoai"). NaN stays NaN."""
+    if KIND == "silu" or KIND == "silu_interleaved":
+        out = gate * tl.sigmoid(gate) * up
+    else:
+        gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
+        up = tl.clamp(up, -limit, limit, propagate_nan=tl.PropagateNan.ALL)
+        out = (up + 1.0) * gate * tl.sigmoid(alpha * gate)
+    return out

@@ -13,7 +13,7 @@ tuple); a feature is on where its pointer or descriptor is given (not None):
       sorted_token_id // top_k (the up projection), by pointer: Hopper's TMA copies boxes, not gathers.
       Every M-block belongs to one expert, so a box never spans two experts.
   W = (w_ptr, stride_we, stride_wn, stride_wk), w_desc: a 3-D descriptor over [E, N, K] with block
-      [1, BLOCK_SIZE_N, K of a dot] (4-D over [E, 2, I, K] with SWIGLU), or None.
+      [1, BLOCK_SIZE_N, K of a dot] (4-D over [E, 2, I, K] with SWIGLU in halves), or None.
   C = (c_ptr, c_scale_ptr, stride_cm, stride_cn, stride_csm, stride_csk): with c_scale_ptr the output is
       float8, quantized per row per SCALE_GROUP_K columns as the down GEMM reads it.
   S = (a_scale_ptr, w_scale_ptr, stride_asm, stride_ask, stride_wse, stride_wsn, stride_wsk, scale_group_n):
@@ -22,14 +22,20 @@ tuple); a feature is on where its pointer or descriptor is given (not None):
       channel, or per expert with stride 0): the float32 sum is scaled once. "block" / "block_tile": one per
       SCALE_GROUP_K channels of a row and one per scale_group_n x SCALE_GROUP_K block of W: each dot's
       product is scaled before it is added.
+  EPI = (bias_ptr, stride_be, stride_bn, alpha, limit): the epilogue's operands. bias_ptr: a bias per
+      weight row ([E, N], or [E, 2N] in w1's row order with SWIGLU), added to the float32 sums before the
+      activation and before the routed weight, or None. alpha, limit: swigluoai's (unused otherwise).
   topk_weights_ptr: the routed weights, multiplied in the epilogue where given (ROWS == "scatter").
 
-SwiGLU epilogue (SWIGLU, the up projection of a SwiGLU expert): W holds the gate rows [0, N) and the up
-rows [N, 2N) (w1 = [gate; up]). A program's BLOCK_SIZE_N weight rows are gate rows n0 .. n0 + BLOCK_SIZE_N/2
-and the matching up rows, so the K loop runs one dot as wide as the unfused GEMM's; the epilogue splits the
-float32 accumulator into its halves and writes silu(gate) * up: [rows, N] activations, with no [rows, 2N]
-round trip through memory and no float16 overflow of a large pre-activation whose product is small
-(Shazeer, "GLU Variants Improve Transformer", arXiv:2002.05202).
+SwiGLU epilogue (SWIGLU, the up projection of a gated expert; "none" otherwise): "silu" / "swigluoai" (the
+function, `common.gated_activation`), with "_interleaved" where W's rows hold gate and up interleaved (row 2j
+gate j, 2j + 1 up j; gpt-oss) rather than as halves (gate rows [0, N), up rows [N, 2N): w1 = [gate; up]).
+With halves a program's BLOCK_SIZE_N weight rows are gate rows n0 .. n0 + BLOCK_SIZE_N/2 and the matching up
+rows; interleaved, the BLOCK_SIZE_N rows from 2 n0 on, as stored. Either way the K loop runs one dot as wide
+as the unfused GEMM's; the epilogue splits the float32 accumulator into gate and up (its halves, or its even
+and odd columns) and writes the activation: [rows, N], with no [rows, 2N] round trip through memory and no
+float16 overflow of a large pre-activation whose product is small (Shazeer, "GLU Variants Improve
+Transformer", arXiv:2002.05202).
 
 Tails (per-tile kernel): an expert's last M-block is mostly padding when its row count is not a multiple of
 BLOCK_SIZE_M, and padding rows cost as much tensor-core work as real ones. TAIL_SPLITS runs such a block as
@@ -42,7 +48,7 @@ CPU: exact products through float64, and GPU-like rounding to bfloat16 and float
 import triton
 import triton.language as tl
 
-from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_bf16_grid
+from .common import cast_e4m3, e4m3_to_float32, gated_activation, quantize_groups_e4m3, round_to_bf16_grid
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles; nor are the
@@ -50,7 +56,7 @@ from .common import cast_e4m3, e4m3_to_float32, quantize_groups_e4m3, round_to_b
 # routed weights; slot order's block map, the caller's topk_ids): no variant per alignment.
 @triton.jit(do_not_specialize=["num_slots", "num_m_blocks", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_kernel(
-    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    A, a_desc, W, w_desc, C, S, EPI, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, num_m_blocks, num_experts, top_k,
     ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, DOT: tl.constexpr, TAIL_SPLITS: tl.constexpr, FOLD_M: tl.constexpr,
@@ -74,23 +80,23 @@ def grouped_matmul_kernel(
     expert = block_expert.to(tl.int32)
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     if fold_next:
-        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 4:
-        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M // 4, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     elif tile_rows == BLOCK_SIZE_M // 2:
-        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M // 2, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
     else:
-        _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
+        _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n, ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT,
               BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 # As for grouped_matmul_kernel.
 @triton.jit(do_not_specialize=["num_slots", "expert_ids_ptr", "topk_weights_ptr"])
 def grouped_matmul_persistent_kernel(
-    A, a_desc, W, w_desc, C, S, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+    A, a_desc, W, w_desc, C, S, EPI, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
     N, K, num_slots, top_k,
     ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
     EVEN_K: tl.constexpr, DOT: tl.constexpr,
@@ -109,14 +115,14 @@ def grouped_matmul_persistent_kernel(
     R = (topk_weights_ptr, sorted_token_ids_ptr, num_slots, top_k, N, K)
     for tile in tl.range(tl.program_id(0), num_used_blocks * num_pid_n, tl.num_programs(0), flatten=True):
         pid_m, pid_n = _tile_coords(tile, num_used_blocks, num_pid_n, GROUP_SIZE_M)
-        _tile(A, a_desc, W, w_desc, C, S, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n,
+        _tile(A, a_desc, W, w_desc, C, S, EPI, R, pid_m * BLOCK_SIZE_M, tl.load(expert_ids_ptr + pid_m), pid_n,
               ROWS, SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT, BLOCK_SIZE_M, 0, BLOCK_SIZE_N, BLOCK_SIZE_K)
 
 
 @triton.jit
 def _num_pid_n(N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
     """N-tiles per M-block: a program writes BLOCK_SIZE_N columns, BLOCK_SIZE_N/2 with SWIGLU."""
-    if SWIGLU:
+    if SWIGLU != "none":
         n_tiles = tl.cdiv(N, BLOCK_SIZE_N // 2)
     else:
         n_tiles = tl.cdiv(N, BLOCK_SIZE_N)
@@ -169,7 +175,7 @@ def _fold(sorted_token_ids_ptr, expert_ids_ptr, pid_m, row0, block_expert, num_m
 
 
 @triton.jit
-def _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n,
+def _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n,
           ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr,
           EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr, FOLD_M: tl.constexpr,
           BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
@@ -180,7 +186,9 @@ def _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n,
     offs_m = row0 + tl.arange(0, TILE_M)
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
     a_rows, row_ok = _a_rows(offs_m, token_ids, num_slots, top_k, ROWS)
-    n0, w_rows = _weight_rows(pid_n, N, SWIGLU, BLOCK_SIZE_N)
+    # The K loops read gate and up rows as halves (a 4-D descriptor box, a scale per half) or as rows in a row.
+    HALVES: tl.constexpr = SWIGLU == "silu" or SWIGLU == "swigluoai"
+    n0, w_row0, w_rows = _weight_rows(pid_n, N, SWIGLU, BLOCK_SIZE_N)
     if FOLD_M > 0:  # the folded tail's rows, read by pointer (a descriptor's box is BLOCK_SIZE_M rows)
         offs_f = row0 + TILE_M + tl.arange(0, FOLD_M)
         f_token_ids = tl.load(sorted_token_ids_ptr + offs_f)
@@ -188,18 +196,18 @@ def _tile(A, a_desc, W, w_desc, C, S, R, row0, expert, pid_n,
     else:
         offs_f, f_token_ids, f_rows, f_ok = offs_m, token_ids, a_rows, row_ok  # unused
     if SCALES == "none" or SCALES == "outer":
-        acc, acc_f = _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K,
-                             SWIGLU, EVEN_K, DOT, TILE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        acc, acc_f = _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, w_row0, w_rows, K,
+                             HALVES, EVEN_K, DOT, TILE_M, FOLD_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if SCALES == "outer":  # one scale per row and per weight row for all of K: the sum is scaled once
             acc = acc * _outer_scales(S, a_rows, row_ok, expert, w_rows)
     else:
-        acc = _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K,
-                                   SWIGLU, SCALES, SCALE_GROUP_K, EVEN_K, DOT, TILE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
-    _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_ids < num_slots, n0, N, ROWS, SWIGLU,
-              SCALE_GROUP_K, DOT, TILE_M, BLOCK_SIZE_N)
+        acc = _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, w_row0, w_rows, N, K,
+                                   HALVES, SCALES, SCALE_GROUP_K, EVEN_K, DOT, TILE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    _epilogue(acc, C, EPI, topk_weights_ptr, offs_m, token_ids, token_ids < num_slots, expert, n0, w_rows, N, ROWS,
+              SWIGLU, SCALE_GROUP_K, DOT, TILE_M, BLOCK_SIZE_N)
     if FOLD_M > 0:  # stored by pointer too
-        _epilogue(acc_f, C, topk_weights_ptr, offs_f, f_token_ids, f_token_ids < num_slots, n0, N, ROWS, SWIGLU,
-                  SCALE_GROUP_K, DOT, FOLD_M, BLOCK_SIZE_N)
+        _epilogue(acc_f, C, EPI, topk_weights_ptr, offs_f, f_token_ids, f_token_ids < num_slots, expert, n0, w_rows,
+                  N, ROWS, SWIGLU, SCALE_GROUP_K, DOT, FOLD_M, BLOCK_SIZE_N)
 
 
 @triton.jit
@@ -217,20 +225,27 @@ def _a_rows(offs_m, token_ids, num_slots, top_k, ROWS: tl.constexpr):
 
 @triton.jit
 def _weight_rows(pid_n, N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
-    """(n0, w_rows): the first output column of N-tile pid_n and the BLOCK_SIZE_N weight rows its program
-    reads. N is wrapped instead of masked: columns past N are computed, then dropped by the store mask. With
-    SWIGLU the gate rows n0 + j in the first half and the up rows N + n0 + j in the second."""
+    """(n0, w_row0, w_rows): the first output column of N-tile pid_n, the first weight row its program reads
+    (of a descriptor box; the gate half's with halves) and its BLOCK_SIZE_N weight rows. N is wrapped instead
+    of masked: columns past N are computed, then dropped by the store mask. With SWIGLU in halves the gate rows
+    n0 + j in the first half and the up rows N + n0 + j in the second; interleaved, rows 2 n0 + j."""
     lane_n = tl.arange(0, BLOCK_SIZE_N)
-    if SWIGLU:
+    if SWIGLU == "silu_interleaved" or SWIGLU == "swigluoai_interleaved":
         n0 = pid_n * (BLOCK_SIZE_N // 2)
+        w_row0 = 2 * n0
+        w_rows = (w_row0 + lane_n) % (2 * N)
+    elif SWIGLU != "none":
+        n0 = pid_n * (BLOCK_SIZE_N // 2)
+        w_row0 = n0
         half_n = BLOCK_SIZE_N // 2
         # A select, not arithmetic on (lane >= half): that form made Triton 3.6 overestimate the rows'
         # alignment and copy 16 bytes from unaligned rows (tests/tools/test_compile_check.py, swiglu).
         w_rows = tl.where(lane_n < half_n, (n0 + lane_n) % N, N + (n0 + lane_n - half_n) % N)
     else:
         n0 = pid_n * BLOCK_SIZE_N
+        w_row0 = n0
         w_rows = (n0 + lane_n) % N
-    return n0, w_rows
+    return n0, w_row0, w_rows
 
 
 @triton.jit
@@ -255,15 +270,16 @@ def _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX: tl.constexpr):
 
 
 @triton.jit
-def _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+def _load_w(w_desc, w_ptrs, expert, w_row0, k0, k_ok, HALVES: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
             DOT_K: tl.constexpr):
     """The weight tile [DOT_K, BLOCK_SIZE_N] at channel k0: through W's tensor descriptor where there is one
-    (with SWIGLU a 4-D one over w viewed as [E, 2, N, K]: gate and up boxes land in one tile), else by pointer."""
+    (with gate and up in HALVES a 4-D one over w viewed as [E, 2, N, K]: gate and up boxes land in one tile;
+    else the BLOCK_SIZE_N rows from w_row0), else by pointer."""
     if w_desc is not None:
-        if SWIGLU:
-            w = w_desc.load([expert, 0, n0, k0])
+        if HALVES:
+            w = w_desc.load([expert, 0, w_row0, k0])
         else:
-            w = w_desc.load([expert, n0, k0])
+            w = w_desc.load([expert, w_row0, k0])
         w = w.reshape(BLOCK_SIZE_N, DOT_K).T
     else:
         w = tl.load(w_ptrs, mask=k_ok[:, None], other=0.0)
@@ -271,7 +287,7 @@ def _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU: tl.constexpr, BLOCK_SI
 
 
 @triton.jit
-def _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0, w_rows, K, SWIGLU: tl.constexpr,
+def _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, w_row0, w_rows, K, HALVES: tl.constexpr,
             EVEN_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr, FOLD_M: tl.constexpr,
             BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a tile (and of its folded tail's FOLD_M rows f_rows, on the same weight tile) over
@@ -291,7 +307,7 @@ def _k_loop(A, a_desc, W, w_desc, a_rows, row_ok, f_rows, f_ok, row0, expert, n0
         k0 = kb * BLOCK_SIZE_K
         k_ok = _k_mask(offs_k, K - k0, EVEN_K)
         a = _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
-        w = _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, BLOCK_SIZE_K)
+        w = _load_w(w_desc, w_ptrs, expert, w_row0, k0, k_ok, HALVES, BLOCK_SIZE_N, BLOCK_SIZE_K)
         if not A_BOX:
             a_ptrs += BLOCK_SIZE_K * stride_ak
         if w_desc is None:
@@ -315,13 +331,14 @@ def _outer_scales(S, a_rows, row_ok, expert, w_rows):
 
 
 @triton.jit
-def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, n0, w_rows, N, K, SWIGLU: tl.constexpr,
-                         SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr, EVEN_K: tl.constexpr, DOT: tl.constexpr,
-                         TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr):
+def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, w_row0, w_rows, N, K,
+                         HALVES: tl.constexpr, SCALES: tl.constexpr, SCALE_GROUP_K: tl.constexpr, EVEN_K: tl.constexpr,
+                         DOT: tl.constexpr, TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+                         BLOCK_SIZE_K: tl.constexpr):
     """The float32 sums of a float8 tile whose scales change along K (block_shape): each dot's product is
     scaled before it is added. A K step is one dot where BLOCK_SIZE_K divides SCALE_GROUP_K, else one dot per
     scale block it spans (larger loads per step at decode, the sums in the same order). With SCALES ==
-    "block_tile" the tile's weight rows lie in one scale block (each half's, with SWIGLU): one weight scale
+    "block_tile" the tile's weight rows lie in one scale block (each half's, with HALVES): one weight scale
     per dot, folded into the rows' scales, each step's scales loaded a step ahead so their latency hides
     behind the MMAs."""
     a_ptr, stride_am, stride_ak = A
@@ -339,10 +356,10 @@ def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, 
     num_k_steps = tl.cdiv(K, BLOCK_SIZE_K)
     num_dots = tl.cdiv(K, DOT_K)  # dots past K (a ragged last step) multiply zeros by the last group's scales
     if SCALES == "block_tile":
-        w_tile_scale_ptr = w_scale_expert + (n0 // scale_group_n) * stride_wsn  # the gate rows' with SWIGLU
-        w_up_scale_ptr = w_scale_expert + ((N + n0) // scale_group_n) * stride_wsn  # unused without SWIGLU
+        w_tile_scale_ptr = w_scale_expert + (w_row0 // scale_group_n) * stride_wsn  # the gate rows' with HALVES
+        w_up_scale_ptr = w_scale_expert + ((N + w_row0) // scale_group_n) * stride_wsn  # unused without HALVES
         next_a_s, next_w_s, next_w_up_s = _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, 0,
-                                                       num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP,
+                                                       num_dots, stride_ask, stride_wsk, HALVES, DOTS_PER_STEP,
                                                        DOT_K, SCALE_GROUP_K)
     else:
         w_scale_ptrs = w_scale_expert + (w_rows // scale_group_n) * stride_wsn
@@ -352,7 +369,7 @@ def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, 
             k0 = kb * BLOCK_SIZE_K + d * DOT_K
             k_ok = _k_mask(offs_k, K - k0, EVEN_K)
             a = _load_a(a_desc, a_ptrs, row0, k0, row_ok, k_ok, A_BOX)
-            w = _load_w(w_desc, w_ptrs, expert, n0, k0, k_ok, SWIGLU, BLOCK_SIZE_N, DOT_K)
+            w = _load_w(w_desc, w_ptrs, expert, w_row0, k0, k_ok, HALVES, BLOCK_SIZE_N, DOT_K)
             if not A_BOX:
                 a_ptrs += DOT_K * stride_ak
             if w_desc is None:
@@ -362,10 +379,10 @@ def _k_loop_block_scaled(A, a_desc, W, w_desc, S, a_rows, row_ok, row0, expert, 
                     step_a_s, step_w_s, step_w_up_s = next_a_s, next_w_s, next_w_up_s
                     next_a_s, next_w_s, next_w_up_s = _step_scales(
                         a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, tl.minimum(kb + 1, num_k_steps - 1),
-                        num_dots, stride_ask, stride_wsk, SWIGLU, DOTS_PER_STEP, DOT_K, SCALE_GROUP_K)
+                        num_dots, stride_ask, stride_wsk, HALVES, DOTS_PER_STEP, DOT_K, SCALE_GROUP_K)
                 a_s = _dot_scale(step_a_s, d, DOTS_PER_STEP)
                 w_s = _dot_scale(step_w_s, d, DOTS_PER_STEP)
-                if SWIGLU:  # gate columns first, then up columns, as w_rows holds them
+                if HALVES:  # gate columns first, then up columns, as w_rows holds them
                     w_up_s = _dot_scale(step_w_up_s, d, DOTS_PER_STEP)
                     scale = tl.where(lane_n[None, :] < BLOCK_SIZE_N // 2, (a_s * w_s)[:, None], (a_s * w_up_s)[:, None])
                 else:
@@ -425,10 +442,10 @@ def _exact_float(x):
 
 @triton.jit
 def _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, step, num_dots, stride_ask, stride_wsk,
-                 SWIGLU: tl.constexpr, DOTS_PER_STEP: tl.constexpr, DOT_K: tl.constexpr, SCALE_GROUP_K: tl.constexpr):
-    """The scales of K step `step`'s dots, for tiles with one weight scale (per half with SWIGLU): the rows'
+                 HALVES: tl.constexpr, DOTS_PER_STEP: tl.constexpr, DOT_K: tl.constexpr, SCALE_GROUP_K: tl.constexpr):
+    """The scales of K step `step`'s dots, for tiles with one weight scale (per half with HALVES): the rows'
     ([TILE_M]) and the weight's (a scalar), or with several dots per step one column / element per dot
-    ([TILE_M, DOTS_PER_STEP], [DOTS_PER_STEP]); dots past K read the last group's. No up scale without SWIGLU."""
+    ([TILE_M, DOTS_PER_STEP], [DOTS_PER_STEP]); dots past K read the last group's. No up scale without HALVES."""
     if DOTS_PER_STEP == 1:
         group = (step * DOT_K) // SCALE_GROUP_K
         a_s = tl.load(a_scale_ptrs + group * stride_ask, mask=row_ok, other=0.0)
@@ -436,7 +453,7 @@ def _step_scales(a_scale_ptrs, row_ok, w_tile_scale_ptr, w_up_scale_ptr, step, n
         group = (tl.minimum(step * DOTS_PER_STEP + tl.arange(0, DOTS_PER_STEP), num_dots - 1) * DOT_K) // SCALE_GROUP_K
         a_s = tl.load(a_scale_ptrs[:, None] + group[None, :] * stride_ask, mask=row_ok[:, None], other=0.0)
     w_s = tl.load(w_tile_scale_ptr + group * stride_wsk)
-    w_up_s = tl.load(w_up_scale_ptr + group * stride_wsk) if SWIGLU else w_s
+    w_up_s = tl.load(w_up_scale_ptr + group * stride_wsk) if HALVES else w_s
     return a_s, w_s, w_up_s
 
 
@@ -453,17 +470,25 @@ def _dot_scale(step_scales, d: tl.constexpr, DOTS_PER_STEP: tl.constexpr):
 
 
 @triton.jit
-def _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_valid, n0, N, ROWS: tl.constexpr,
-              SWIGLU: tl.constexpr, SCALE_GROUP_K: tl.constexpr, DOT: tl.constexpr, TILE_M: tl.constexpr,
-              BLOCK_SIZE_N: tl.constexpr):
+def _epilogue(acc, C, EPI, topk_weights_ptr, offs_m, token_ids, token_valid, expert, n0, w_rows, N,
+              ROWS: tl.constexpr, SWIGLU: tl.constexpr, SCALE_GROUP_K: tl.constexpr, DOT: tl.constexpr,
+              TILE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
     """The float32 sums acc [TILE_M, BLOCK_SIZE_N] of schedule rows offs_m (slots token_ids) to the output:
-    SiLU-and-mul (SWIGLU), times the routed weight (where topk_weights_ptr is given), rounded to C's dtype, or
+    plus the bias of each weight row w_rows (where bias_ptr is given), the gated activation (SWIGLU), times
+    the routed weight (where topk_weights_ptr is given), rounded to C's dtype, or
     with an output scale pointer quantized to float8 with one scale per row per SCALE_GROUP_K columns (the
     down GEMM's input); stored in sorted order, or scattered to the rows' slots (ROWS == "scatter")."""
     c_ptr, c_scale_ptr, stride_cm, stride_cn, stride_csm, stride_csk = C
-    if SWIGLU:  # silu(gate) * up in float32, before anything is rounded to the output dtype
-        gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
-        acc = gate * tl.sigmoid(gate) * up
+    bias_ptr, stride_be, stride_bn, alpha, limit = EPI
+    if bias_ptr is not None:  # one per weight row (wrapped rows, in bounds): before the activation and weight
+        bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + w_rows * stride_bn)
+        acc = acc + bias.to(tl.float32)[None, :]
+    if SWIGLU != "none":  # the activation in float32, before anything is rounded to the output dtype
+        if SWIGLU == "silu" or SWIGLU == "swigluoai":  # gate columns, then up columns
+            gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
+        else:  # interleaved: even columns gate, odd columns up
+            gate, up = tl.split(acc.reshape(TILE_M, BLOCK_SIZE_N // 2, 2))
+        acc = gated_activation(gate, up, SWIGLU, alpha, limit)
         offs_n = n0 + tl.arange(0, BLOCK_SIZE_N // 2)
     else:
         offs_n = n0 + tl.arange(0, BLOCK_SIZE_N)
@@ -478,7 +503,7 @@ def _epilogue(acc, C, topk_weights_ptr, offs_m, token_ids, token_valid, n0, N, R
         row_mask = tl.full([TILE_M], 1, tl.int1)
     emulate = DOT == "interpreter"
     if c_scale_ptr is not None:  # float8 output (a tile holds whole groups)
-        TILE_N: tl.constexpr = BLOCK_SIZE_N // 2 if SWIGLU else BLOCK_SIZE_N
+        TILE_N: tl.constexpr = BLOCK_SIZE_N // 2 if SWIGLU != "none" else BLOCK_SIZE_N
         acc = tl.where(offs_n[None, :] < N, acc, 0.0)  # columns past N (wrapped weight rows) are no group's
         acc, c_scale = quantize_groups_e4m3(acc.reshape(TILE_M, TILE_N // SCALE_GROUP_K, SCALE_GROUP_K), emulate)
         acc = acc.reshape(TILE_M, TILE_N)

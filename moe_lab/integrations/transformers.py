@@ -12,10 +12,11 @@ top_k_index [T, k], top_k_weights [T, k])`. Its experts keep moe-lab's layout: `
 `moe_lab.fused_moe` as they are stored (views, no copies). The router, shared experts and everything else of
 the model stay transformers' own.
 
-What an experts module computes is told by its traits (`TRAITS`): biases, a gate of its own, an
-activation other than SiLU, ... Each trait either has the fused_moe arguments that run it or is refused with
-NotImplementedError naming the experts class and the trait. The verdict is made once per module and dtype
-and kept on the module, so a call costs a dictionary lookup on top of fused_moe.
+What an experts module computes is told by its traits (`TRAITS`): biases, interleaved gate/up rows,
+gpt-oss's clamped SwiGLU, a gate of its own, an activation other than SiLU, ... Each trait either has the
+fused_moe arguments that run it or is refused with NotImplementedError naming the experts class and the
+trait. The verdict is made once per module and dtype and kept on the module, so a call costs a dictionary
+lookup on top of fused_moe.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ try:
 except ImportError:  # pragma: no cover - a transformers without its FP8 experts
     FP8Experts = FP8ExpertsInterface = None
 
+from ..activation import Activation
 from ..layer import fused_moe
 from ..quantize import FP8_DTYPE
 
@@ -83,6 +85,22 @@ def _transposed_arguments(module: torch.nn.Module) -> Dict[str, object]:
     return dict(w1=module.gate_up_proj.transpose(1, 2), w2=module.down_proj.transpose(1, 2))
 
 
+def _bias_arguments(module: torch.nn.Module) -> Dict[str, object]:
+    """Biases of both projections ([E, 2I] in gate_up_proj's order, [E, H]), added before the activation
+    and before the routed weight, as transformers' experts add them."""
+    return dict(w1_bias=module.gate_up_proj_bias, w2_bias=module.down_proj_bias)
+
+
+def _activation_arguments(module: torch.nn.Module) -> Dict[str, object]:
+    """The activation and gate/up layout (`moe_lab.Activation`): gpt-oss's clamped SwiGLU with the module's
+    alpha and limit, else SiLU; gate/up rows interleaved where is_concatenated=False (row 2j gate, 2j + 1 up),
+    else halves. Both traits that need it give the same."""
+    layout = "halves" if getattr(module, "is_concatenated", True) else "interleaved"
+    if _gate(module) == "gpt-oss":
+        return dict(activation=Activation("swigluoai", layout, float(module.alpha), float(module.limit)))
+    return dict(activation=Activation("silu", layout))
+
+
 @dataclass(frozen=True)
 class Trait:
     """A property of an experts module that changes what it computes or how its weights are stored.
@@ -107,12 +125,12 @@ def _fp8(test: Callable[[torch.nn.Module], bool]) -> Callable[[torch.nn.Module],
 
 
 # Every trait of transformers' experts that moe-lab knows of. A feature fused_moe gains is one `arguments=`
-# here (e.g. biases: `lambda m: dict(w1_bias=m.gate_up_proj_bias, w2_bias=m.down_proj_bias)`).
+# here.
 TRAITS: Tuple[Trait, ...] = (
     Trait("transposed weights (is_transposed=True)", _flag("is_transposed"), _transposed_arguments),
-    Trait("biases (has_bias=True)", _flag("has_bias")),
-    Trait("interleaved gate/up rows (is_concatenated=False)", _flag("is_concatenated", False)),
-    Trait("gpt-oss's clamped SwiGLU (alpha, limit)", lambda m: _gate(m) == "gpt-oss"),
+    Trait("biases (has_bias=True)", _flag("has_bias"), _bias_arguments),
+    Trait("interleaved gate/up rows (is_concatenated=False)", _flag("is_concatenated", False), _activation_arguments),
+    Trait("gpt-oss's clamped SwiGLU (alpha, limit)", lambda m: _gate(m) == "gpt-oss", _activation_arguments),
     Trait("a gate of its own (_apply_gate: clamped or soft-capped)", lambda m: _gate(m) == "its own"),
     Trait("no gate projection (has_gate=False)", _flag("has_gate", False)),
     Trait("an activation other than SiLU", lambda m: _gate(m) == "swiglu" and not _is_silu(m)),
@@ -178,15 +196,18 @@ def experts_forward(
 
     Args:
         self: an experts module of transformers (`@use_experts_implementation`): `gate_up_proj` [E, 2I, H]
-            (gate rows, then up rows) and `down_proj` [E, H, I] in bfloat16, float16 or float32, their
-            transposes (is_transposed), or block-scaled float8_e4m3fn (FP8Experts, with
-            `gate_up_proj_scale_inv`, `down_proj_scale_inv` and `block_size`).
+            (gate rows, then up rows; interleaved with is_concatenated=False) and `down_proj` [E, H, I] in
+            bfloat16, float16 or float32, their transposes (is_transposed), with biases (has_bias:
+            `gate_up_proj_bias`, `down_proj_bias`), gpt-oss's clamped SwiGLU (GptOssExperts' alpha and
+            limit), or block-scaled float8_e4m3fn (FP8Experts, with `gate_up_proj_scale_inv`,
+            `down_proj_scale_inv` and `block_size`).
         hidden_states: [T, H] float; cast to the weights' dtype if it differs (as transformers' grouped_mm
             does), the output cast back.
         top_k_index: [T, k] int experts; ids outside [0, E) (expert parallelism's sentinels) contribute zero.
         top_k_weights: [T, k] float routed weights.
     Returns:
-        [T, H] in hidden_states' dtype: sum_j top_k_weights[t, j] * down[e] (silu(gate[e] x_t) * up[e] x_t).
+        [T, H] in hidden_states' dtype: sum_j top_k_weights[t, j] * down[e] (silu(gate[e] x_t) * up[e] x_t)
+        (with biases and gpt-oss's activation as `moe_lab.fused_moe` computes them).
     Raises:
         NotImplementedError naming the experts class and its traits that moe-lab cannot run (`TRAITS`);
         fused_moe's TypeError/ValueError for bad inputs, and ValueError where grad is on and an input requires

@@ -211,15 +211,27 @@ def test_transposed_weights_are_read_as_views(calls):
 # -- refusals ---------------------------------------------------------------------------------------------------
 
 
-def test_gpt_oss_is_refused_naming_class_and_traits():
-    model = tiny_model("GptOssConfig", intermediate_size=16, num_local_experts=4, num_experts_per_tok=2, head_dim=8)
-    model.set_experts_implementation("moe_lab")
-    with pytest.raises(NotImplementedError) as error, torch.no_grad():
-        model(torch.randint(0, 64, (1, 3), device=DEVICE))
-    message = str(error.value)
-    assert "GptOssExperts" in message and "biases (has_bias=True)" in message
-    assert "interleaved gate/up rows" in message and "gpt-oss's clamped SwiGLU" in message
-    assert "activation other than SiLU" not in message
+GPT_OSS_SIZES = dict(intermediate_size=16, num_local_experts=5, num_experts_per_tok=2, head_dim=8)
+
+
+def test_gpt_oss_experts_and_logits_match_eager(calls):
+    """GptOssExperts: transposed weights with interleaved gate/up columns, biases, the clamped SwiGLU (a small
+    limit, so the clamps bite), as `fused_moe(activation=Activation("swigluoai", "interleaved"), w1_bias=,
+    w2_bias=)`."""
+    model = tiny_model("GptOssConfig", swiglu_limit=0.5, **GPT_OSS_SIZES)
+    experts = experts_of(model)
+    with torch.no_grad():
+        for p in (experts.gate_up_proj, experts.gate_up_proj_bias, experts.down_proj_bias):
+            p.normal_(0, 0.5)
+    hidden = torch.randn(7, 32, device=DEVICE)
+    ids, weights = random_topk_ids(7, 5, 2).long(), torch.softmax(torch.randn(7, 2, device=DEVICE), dim=-1)
+    input_ids = torch.randint(0, 64, (2, 5), device=DEVICE)
+    with torch.no_grad():
+        ref, ref_logits = experts(hidden, ids, weights), model(input_ids).logits
+        model.set_experts_implementation("moe_lab")
+        out, logits = experts(hidden, ids, weights), model(input_ids).logits
+    assert calls[0] == 1 + model.config.num_hidden_layers
+    assert relative_error(out, ref) < 1e-5 and relative_error(logits, ref_logits) < 1e-5
 
 
 @pytest.mark.parametrize(
@@ -227,7 +239,7 @@ def test_gpt_oss_is_refused_naming_class_and_traits():
     [
         (dict(), dict(hidden_act="gelu"), "an activation other than SiLU"),
         (dict(has_post_expert_norm=True), dict(), "a post-expert norm"),
-        (dict(is_concatenated=False), dict(), "interleaved gate/up rows"),
+        (dict(has_gate=False), dict(), "no gate projection"),
     ],
 )
 def test_refusals_are_cached_on_the_module(traits, config_changes, trait, calls):

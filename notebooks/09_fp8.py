@@ -508,7 +508,7 @@ try:
     experiment = fp8_viz.load_fp8_experiment()
 except FileNotFoundError:
     experiment = None
-    print(f"No committed FP8 measurement in this checkout (benchmarks/experiments/{fp8_viz.FP8_EXPERIMENT}): "
+    print(f"No committed FP8 measurement in this checkout (benchmarks/results/studies/{fp8_viz.FP8_EXPERIMENT}): "
           "nothing to plot; on a GPU the cell above measures it.")
 if experiment is not None:
     rows = experiment["rows"]

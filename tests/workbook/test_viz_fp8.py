@@ -83,7 +83,7 @@ def test_committed_experiment_and_speedup_plot(tmp_path):
     try:
         committed = fp8.load_fp8_experiment()
     except FileNotFoundError:
-        pytest.skip("benchmarks/experiments/fp8-H200-2026-12-01.json is not in this checkout")
+        pytest.skip("benchmarks/results/studies/fp8-H200-2026-12-01.json is not in this checkout")
     assert committed["rows"] and all(
         {"model", "T", "bf16_pair_ms", "fp8_pair_ms", "speedup"} <= set(r) for r in committed["rows"]
     )

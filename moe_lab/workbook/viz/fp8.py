@@ -174,7 +174,7 @@ def load_fp8_experiment(path: Optional[str] = None) -> dict:
     if path is None:
         from .performance import results_dir
 
-        path = os.path.join(os.path.dirname(results_dir()), "experiments", FP8_EXPERIMENT)
+        path = os.path.join(results_dir(), "studies", FP8_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
 

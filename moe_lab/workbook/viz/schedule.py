@@ -174,7 +174,7 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
     if path is None:
         from .performance import results_dir
 
-        path = os.path.join(os.path.dirname(results_dir()), "experiments", PERSISTENT_EXPERIMENT)
+        path = os.path.join(results_dir(), "studies", PERSISTENT_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
 
@@ -232,7 +232,7 @@ def load_prefill_anatomy(path: Optional[str] = None) -> dict:
     if path is None:
         from .performance import results_dir
 
-        path = os.path.join(os.path.dirname(results_dir()), "experiments", PREFILL_ANATOMY)
+        path = os.path.join(results_dir(), "studies", PREFILL_ANATOMY)
     with open(path) as f:
         return json.load(f)
 
@@ -281,7 +281,7 @@ def load_fold_tails(path: Optional[str] = None) -> dict:
     if path is None:
         from .performance import results_dir
 
-        path = os.path.join(os.path.dirname(results_dir()), "experiments", FOLD_TAILS)
+        path = os.path.join(results_dir(), "studies", FOLD_TAILS)
     with open(path) as f:
         return json.load(f)
 

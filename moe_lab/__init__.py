@@ -18,10 +18,11 @@ select_backend()  # before any @triton.jit function is defined
 _PROBLEM = environment_problem()
 
 if _PROBLEM is None:
-    from .activation import GPT_OSS, Activation, silu_and_mul
+    from .activation import silu_and_mul
     from .align import AlignedRouting, moe_align
     from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support
     from .configs import GemmConfig, MoEConfig
+    from .expert_kind import GPT_OSS, Activation
     from .expert_parallel import expert_range, fused_moe_expert_parallel
     from .gemm import grouped_matmul
     from .layer import FusedMoE, FusedMoEInfo, fused_moe

@@ -36,10 +36,10 @@ import triton
 
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
-from .activation import SILU, Activation
 from .align import AlignedRouting
 from .capability import fp8_support
 from .configs import GemmConfig
+from .expert_kind import SILU, Activation
 from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select_load_path, weight_box
 from .quantize import FP8_DTYPE, check_gemm_block_shape, check_static_scale
 from .runtime import interpreter_serialized

@@ -27,10 +27,10 @@ from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 import torch
 import triton
 
-from .activation import SILU, Activation
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
+from .expert_kind import SILU, Activation
 from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
 from .runtime import interpreter_active
 from .tuned import ConfigChoice, choose_config

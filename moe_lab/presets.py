@@ -23,7 +23,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from .activation import GPT_OSS, SILU, Activation
+from .expert_kind import GPT_OSS, SILU, Activation
 from .routing import topk_routing
 
 DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names none: DeepSeek-V3's

@@ -7,8 +7,8 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from .activation import Activation, check_activation
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
+from .expert_kind import Activation, check_activation
 from .gemm import check_weight_scale
 from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
 

@@ -39,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - a transformers without its FP8 experts
     FP8Experts = FP8ExpertsInterface = None
 
-from ..activation import Activation
+from ..expert_kind import Activation
 from ..layer import fused_moe
 from ..quantize import FP8_DTYPE
 

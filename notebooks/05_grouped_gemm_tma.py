@@ -400,9 +400,10 @@ check_padding_rows(padding_rows_solution, strict=True)
 # 1. **`tl.static_print`** runs when the kernel is *compiled* (once per specialization) and prints
 #    compile-time facts: constexprs, block shapes, dtypes. **`tl.device_print`** runs in every program
 #    and prints run-time values. Under the interpreter both go to this notebook, and since nothing is
-#    compiled there, `static_print` prints once per program. On a GPU `device_print`
-#    writes from the GPU to the process's standard output: in Jupyter that is the terminal the server runs
-#    in, not the cell; keep the grid and the blocks tiny, every thread prints.
+#    compiled there, `static_print` prints once per program. On a GPU `device_print` writes from the GPU
+#    to the process's standard output, which in Jupyter is the terminal the server runs in, not the cell:
+#    `workbook.capture_device_print()` catches it around the launch and shows it here (under the
+#    interpreter it changes nothing). Keep the grid and the blocks tiny: every thread prints.
 
 # %%
 @triton.jit
@@ -417,9 +418,8 @@ def peek_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
 
 x_peek = torch.arange(6, dtype=torch.float32, device=device)
 out_peek = torch.empty_like(x_peek)
-peek_kernel[(2,)](x_peek, out_peek, 6, BLOCK=4)
-if device.type == "cuda":
-    torch.cuda.synchronize()  # device_print's output is flushed when the kernel ends
+with workbook.capture_device_print():  # on a GPU: waits for the kernel, then prints its device_print text here
+    peek_kernel[(2,)](x_peek, out_peek, 6, BLOCK=4)
 _ = workbook.check("peek_kernel", out_peek, 2 * x_peek, tol=1e-6)
 
 # %% [markdown]

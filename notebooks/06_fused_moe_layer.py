@@ -43,7 +43,6 @@ NUM_TOKENS = None              # default: 256 on a GPU, 16 on the CPU
 SCALE = None                   # divide H and I by this; default: 1 on a GPU, 64 on the CPU
 
 # %%
-# NBVAL_CHECK_OUTPUT
 device = moe_lab.runtime.default_device()
 scale = workbook.pick(1, 64, SCALE)
 preset = moe_lab.get_preset(PRESET_NAME)
@@ -119,6 +118,8 @@ want = moe_lab.moe_align_reference(topk_ids, E, config.block_size_m)
 workbook.check_equal("sorted_token_ids", routing.sorted_token_ids, want.sorted_token_ids)
 workbook.check_equal("expert_ids", routing.expert_ids, want.expert_ids)
 workbook.check_equal("num_tokens_post_padded", routing.num_tokens_post_padded, want.num_tokens_post_padded)
+
+# %%
 rows_used = routing.num_tokens_post_padded.item()
 print(f"BLOCK_SIZE_M={config.block_size_m}: {T * K} slots -> {rows_used} rows in use "
       f"(bound {routing.max_num_tokens_padded})")

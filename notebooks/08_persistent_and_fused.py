@@ -171,7 +171,8 @@ exercises.check_persistent_copy(persistent_copy_kernel_solution, strict=True)
 # as in the per-tile kernel, so each row's K reduction runs in the same order: the outputs are equal bit
 # for bit, and a token's output still does not depend on its batch. (Tiles run whole in it: the tail
 # tiles of notebook 05 would put branches of different tile sizes in the loop, which Triton cannot
-# flatten.) Under the interpreter the grid is 3 programs; on a GPU one per SM.
+# flatten.) Its grid is one program per SM (132 on an H200) or one per tile where there are fewer tiles;
+# under the interpreter, 3 programs.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -186,11 +187,13 @@ out_tile, plan_tile = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, top
                                         return_info=True)
 out_pers, plan_pers = moe_lab.fused_moe(hidden_states, w1, w2, topk_weights, topk_ids, config=persistent,
                                         return_info=True)
-print(f"per tile:   up grid {plan_tile.up_plan.grid:>3}, down grid {plan_tile.down_plan.grid:>3}")
-print(f"persistent: up grid {plan_pers.up_plan.grid:>3}, down grid {plan_pers.down_plan.grid:>3}")
 workbook.check_equal("persistent layer vs per-tile layer", out_pers, out_tile)
 _ = workbook.check("persistent layer vs fused_moe_reference", out_pers,
                    moe_lab.fused_moe_reference(hidden_states, w1, w2, topk_weights, topk_ids))
+
+# %%
+print(f"per tile:   up grid {plan_tile.up_plan.grid:>3}, down grid {plan_tile.down_plan.grid:>3}")
+print(f"persistent: up grid {plan_pers.up_plan.grid:>3}, down grid {plan_pers.down_plan.grid:>3}")
 
 # %% [markdown]
 # Could the epilogue's stores overlap too? A tile of sorted rows (the up GEMM's output) could leave through

@@ -1,6 +1,7 @@
-"""The teaching layer of the notebooks: checks (`workbook.check`, `workbook.pick`, ...), the guarded runner
-(`moe_lab.workbook.guarded`), the graded exercises (`moe_lab.workbook.exercises`) and the pictures and
-widgets (`moe_lab.workbook.viz`, imported only when used).
+"""The teaching layer of the notebooks: checks (`workbook.check`, `workbook.pick`, ...), `tl.device_print`
+shown in the cell on a GPU (`workbook.capture_device_print`), the guarded runner (`moe_lab.workbook.guarded`),
+the graded exercises (`moe_lab.workbook.exercises`) and the pictures and widgets (`moe_lab.workbook.viz`,
+imported only when used).
 
     from moe_lab import workbook
     from moe_lab.workbook import exercises
@@ -11,5 +12,15 @@ does not, and neither does any core module.
 """
 
 from .checks import check, check_equal, expert_rows_matmul, fp32_dot_tol, on_gpu, pick, timing_allowed
+from .device_print import capture_device_print
 
-__all__ = ["check", "check_equal", "expert_rows_matmul", "fp32_dot_tol", "on_gpu", "pick", "timing_allowed"]
+__all__ = [
+    "capture_device_print",
+    "check",
+    "check_equal",
+    "expert_rows_matmul",
+    "fp32_dot_tol",
+    "on_gpu",
+    "pick",
+    "timing_allowed",
+]

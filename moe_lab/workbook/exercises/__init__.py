@@ -34,6 +34,8 @@ CHECKERS = {
     "check_pipelined_matmul": "pipelined_matmul",  # 07: a K loop with num_stages
     "check_persistent_copy": "persistent_walk",  # 08: a persistent grid walking the tiles in use
     "check_quantize_rows": "quantize_rows",  # 09: FP8 quantization, one scale per row per group
+    "check_capstone_up": "capstone",  # 05b: the whole grouped GEMM of the up projection (A gathered, W by TMA)
+    "check_capstone_down": "capstone",  # 05b: the whole grouped GEMM of the down projection (both by TMA)
 }
 
 __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
@@ -42,8 +44,10 @@ __all__ = ["CHECKERS", "Verdict", "grade", "report", *CHECKERS]
 def __getattr__(name):
     if name in CHECKERS:
         module = importlib.import_module(f"{__name__}.{CHECKERS[name]}")
-        # the label of its verdicts: the exercise's kernel name where the module names it
-        return _verdict_for_any_kernel(getattr(module, name), getattr(module, "EXERCISE", name.removeprefix("check_")))
+        # the label of its verdicts: the exercise's kernel name where the module names it (EXERCISES: one per
+        # checker, in a module of several)
+        label = getattr(module, "EXERCISES", {}).get(name) or getattr(module, "EXERCISE", name.removeprefix("check_"))
+        return _verdict_for_any_kernel(getattr(module, name), label)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -176,12 +176,13 @@ def run_align(
     num_slots = num_tokens * top_k
     padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
     num_m_blocks = padded_len // block_size_m
-    i32 = dict(dtype=torch.int32, device=device)
-
-    counts = torch.empty(num_experts, **i32)
-    num_tokens_post_padded = torch.empty(1, **i32)
-    sorted_token_ids = torch.empty(padded_len, **i32)
-    expert_ids = torch.empty(num_m_blocks, **i32)
+    one_program = align_in_one_program(num_slots, num_experts, block_size_m)
+    num_chunks = triton.cdiv(num_slots, CHUNK)
+    sizes = [padded_len, num_m_blocks, num_experts, 1]
+    if not one_program:  # the three launches' own: per-chunk counts and offsets, each expert's first row
+        sizes += [max(num_chunks, 1) * num_experts] * 2 + [num_experts]
+    buffers = _int32_buffers(device, sizes)
+    sorted_token_ids, expert_ids, counts, num_tokens_post_padded = buffers[:4]
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
@@ -192,7 +193,7 @@ def run_align(
     result = AlignedRouting(
         counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens, top_k, num_experts
     )
-    if align_in_one_program(num_slots, num_experts, block_size_m):
+    if one_program:
         slots = triton.next_power_of_2(num_slots)
         launch(
             align_in_registers_kernel,
@@ -211,10 +212,7 @@ def run_align(
             site,
         )
         return result
-    num_chunks = triton.cdiv(num_slots, CHUNK)
-    chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
-    chunk_offsets = torch.empty_like(chunk_counts)
-    expert_start = torch.empty(num_experts, **i32)
+    chunk_counts, chunk_offsets, expert_start = buffers[4:]  # the counts and offsets [chunks, E], row-major
     if num_chunks:
         launch(
             count_kernel,
@@ -247,6 +245,14 @@ def run_align(
             site,
         )
     return result
+
+
+def _int32_buffers(device: torch.device, sizes) -> tuple:
+    """New int32 buffers of these sizes, made as views of one allocation (one allocation costs the host less
+    than several), each starting at a multiple of 128 bytes."""
+    padded = [-(-size // 32) * 32 for size in sizes]
+    views = torch.empty(sum(padded), dtype=torch.int32, device=device).split(padded)
+    return tuple(view[:size] for view, size in zip(views, sizes))
 
 
 class _SlotOrderRows(NamedTuple):

@@ -5,16 +5,20 @@
 For each model preset (full size, bfloat16) and token count T it measures, in milliseconds per call:
   - host_ms: the median wall time of the Python call (`time.perf_counter` around `fused_moe`), the GPU idle
     before each call (`torch.cuda.synchronize()` outside the timed region), so the time is the host's alone:
-    checks, planning and enqueueing the kernels;
+    checks, planning and enqueueing the kernels (through their compiled handles, `moe_lab._launch`);
+  - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
+    plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where
+    the package has no handles;
   - host_uncached_ms: the same with the layer-plan cache off (`moe_lab.plan.layer_plan_cache(False)`): every
-    call checks its weights and plans its stages again, as before the cache; absent where the package has no
-    such switch;
+    call checks its weights and plans its stages again, and launches through Triton's launcher; absent where
+    the package has no such switch;
   - gpu_ms: the median of CUDA-graph replays of the call, L2 flushed before each (`moe_lab.tools.timing.graph_ms`):
     the GPU's time without any host cost;
   - eager_ms: calls back to back without synchronizing, total time / calls: what an engine that does not
     capture graphs sees, about max(host_ms, gpu_ms);
-  - host_no_launch_ms: host_ms with Triton's launches left out (`JITFunction.run` made a no-op): moe-lab's
-    own host time and PyTorch's allocations; host_ms less this is the cost of Triton's launcher.
+  - host_no_launch_ms: host_ms with the launches left out (`JITFunction.run` made a no-op, so that no handle
+    is kept either): moe-lab's own host time and PyTorch's allocations; host_ms less this is the cost of
+    the launches.
 Writes the rows as JSON to --out and as a markdown table beside it (same name, .md); prints the table.
 With --profile, also writes the cProfile statistics (sorted by own time) of 200 calls at every point to
 that file. Needs a CUDA GPU; takes about a minute on an H200.
@@ -44,9 +48,13 @@ from moe_lab.tools.bench import environment  # noqa: E402
 from moe_lab.tools.timing import graph_ms  # noqa: E402
 
 try:
-    from moe_lab.plan import layer_plan_cache
+    from moe_lab.plan import clear_layer_plans, layer_plan_cache
 except ImportError:  # a moe-lab without the cache: no uncached column
-    layer_plan_cache = None
+    clear_layer_plans = layer_plan_cache = None
+try:
+    from moe_lab import _launch
+except ImportError:  # a moe-lab without compiled handles: no column for Triton's launcher
+    _launch = None
 
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
 TOKENS = (1, 8, 64)
@@ -75,16 +83,42 @@ def eager_ms(call, calls: int) -> float:
 
 
 @contextlib.contextmanager
+def fresh_plans():
+    """Plans made afresh in the block and after it (a kept plan keeps the compiled handles it took)."""
+    if clear_layer_plans is not None:
+        clear_layer_plans()
+    try:
+        yield
+    finally:
+        if clear_layer_plans is not None:
+            clear_layer_plans()
+
+
+@contextlib.contextmanager
 def no_launches():
-    """Triton's launches left out: every `kernel[grid](...)` returns at once."""
+    """The launches left out: every `kernel[grid](...)` returns at once (and returns no compiled kernel, so
+    no plan made in the block keeps a handle)."""
     from triton.runtime.jit import JITFunction
 
     run = JITFunction.run
     JITFunction.run = lambda self, *args, **kwargs: None
     try:
-        yield
+        with fresh_plans():
+            yield
     finally:
         JITFunction.run = run
+
+
+@contextlib.contextmanager
+def triton_launcher():
+    """Every launch through Triton's launcher, the plan cache on: no compiled handle kept."""
+    is_compiled = _launch._is_compiled
+    _launch._is_compiled = lambda result: False
+    try:
+        with fresh_plans():
+            yield
+    finally:
+        _launch._is_compiled = is_compiled
 
 
 def profile(call, calls: int, path: str, title: str) -> None:
@@ -112,8 +146,13 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
     def call():
         return fused_moe(hs, w1, w2, tw, ti)
 
-    call()  # compile
+    call()  # compile, and keep the compiled handles
     row = dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i, host_ms=host_ms(call, calls))
+    if _launch is not None:
+        with triton_launcher():
+            call()
+            row["host_triton_launch_ms"] = host_ms(call, calls)
+        call()  # the handles again
     if layer_plan_cache is not None:
         with layer_plan_cache(False):
             call()
@@ -121,7 +160,9 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
     row["gpu_ms"] = graph_ms(call, rounds=3)
     row["eager_ms"] = eager_ms(call, calls)
     with no_launches():
+        call()
         row["host_no_launch_ms"] = host_ms(call, calls)
+    call()  # the handles again
     if profile_path:
         profile(call, 200, profile_path, f"{name}, T = {num_tokens}")
     return row
@@ -132,14 +173,17 @@ def markdown(rows, env) -> str:
         f"Host time and GPU time of one `fused_moe` call, bf16, ms per call: {env['device']}, torch {env['torch']}, "
         f"Triton {env['triton']}, {env['date']}.",
         "",
-        "| model | T | host | host, no plan cache | host, no Triton launch | GPU (graph replay) | eager | host / GPU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | T | host | host, Triton's launcher | host, no plan cache | host, no launch | GPU (graph replay) "
+        "| eager | host / GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        triton_launch = f"{r['host_triton_launch_ms']:.3f}" if "host_triton_launch_ms" in r else "-"
         uncached = f"{r['host_uncached_ms']:.3f}" if "host_uncached_ms" in r else "-"
         lines.append(
-            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {uncached} | {r['host_no_launch_ms']:.3f} | "
-            f"{r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | {r['host_ms'] / r['gpu_ms']:.2f} |"
+            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {triton_launch} | {uncached} | "
+            f"{r['host_no_launch_ms']:.3f} | {r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | "
+            f"{r['host_ms'] / r['gpu_ms']:.2f} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -26,6 +26,7 @@ import torch
 import triton
 
 from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
+from ._launch import LaunchSite, launch
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 from .runtime import interpreter_serialized
 
@@ -161,21 +162,27 @@ def moe_align(
 
 
 def run_align(
-    topk_ids: torch.Tensor, num_experts: int, block_size_m: int, expert_map: Optional[torch.Tensor] = None
+    topk_ids: torch.Tensor,
+    num_experts: int,
+    block_size_m: int,
+    expert_map: Optional[torch.Tensor] = None,
+    site: Optional[LaunchSite] = None,
 ) -> AlignedRouting:
     """`moe_align` on arguments already checked (as `check_align_args` checks them; `fused_moe` checks its
-    inputs once): no check here."""
+    inputs once): no check here. `site`: where a cached layer plan keeps the compiled kernels
+    (`moe_lab._launch`), or None."""
     device = topk_ids.device
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
     padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
     num_m_blocks = padded_len // block_size_m
-    i32 = dict(dtype=torch.int32, device=device)
-
-    counts = torch.empty(num_experts, **i32)
-    num_tokens_post_padded = torch.empty(1, **i32)
-    sorted_token_ids = torch.empty(padded_len, **i32)
-    expert_ids = torch.empty(num_m_blocks, **i32)
+    one_program = align_in_one_program(num_slots, num_experts, block_size_m)
+    num_chunks = triton.cdiv(num_slots, CHUNK)
+    sizes = [padded_len, num_m_blocks, num_experts, 1]
+    if not one_program:  # the three launches' own: per-chunk counts and offsets, each expert's first row
+        sizes += [max(num_chunks, 1) * num_experts] * 2 + [num_experts]
+    buffers = _int32_buffers(device, sizes)
+    sorted_token_ids, expert_ids, counts, num_tokens_post_padded = buffers[:4]
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
@@ -186,79 +193,66 @@ def run_align(
     result = AlignedRouting(
         counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens, top_k, num_experts
     )
-    if align_in_one_program(num_slots, num_experts, block_size_m):
+    if one_program:
         slots = triton.next_power_of_2(num_slots)
-        align_in_registers_kernel[(1,)](
-            flat_ids,
-            emap,
-            counts,
-            num_tokens_post_padded,
-            sorted_token_ids,
-            expert_ids,
-            num_slots,
-            num_ids,
-            num_experts,
-            num_m_blocks,
-            HAS_EXPERT_MAP=has_map,
-            SLOTS=slots,
-            SLOTS_PER_STEP=min(slots, 32),
-            NUM_BINS=num_bins,
-            BLOCK_SIZE_M=block_size_m,
-            BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
-            num_warps=ONE_PROGRAM_NUM_WARPS,
+        launch(
+            align_in_registers_kernel,
+            (1,),
+            (flat_ids, emap, counts, num_tokens_post_padded, sorted_token_ids, expert_ids)
+            + (num_slots, num_ids, num_experts, num_m_blocks),
+            dict(
+                HAS_EXPERT_MAP=has_map,
+                SLOTS=slots,
+                SLOTS_PER_STEP=min(slots, 32),
+                NUM_BINS=num_bins,
+                BLOCK_SIZE_M=block_size_m,
+                BLOCKS_PER_STEP=max(1, min(slots, 32, 4096 // block_size_m)),
+                num_warps=ONE_PROGRAM_NUM_WARPS,
+            ),
+            site,
         )
         return result
-    num_chunks = triton.cdiv(num_slots, CHUNK)
-    chunk_counts = torch.empty((max(num_chunks, 1), num_experts), **i32)
-    chunk_offsets = torch.empty_like(chunk_counts)
-    expert_start = torch.empty(num_experts, **i32)
+    chunk_counts, chunk_offsets, expert_start = buffers[4:]  # the counts and offsets [chunks, E], row-major
     if num_chunks:
-        count_kernel[(num_chunks,)](
-            flat_ids,
-            emap,
-            chunk_counts,
-            num_slots,
-            num_ids,
-            num_experts,
-            HAS_EXPERT_MAP=has_map,
-            CHUNK=CHUNK,
-            NUM_BINS=num_bins,
+        launch(
+            count_kernel,
+            (num_chunks,),
+            (flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts),
+            dict(HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins),
+            site,
         )
-    prefix_kernel[(1,)](
-        chunk_counts,
-        chunk_offsets,
-        counts,
-        expert_start,
-        num_tokens_post_padded,
-        num_chunks,
-        num_experts,
-        BLOCK_SIZE_M=block_size_m,
-        NUM_BINS=num_bins,
-        CHUNK_TILE=max(1, 8192 // num_bins),
+    launch(
+        prefix_kernel,
+        (1,),
+        (chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded, num_chunks, num_experts),
+        dict(BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins, CHUNK_TILE=max(1, 8192 // num_bins)),
+        site,
     )
     grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
-        scatter_kernel[(grid,)](
-            flat_ids,
-            emap,
-            chunk_offsets,
-            counts,
-            expert_start,
-            num_tokens_post_padded,
-            sorted_token_ids,
-            expert_ids,
-            num_slots,
-            num_ids,
-            num_experts,
-            num_chunks,
-            num_m_blocks,
-            HAS_EXPERT_MAP=has_map,
-            CHUNK=CHUNK,
-            NUM_BINS=num_bins,
-            BLOCK_SIZE_M=block_size_m,
-            BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
+        launch(
+            scatter_kernel,
+            (grid,),
+            (flat_ids, emap, chunk_offsets, counts, expert_start, num_tokens_post_padded, sorted_token_ids)
+            + (expert_ids, num_slots, num_ids, num_experts, num_chunks, num_m_blocks),
+            dict(
+                HAS_EXPERT_MAP=has_map,
+                CHUNK=CHUNK,
+                NUM_BINS=num_bins,
+                BLOCK_SIZE_M=block_size_m,
+                BLOCKS_PER_PROGRAM=BLOCKS_PER_PROGRAM,
+            ),
+            site,
         )
     return result
+
+
+def _int32_buffers(device: torch.device, sizes) -> tuple:
+    """New int32 buffers of these sizes, made as views of one allocation (one allocation costs the host less
+    than several), each starting at a multiple of 128 bytes."""
+    padded = [-(-size // 32) * 32 for size in sizes]
+    views = torch.empty(sum(padded), dtype=torch.int32, device=device).split(padded)
+    return tuple(view[:size] for view, size in zip(views, sizes))
 
 
 class _SlotOrderRows(NamedTuple):

@@ -35,6 +35,7 @@ import torch
 import triton
 
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
+from ._launch import LaunchSite, launch
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import fp8_support
@@ -392,11 +393,13 @@ def run_gemm(
     topk_weights: Optional[torch.Tensor] = None,
     scales: Optional[Fp8Scales] = None,
     w_bias: Optional[torch.Tensor] = None,
+    site: Optional[LaunchSite] = None,
 ) -> LaunchPlan:
     """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
     check here (w_bias: [E, N], a bias per weight row, or None). Returns the plan as launched: where the
     compiler needed more shared memory than the plan's estimate, with fewer pipeline stages (ValueError if
-    even one stage does not fit)."""
+    even one stage does not fit). `site`: where a cached layer plan keeps this launch's compiled kernel
+    (`moe_lab._launch`), or None."""
     if plan.grid == 0:
         return plan
     a_desc = w_desc = None
@@ -412,7 +415,7 @@ def run_gemm(
         weights = weights.contiguous()
     while True:
         try:
-            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale, w_bias)
+            _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale, w_bias, site)
             return plan
         except triton.runtime.errors.OutOfResources as exc:  # the compiler's count beat our estimate
             if plan.config.num_stages == 1:
@@ -457,6 +460,7 @@ def _launch(
     scales: Optional[Fp8Scales],
     out_scale: Optional[torch.Tensor],
     w_bias: Optional[torch.Tensor],
+    site: Optional[LaunchSite],
 ):
     """Launch the plan's kernel: operands as the kernels' tuples (see moe_lab/_kernels/grouped_matmul.py)."""
     _, n, k = w.shape
@@ -478,17 +482,8 @@ def _launch(
         routing.num_tokens_post_padded,
     )
     if plan.persistent:
-        grouped_matmul_persistent_kernel[(plan.grid,)](
-            *operands, n, k, routing.num_slots, routing.top_k, **plan.constexprs
-        )
+        sizes = (n, k, routing.num_slots, routing.top_k)
+        launch(grouped_matmul_persistent_kernel, (plan.grid,), operands + sizes, plan.constexprs, site)
     else:
-        grouped_matmul_kernel[(plan.grid,)](
-            *operands,
-            n,
-            k,
-            routing.num_slots,
-            routing.max_num_m_blocks,
-            routing.num_experts,
-            routing.top_k,
-            **plan.constexprs,
-        )
+        sizes = (n, k, routing.num_slots, routing.max_num_m_blocks, routing.num_experts, routing.top_k)
+        launch(grouped_matmul_kernel, (plan.grid,), operands + sizes, plan.constexprs, site)

@@ -38,6 +38,7 @@ from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, kernel
 from .plan import (
     ChunkPlan,
     LaunchPlan,
+    LayerPlan,
     LoadPath,
     UseTma,
     cached_layer_plan,
@@ -47,7 +48,7 @@ from .plan import (
     quantized_by_epilogue,
     remember_layer_plan,
 )
-from .quantize import FP8_DTYPE, check_static_scale, quantize_activations_fp8
+from .quantize import FP8_DTYPE, check_static_scale, run_quantize_activations
 from .reduce import run_topk_reduce
 from .runtime import interpreter_serialized
 
@@ -172,14 +173,12 @@ class Fp8Weights:
         writes its output as float8 itself."""
         return quantized_by_epilogue(self.block_shape, up)
 
-    def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None):
+    def quantize(self, x: torch.Tensor, static_scale: Optional[torch.Tensor], num_rows=None, site=None):
         """x as float8 with the scales the next GEMM reads: per token per block_k channels with block_shape;
-        per tensor with a static scale; else per token (dynamic)."""
+        per tensor with a static scale; else per token (dynamic). `site`: as `run_quantize_activations` takes it."""
         if self.block_shape is not None:
-            return quantize_activations_fp8(x, group_size=self.block_shape[1], num_rows=num_rows)
-        if static_scale is not None:
-            return quantize_activations_fp8(x, scale=static_scale, num_rows=num_rows)
-        return quantize_activations_fp8(x, group_size=None, num_rows=num_rows)
+            return run_quantize_activations(x, self.block_shape[1], None, num_rows, site)
+        return run_quantize_activations(x, None, static_scale, num_rows, site)
 
 
 def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Optional[Fp8Weights]:
@@ -462,7 +461,7 @@ def fused_moe(
         args = (hidden_states, topk_weights, topk_ids, out)
         if len(plan.chunks) > 1:
             args = tuple(t[start:end] for t in args)
-        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind)
+        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind, plan, index)
         if up is not chunk.up or down is not chunk.down:  # launched with fewer stages: kept for the next call
             plan = remember_layer_plan(plan.launched(index, up, down))
             chunk = plan.chunks[index][2]
@@ -485,37 +484,62 @@ def _run_chunk(
     expert_map,
     fp8: Optional[Fp8Weights],
     kind: ExpertKind,
+    plan: LayerPlan,
+    index: int,
 ) -> Tuple[Optional[AlignedRouting], Optional[LaunchPlan], Optional[LaunchPlan]]:
-    """Run one chunk's stages as planned, on checked inputs: (the schedule, each GEMM's plan as launched)."""
+    """Run one chunk's stages as planned, on checked inputs: (the schedule, each GEMM's plan as launched).
+    `plan` and `index`: the layer plan and this chunk's place in it, whose sites keep the launches' compiled
+    kernels (`LayerPlan.site`)."""
     if chunk.up is None:  # an idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing)
         return None, None, None
     num_tokens, hidden = hidden_states.shape
     num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
     block_size_m = chunk.choice.config.block_size_m
     routing = chunk.slot_order and run_slot_order(topk_ids, num_experts, block_size_m)
+    # The GEMMs' sites by schedule: slot order's and the align's differ in the schedule tensors they read.
+    schedule = "slot order" if routing else "aligned"
     if not routing:  # (slot order's rows cannot be made while a CUDA graph is being captured)
-        routing = run_align(topk_ids, num_experts, block_size_m, expert_map)
+        routing = run_align(topk_ids, num_experts, block_size_m, expert_map, plan.site(index, "align"))
     x, up_scales, out_scale, down_scales = hidden_states, None, None, None
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
-        x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale)
+        x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale, site=plan.site(index, "quantize x"))
         up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, num_tokens)
     act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
     if chunk.out_scale_cols:
         out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
-    up = run_gemm(chunk.up, x, w1, routing, act, out_scale=out_scale, scales=up_scales, w_bias=kind.w1_bias)
+    up = run_gemm(
+        chunk.up,
+        x,
+        w1,
+        routing,
+        act,
+        out_scale=out_scale,
+        scales=up_scales,
+        w_bias=kind.w1_bias,
+        site=plan.site(index, "up " + schedule),
+    )
     if not up.swiglu:
         act = silu_and_mul(act, routing=routing, activation=kind.activation)
     if fp8 is not None:
         if out_scale is not None:  # quantized by the up GEMM's epilogue
             a2_scale = out_scale
         else:  # rows past num_tokens_post_padded are never read: not quantized
-            act, a2_scale = fp8.quantize(act, fp8.a2_scale, num_rows=routing.num_tokens_post_padded)
+            site = plan.site(index, "quantize act")
+            act, a2_scale = fp8.quantize(act, fp8.a2_scale, routing.num_tokens_post_padded, site)
         down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, chunk.rows)
     out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
     down = run_gemm(
-        chunk.down, act, w2, routing, out_k, topk_weights=topk_weights, scales=down_scales, w_bias=kind.w2_bias
+        chunk.down,
+        act,
+        w2,
+        routing,
+        out_k,
+        topk_weights=topk_weights,
+        scales=down_scales,
+        w_bias=kind.w2_bias,
+        site=plan.site(index, "down " + schedule),
     )
-    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
+    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out, plan.site(index, "reduce"))
     return routing, up, down
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
 import triton
 
+from ._launch import LaunchSite
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
@@ -466,14 +467,26 @@ class ChunkPlan:
 @dataclass(frozen=True)
 class LayerPlan:
     """What a `fused_moe` call does, decided once per `LayerKey` (`plan_layer`) and run as is: the chunks
-    (first token, end token, ChunkPlan), one unless chunk_size splits T; equal chunks share a ChunkPlan."""
+    (first token, end token, ChunkPlan), one unless chunk_size splits T; equal chunks share a ChunkPlan.
+    `sites`: where its launches keep their compiled kernels (`site`, `moe_lab._launch`), filled by the calls
+    that run it."""
 
     key: LayerKey
     chunks: Tuple[Tuple[int, int, ChunkPlan], ...]
+    sites: Dict[tuple, LaunchSite] = field(default_factory=dict, compare=False, repr=False)
+
+    def site(self, index: int, stage: str) -> LaunchSite:
+        """The launch site of stage `stage` ("align", "up", ...) of chunk `index` (each chunk its own: equal
+        chunks share a ChunkPlan, not their inputs' offsets), made on first use."""
+        site = self.sites.get((index, stage))
+        if site is None:
+            site = self.sites[(index, stage)] = LaunchSite()
+        return site
 
     def launched(self, index: int, up: LaunchPlan, down: LaunchPlan) -> "LayerPlan":
         """This plan with chunk `index`'s GEMMs as launched (`moe_lab.gemm.run_gemm` lowers num_stages where
-        the compiler needed more shared memory than estimated)."""
+        the compiler needed more shared memory than estimated); its sites kept (their kernels are the ones
+        launched)."""
         start, end, chunk = self.chunks[index]
         chunk = replace(chunk, up=up, down=down)
         return replace(self, chunks=self.chunks[:index] + ((start, end, chunk),) + self.chunks[index + 1 :])

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 import triton
 
 from ._kernels.quantize import per_token_group_quant_fp8_kernel
+from ._launch import LaunchSite, launch
 from ._validate import (
     FLOAT_DTYPES,
     check_not_aliased,
@@ -272,7 +273,43 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block_shape: Optional[S
 # --- activations (run time, Triton) ------------------------------------------------------------------
 
 
-def _launch(x, q, scale, num_rows, group_size, static):
+def _group(k: int, group_size: Optional[int], static: bool) -> int:
+    """Channels per scale: group_size cut to K; K (per token) for group_size None; K with a static scale."""
+    return k if group_size is None or static else min(group_size, k)
+
+
+def run_quantize_activations(
+    x: torch.Tensor,
+    group_size: Optional[int],
+    scale: Optional[torch.Tensor],
+    num_rows: Optional[torch.Tensor],
+    site: Optional[LaunchSite] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`quantize_activations_fp8(x, group_size=..., num_rows=...)`, or with `scale` (static, [1]), on arguments
+    already checked (`fused_moe` checks its inputs once): no check here, new buffers. `site`: where a cached
+    layer plan keeps the compiled kernel (`moe_lab._launch`), or None."""
+    rows, k = x.shape
+    static = scale is not None
+    group = _group(k, group_size, static)
+    q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
+    if not static:
+        scale = torch.empty((rows, triton.cdiv(k, group)), dtype=torch.float32, device=x.device)
+    _quantize(x, q, scale, num_rows, group, static, site)
+    return q, scale
+
+
+def _quantize(x, q, scale, num_rows, group, static, site=None):
+    """Quantize x [rows, K] into q with `scale`: per group of `group` channels, or with a static scale."""
+    rows, k = x.shape
+    if rows == 0:
+        return
+    if static:
+        _launch(x, q, scale, num_rows, min(triton.next_power_of_2(k), TILE_ELEMENTS), True, site)
+    else:
+        _launch(x, q, scale, num_rows, group, False, site)
+
+
+def _launch(x, q, scale, num_rows, group_size, static, site):
     """One launch of the quantization kernel over x [rows, K]: groups of group_size channels (static: the
     whole row in tiles, all with the given scale)."""
     rows, k = x.shape
@@ -285,26 +322,21 @@ def _launch(x, q, scale, num_rows, group_size, static):
     num_warps = max(1, min(8, rows_per_program * per_program * group_block // 256))
     stride_sm, stride_sg = (0, 0) if static else (scale.stride(0), scale.stride(1))
     grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(groups, per_program))
-    per_token_group_quant_fp8_kernel[grid](
-        x,
-        q,
-        scale,
-        num_rows,
-        rows,
-        k,
-        x.stride(0),
-        x.stride(1),
-        q.stride(0),
-        stride_sm,
-        stride_sg,
-        GROUP_SIZE=group_size,
-        GROUP_BLOCK=group_block,
-        GROUPS_PER_PROGRAM=per_program,
-        ROWS_PER_PROGRAM=rows_per_program,
-        STATIC_SCALE=static,
-        HAS_ROW_BOUND=num_rows is not None,
-        EMULATE_FP8=interpreter_active(),
-        num_warps=num_warps,
+    launch(
+        per_token_group_quant_fp8_kernel,
+        grid,
+        (x, q, scale, num_rows, rows, k, x.stride(0), x.stride(1), q.stride(0), stride_sm, stride_sg),
+        dict(
+            GROUP_SIZE=group_size,
+            GROUP_BLOCK=group_block,
+            GROUPS_PER_PROGRAM=per_program,
+            ROWS_PER_PROGRAM=rows_per_program,
+            STATIC_SCALE=static,
+            HAS_ROW_BOUND=num_rows is not None,
+            EMULATE_FP8=interpreter_active(),
+            num_warps=num_warps,
+        ),
+        site,
     )
 
 
@@ -365,7 +397,7 @@ def quantize_activations_fp8(
     if num_rows is not None:
         check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     static = scale is not None or per_tensor
-    group = k if group_size is None or static else min(group_size, k)  # a group as wide as K: per token
+    group = _group(k, group_size, static)
     if not static and triton.next_power_of_2(group) > MAX_GROUP:
         raise ValueError(
             f"a group of {group} channels is wider than the kernel's limit of {MAX_GROUP}: pass "
@@ -400,10 +432,5 @@ def quantize_activations_fp8(
         if num_rows is not None and rows:
             row_amax = torch.where(torch.arange(rows, device=x.device) < num_rows, row_amax, 0.0)
         x_scale.copy_(_scale_of(row_amax.amax()).reshape(1))
-    if rows == 0:
-        return q, x_scale
-    if static:
-        _launch(x, q, x_scale, num_rows, min(triton.next_power_of_2(k), TILE_ELEMENTS), True)
-    else:
-        _launch(x, q, x_scale, num_rows, group, False)
+    _quantize(x, q, x_scale, num_rows, group, static)
     return q, x_scale

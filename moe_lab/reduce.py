@@ -13,6 +13,7 @@ import torch
 import triton
 
 from ._kernels.reduce import topk_reduce_kernel
+from ._launch import LaunchSite, launch
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -62,28 +63,26 @@ def run_topk_reduce(
     num_experts: int,
     expert_map: Optional[torch.Tensor],
     out: torch.Tensor,
+    site: Optional[LaunchSite] = None,
 ) -> torch.Tensor:
     """`topk_reduce` on arguments already checked (out_k with a last stride of 1, a contiguous expert_map;
-    `fused_moe` checks its inputs once): no check here."""
+    `fused_moe` checks its inputs once): no check here. `site`: where a cached layer plan keeps the compiled
+    kernel (`moe_lab._launch`), or None."""
     num_tokens, top_k = topk_ids.shape
     hidden = out_k.shape[1]
     if num_tokens == 0 or hidden == 0:
         return out
-    topk_reduce_kernel[(num_tokens, triton.cdiv(hidden, BLOCK_SIZE))](
-        out_k,
-        topk_ids,
-        expert_map,
-        out,
-        hidden,
-        expert_map.numel() if expert_map is not None else num_experts,
-        num_experts,
-        out_k.stride(0),
-        topk_ids.stride(0),
-        topk_ids.stride(1),
-        out.stride(0),
-        TOP_K=top_k,
-        HAS_EXPERT_MAP=expert_map is not None,
-        EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16,
-        BLOCK_SIZE=BLOCK_SIZE,
+    launch(
+        topk_reduce_kernel,
+        (num_tokens, triton.cdiv(hidden, BLOCK_SIZE)),
+        (out_k, topk_ids, expert_map, out, hidden, expert_map.numel() if expert_map is not None else num_experts)
+        + (num_experts, out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0)),
+        dict(
+            TOP_K=top_k,
+            HAS_EXPERT_MAP=expert_map is not None,
+            EMULATE_BF16=interpreter_active() and out.dtype == torch.bfloat16,
+            BLOCK_SIZE=BLOCK_SIZE,
+        ),
+        site,
     )
     return out

@@ -1,0 +1,264 @@
+"""Launches through compiled handles (moe_lab._launch): the mechanics with a stand-in kernel, the interpreter
+that never takes a handle, and on a GPU (marker `gpu`) the same bits as Triton's own launcher, with a
+fallback to it for every change of what its specialization reads."""
+
+import pytest
+import torch
+
+from moe_lab import _launch, fused_moe, get_preset
+from moe_lab import plan as plan_module
+from moe_lab.plan import cached_layer_plan, layer_key, layer_plan_cache
+
+from .conftest import ON_GPU, random_layer
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plans():
+    plan_module.clear_layer_plans()
+    yield
+    plan_module.clear_layer_plans()
+
+
+# --- The mechanics, with a stand-in for a JIT function and its CompiledKernel. ---
+
+
+class _Compiled:
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self):
+        self.runs = []
+
+    def run(self, *args):
+        self.runs.append(args)
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid, stream, args)
+
+
+class _Kernel:
+    """A JIT function of signature (x, n, BLOCK: constexpr, MODE: constexpr = "a")."""
+
+    def __init__(self):
+        import inspect
+
+        self.signature = inspect.signature(lambda x, n, BLOCK, MODE="a": None)
+        self.compiled = _Compiled()
+        self.jit = []
+
+    def __getitem__(self, grid):
+        def run(*args, **kwargs):
+            self.jit.append((grid, args, kwargs))
+            return self.compiled
+
+        return run
+
+
+class _Runtime:
+    def __init__(self):
+        from triton.knobs import HookChain
+
+        self.launch_enter_hook, self.launch_exit_hook = HookChain(), HookChain(reversed=True)
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    from triton.knobs import HookChain
+
+    device = [0]
+    runtime = _Runtime()
+    monkeypatch.setattr(_launch, "_is_compiled", lambda result: isinstance(result, _Compiled))
+    monkeypatch.setattr(_launch, "_triton_runtime", (runtime, lambda: device[0], lambda d: 100 + d, HookChain))
+    return _Kernel(), device, runtime
+
+
+def test_first_launch_through_triton_then_through_the_handle(stand_in):
+    kernel, _, _ = stand_in
+    site = _launch.LaunchSite()
+    constexprs = dict(num_warps=4, BLOCK=64)  # MODE left at its default; num_warps is an option
+    _launch.launch(kernel, (3,), ("x", 7), constexprs, site)
+    assert kernel.jit == [((3,), ("x", 7), constexprs)] and kernel.compiled.runs == []
+    _launch.launch(kernel, (5, 2), ("y", 9), constexprs, site)
+    assert len(kernel.jit) == 1
+    # As JITFunction.run calls it: grid, stream, function, metadata, hooks, then every parameter in order.
+    assert kernel.compiled.runs == [(5, 2, 1, 100, "function", "packed", None, None, None, "y", 9, 64, "a")]
+
+
+def test_no_site_and_another_device_go_through_triton(stand_in):
+    kernel, device, _ = stand_in
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64))
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64))
+    assert len(kernel.jit) == 2 and kernel.compiled.runs == []
+    site = _launch.LaunchSite()
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
+    device[0] = 1  # another current device: Triton's launcher again, and the handle is now that device's
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
+    assert len(kernel.jit) == 4 and site.handles[kernel].device == 1
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
+    assert len(kernel.jit) == 4 and kernel.compiled.runs[0][3] == 101
+
+
+def test_registered_launch_hooks_run_with_their_metadata(stand_in):
+    kernel, _, runtime = stand_in
+    site = _launch.LaunchSite()
+    _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
+    seen = []
+    runtime.launch_enter_hook.add(seen.append)
+    _launch.launch(kernel, (2,), ("x", 7), dict(BLOCK=64), site)
+    run = kernel.compiled.runs[0]
+    assert run[6] == ("metadata", (2,), 100, ("x", 7, 64, "a"))
+    assert run[7] is runtime.launch_enter_hook and run[8] is runtime.launch_exit_hook
+
+
+def test_the_interpreter_takes_no_handle():
+    """On the CPU every launch goes through the interpreter: a kept plan's sites hold no handle."""
+    if ON_GPU:
+        pytest.skip("the interpreter's case")
+    hs, w1, w2, tw, ti = random_layer(3, 4, 2, 32, 32, torch.float32)
+    for _ in range(2):
+        fused_moe(hs, w1, w2, tw, ti)
+    plan = cached_layer_plan(layer_key(hs, w1, w2, tw, ti))
+    assert plan.sites and not any(site.handles for site in plan.sites.values())
+
+
+# --- On a GPU: the handles against Triton's own launcher. ---
+
+
+def _count_jit_launches(monkeypatch):
+    """The kernels launched through Triton's launcher (`JITFunction.run`) from now on."""
+    from triton.runtime.jit import JITFunction
+
+    launches, run = [], JITFunction.run
+
+    def counted(self, *args, **kwargs):
+        launches.append(self)
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(JITFunction, "run", counted)
+    return launches
+
+
+def _layer(num_tokens, fp8, seed=0):
+    preset = get_preset("qwen3-30b-a3b")
+    hs, w1, w2, (tw, ti) = preset.build(num_tokens, dtype=torch.bfloat16, device="cuda", seed=seed)
+    scales = {}
+    if fp8:
+        w1, w2, scales = preset.quantize_fp8(w1, w2)
+    return hs, w1, w2, tw, ti, scales
+
+
+def _jit_path(*args, **kwargs):
+    """The layer's output with every launch through Triton's launcher (no plan kept, so no handle)."""
+    with layer_plan_cache(False):
+        return fused_moe(*args, **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("use_tma", [False, "auto"])
+@pytest.mark.parametrize(
+    "num_tokens,fp8,persistent",
+    [(1, False, False), (8, False, False), (64, False, False), (64, False, True), (1, True, False), (64, True, False)],
+)
+def test_handles_give_the_bits_of_the_jit_path(monkeypatch, num_tokens, fp8, persistent, use_tma):
+    """Qwen3-30B-A3B at decode sizes (T = 1: slot order; 8: the one-program align; 64: three align launches),
+    bf16 and block-scaled FP8, pointer and TMA loads, the per-tile and the persistent kernel: a call of a kept
+    plan launches no kernel through Triton and writes every row, bit for bit as Triton's launcher does."""
+    from moe_lab import GemmConfig, MoEConfig
+
+    hs, w1, w2, tw, ti, scales = _layer(num_tokens, fp8)
+    config = None
+    if persistent:
+        config = MoEConfig(GemmConfig(64, 128, 64, 8, 4, 3, persistent=True), GemmConfig(64, 64, 64, 8, 4, 3))
+    kw = dict(use_tma=use_tma, config=config, **scales)
+    fused_moe(hs, w1, w2, tw, ti, **kw)  # takes the handles
+    (plan,) = plan_module._layer_plans.values()
+    assert any(site.handles for site in plan.sites.values())
+    hs2, _, _, tw2, ti2, _ = _layer(num_tokens, False, seed=1)  # new values, the same facts
+    launches = _count_jit_launches(monkeypatch)
+    out = torch.full_like(hs2, float("nan"))
+    fused_moe(hs2, w1, w2, tw2, ti2, out=out, **kw)
+    assert launches == []
+    monkeypatch.undo()
+    assert torch.equal(out, _jit_path(hs2, w1, w2, tw2, ti2, **kw))
+
+
+@pytest.mark.gpu
+def test_a_change_of_alignment_or_dtype_goes_through_triton_again(monkeypatch):
+    """Inputs offset by one element (data_ptr % 16 changes), other dtypes: another key, launched through
+    Triton first (then through its own handles), the same bits as Triton's launcher; the first inputs still
+    take their handles."""
+    num_tokens = 8
+    hs, w1, w2, tw, ti, _ = _layer(num_tokens, False)
+    first = fused_moe(hs, w1, w2, tw, ti)
+    fused_moe(hs, w1, w2, tw, ti)
+
+    def offset(t):
+        buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)
+        view = buf[1:].view(t.shape)
+        view.copy_(t)
+        return view
+
+    changed = [
+        (offset(hs), w1, w2, tw, ti),
+        (hs, w1, w2, offset(tw), ti),
+        (hs, w1, w2, tw, offset(ti)),
+        (hs, w1, w2, tw, ti.long()),
+        (hs.half(), w1.half(), w2.half(), tw, ti),
+    ]
+    for args in changed:
+        launches = _count_jit_launches(monkeypatch)
+        out = fused_moe(*args)
+        assert launches, "a new key's first call goes through Triton's launcher"
+        launches.clear()
+        again = fused_moe(*args)
+        assert launches == []
+        monkeypatch.undo()
+        reference = _jit_path(*args)
+        assert torch.equal(out, reference) and torch.equal(again, reference)
+    launches = _count_jit_launches(monkeypatch)
+    assert torch.equal(fused_moe(hs, w1, w2, tw, ti), first) and launches == []
+
+
+@pytest.mark.gpu
+def test_handles_follow_the_current_stream_and_a_cuda_graph():
+    num_tokens = 64
+    hs, w1, w2, tw, ti, _ = _layer(num_tokens, False)
+    reference = _jit_path(hs, w1, w2, tw, ti)
+    fused_moe(hs, w1, w2, tw, ti)
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        on_stream = fused_moe(hs, w1, w2, tw, ti)
+    stream.synchronize()
+    assert torch.equal(on_stream, reference)
+    out = torch.full_like(hs, float("nan"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fused_moe(hs, w1, w2, tw, ti, out=out)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, reference)
+
+
+@pytest.mark.gpu
+def test_launch_hooks_see_every_launch():
+    """A profiler's launch hook (Triton's `knobs.runtime.launch_enter_hook`) sees launches through handles,
+    named, as it sees Triton's."""
+    from triton import knobs
+
+    hs, w1, w2, tw, ti, _ = _layer(64, False)
+    seen = []
+
+    def hook(metadata):
+        seen.append(metadata.get()["name"])
+
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        _jit_path(hs, w1, w2, tw, ti)
+        through_triton = list(seen)
+        fused_moe(hs, w1, w2, tw, ti)
+        seen.clear()
+        fused_moe(hs, w1, w2, tw, ti)
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    assert seen == through_triton and len(seen) >= 4

@@ -28,6 +28,8 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer,
   persistent, with the quantizing epilogue, with [64, 128] blocks), per-channel Qwen3, per-tensor Mixtral
   with static activation scales; refused below sm_89 likewise.
+- the warp-specialized Gluon FP8 GEMM pair (`gluon_fp8_workloads`) at DeepSeek-V3's shape: compiled for sm_90
+  under a Triton with Gluon's warp_specialize, refused (with `gluon_fp8_support`'s reason) elsewhere.
 - expert kinds (`expert_kind_workloads`) at gpt-oss-20b's shape (E=32, k=4, H=2880, I=2880), bf16: gpt-oss's
   clamped SwiGLU on interleaved rows with both biases at T = 1, 64, 4096 (and by pointer, unfused through
   silu_and_mul, persistent, FP8 block-scaled), the other two activation names (swigluoai in halves, silu
@@ -440,6 +442,48 @@ def fp8_layer_workloads() -> List[Workload]:
     return wl
 
 
+def gluon_fp8_workloads() -> List[Workload]:
+    """The warp-specialized Gluon FP8 grouped GEMM pair (moe_lab.gluon_fp8) at DeepSeek-V3's shape, T = 4096:
+    the up GEMM (rows permuted, sorted store) and the down GEMM (routed weights, scatter), BLOCK_SIZE_M 64 and
+    128 (one and two MMA warpgroups). Compiled where `gluon_fp8_support` says yes (sm_90, a Triton with
+    Gluon's warp_specialize); elsewhere the workload checks that the launcher refuses with that reason."""
+    from moe_lab.gluon_fp8 import gluon_fp8_support, grouped_matmul_fp8_gluon
+
+    fp8, f32 = torch.float8_e4m3fn, torch.float32
+    p = moe_lab.PRESETS["deepseek-v3"]
+    e, k, h, i, t = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, 4096
+
+    def pair(block_m):
+        routing = moe_lab.moe_align(_empty(t, k, dtype=torch.int32), e, block_m)
+        rows = routing.max_num_tokens_padded
+        up = dict(a_scale=_empty(t, h // 128, dtype=f32), w_scale=_empty(e, 2 * i // 128, h // 128, dtype=f32))
+        grouped_matmul_fp8_gluon(_empty(t, h, dtype=fp8), _empty(e, 2 * i, h, dtype=fp8), routing, gather_a=True, **up)
+        down = dict(a_scale=_empty(rows, i // 128, dtype=f32), w_scale=_empty(e, h // 128, i // 128, dtype=f32))
+        grouped_matmul_fp8_gluon(
+            _empty(rows, i, dtype=fp8),
+            _empty(e, h, i, dtype=fp8),
+            routing,
+            gather_a=False,
+            scatter=True,
+            topk_weights=_empty(t, k, dtype=f32),
+            **down,
+        )
+
+    def run():
+        reason = gluon_fp8_support()
+        if reason is None:
+            return [pair(block_m) for block_m in (64, 128)]
+        try:
+            pair(64)
+        except RuntimeError as exc:
+            if reason not in str(exc):
+                raise
+        else:
+            raise AssertionError(f"the Gluon FP8 GEMM launched where gluon_fp8_support said: {reason}")
+
+    return [(f"gluon fp8 deepseek-v3 up and down T={t} BLOCK_SIZE_M=64,128", run)]
+
+
 def expert_kind_workloads() -> List[Workload]:
     """gpt-oss-20b's layer (clamped SwiGLU on interleaved gate/up rows, biases on both projections), bf16
     with heuristic configs: at decode, a middle and prefill; by pointer, unfused (the activation kernel on
@@ -517,5 +561,6 @@ def all_workloads() -> List[Workload]:
         + parallel_workloads()
         + kernel_workloads()
         + fp8_layer_workloads()
+        + gluon_fp8_workloads()
         + expert_kind_workloads()
     )

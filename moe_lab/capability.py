@@ -184,6 +184,47 @@ def fp8_support(device: Optional[torch.device | str] = None) -> Fp8Support:
     return _fp8_support_cached(_device_key(device), interpreter_active())
 
 
+def _gluon_problem() -> Optional[str]:
+    """Why this Triton cannot build moe-lab's warp-specialized Gluon kernel, or None."""
+    import triton
+
+    try:
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia import hopper
+    except ImportError as exc:
+        return f"Triton {triton.__version__} has no Gluon for Hopper ({exc})"
+    missing = [name for name in ("warpgroup_mma", "warpgroup_mma_wait", "mbarrier", "tma") if not hasattr(hopper, name)]
+    if not hasattr(gl, "warp_specialize"):
+        missing.insert(0, "gluon.language.warp_specialize")
+    if missing:
+        return f"Triton {triton.__version__}'s Gluon lacks {', '.join(missing)}"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _gluon_fp8_support_cached(device_key: str, interpreted: bool) -> Optional[str]:
+    problem = _gluon_problem()
+    if problem:
+        return problem
+    if interpreted:
+        return "the Triton interpreter is on: Gluon kernels compile for a GPU and are not interpreted"
+    problem = _not_a_cuda_gpu(device_key)
+    if problem:
+        return problem.replace("an NVIDIA feature", "the Gluon FP8 kernel is written for NVIDIA Hopper (sm_90)")
+    name, (major, minor) = _name_and_capability(device_key)
+    if (major, minor) != (9, 0):
+        return f"{name} has compute capability {major}.{minor}; the Gluon FP8 kernel uses Hopper's wgmma (sm_90 only)"
+    return None
+
+
+def gluon_fp8_support(device: Optional[torch.device | str] = None) -> Optional[str]:
+    """None if the warp-specialized Gluon FP8 grouped GEMM (`moe_lab.gluon_fp8`) can run for tensors on
+    `device` (default: the current CUDA device, or the CPU under the interpreter), else why not in words:
+    no Gluon or no `warp_specialize` in this Triton, the interpreter, not a CUDA GPU, not sm_90 (its wgmma
+    and register layouts are Hopper's). Cached per device. The Triton FP8 kernel runs wherever this says no."""
+    return _gluon_fp8_support_cached(_device_key(device), interpreter_active())
+
+
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:
     """None if a tensor descriptor with `block_shape` can be built over `tensor`, else the rule it breaks.
     Checks what Triton's host TensorDescriptor asserts and what the TMA unit needs beyond it (box dims of

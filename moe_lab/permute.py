@@ -17,6 +17,7 @@ import triton
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
+from .quantize import FP8_DTYPE
 from .runtime import interpreter_serialized
 
 BLOCK_ROWS = 16
@@ -27,7 +28,8 @@ BLOCK_K = 256
 def permute_tokens(
     hidden_states: torch.Tensor, routing: AlignedRouting, *, out: Optional[torch.Tensor] = None
 ) -> torch.Tensor:
-    """hidden_states [T, K] (float16/bfloat16/float32, any strides) -> [routing.max_num_tokens_padded, K]
+    """hidden_states [T, K] (float16/bfloat16/float32, or float8_e4m3fn rows and their float32 scales
+    [T, K groups] as two calls; any strides) -> [routing.max_num_tokens_padded, K]
     in the routing's padded expert order: row r holds hidden_states[sorted_token_ids[r] // top_k], padding
     rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
     Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device, or an `out`
@@ -35,7 +37,12 @@ def permute_tokens(
     if not isinstance(routing, AlignedRouting):
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
     check_tensor(
-        "hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, shape=(routing.num_tokens, None), layout="[T, K]"
+        "hidden_states",
+        hidden_states,
+        ndim=2,
+        dtypes=FLOAT_DTYPES + (FP8_DTYPE,),
+        shape=(routing.num_tokens, None),
+        layout="[T, K]",
     )
     rows, k = routing.max_num_tokens_padded, hidden_states.shape[1]
     out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")

@@ -610,3 +610,91 @@ def layer_plan_cache(enabled: bool):
         yield
     finally:
         _cache_on = before
+
+
+# --- The warp-specialized Gluon FP8 grouped GEMM (moe_lab.gluon_fp8): its launch, decided here. ---
+
+# Registers per thread of the Gluon kernel's load partition (one warp issuing TMA copies and reading the schedule).
+GLUON_LOAD_REGS = 40
+# The TMA producer's warp counts as a whole warpgroup when registers are shared out.
+_WARPGROUP = 4
+
+
+@dataclass(frozen=True)
+class GluonFp8Plan:
+    """What one `grouped_matmul_fp8_gluon` call launches (moe_lab/_kernels/gluon_fp8.py).
+
+    config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N, BLOCK_SIZE_K (= the scale blocks' K), GROUP_SIZE_M,
+        num_stages (the shared-memory ring, lowered to fit) and num_warps (one warpgroup per 64 rows).
+    grid: programs (one per SM at most; each walks tiles). maxnreg: the register limit per thread that lets
+    every warp of the MMA and load partitions fit one SM's 64K registers."""
+
+    config: GemmConfig
+    grid: int
+    maxnreg: int
+    scale_group_n: int
+
+    @functools.cached_property
+    def constexprs(self) -> dict:
+        """The kernel's constexprs and Triton's launch options (num_warps, maxnreg)."""
+        return dict(
+            GROUP_SIZE_M=self.config.GROUP_SIZE_M,
+            GROUP_N=self.scale_group_n,
+            STAGES=self.config.num_stages,
+            LOAD_REGS=GLUON_LOAD_REGS,
+            num_warps=self.config.num_warps,
+            maxnreg=self.maxnreg,
+        )
+
+
+def plan_gluon_fp8(
+    routing: AlignedRouting,
+    n: int,
+    k: int,
+    block_shape: Tuple[int, int],
+    device: torch.device,
+    config: Optional[GemmConfig] = None,
+    out_itemsize: int = 2,
+) -> GluonFp8Plan:
+    """The launch of the Gluon FP8 grouped GEMM for a routing and a weight [E, n, k] with `block_shape`
+    scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages, GROUP_SIZE_M = 8)
+    fitted to the device's shared memory, the grid and the register limit. Raises ValueError for a config or
+    block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64 rows), BLOCK_SIZE_K
+    = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one weight scale per tile
+    and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows)."""
+    block_n, block_k = block_shape
+    config = config if config is not None else GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128)
+    if config.BLOCK_SIZE_M != routing.block_size_m:
+        raise ValueError(
+            f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
+        )
+    if config.BLOCK_SIZE_M not in (64, 128):
+        raise ValueError(
+            f"the Gluon FP8 kernel takes BLOCK_SIZE_M 64 or 128 (one warpgroup per 64 rows), got {config.BLOCK_SIZE_M}"
+        )
+    if block_k != 128:
+        raise ValueError(f"the Gluon FP8 kernel needs block_shape [block_n, 128] (its K step), got {list(block_shape)}")
+    if block_n % config.BLOCK_SIZE_N:
+        raise ValueError(
+            f"config.BLOCK_SIZE_N={config.BLOCK_SIZE_N} must divide block_shape's block_n={block_n} (the Gluon "
+            f"FP8 kernel reads one weight scale per tile and K block)"
+        )
+    if k % 16:
+        raise ValueError(
+            f"the Gluon FP8 kernel needs K a multiple of 16 (TMA strides of float8 rows are 16-byte aligned), got K={k}"
+        )
+    num_warps = config.BLOCK_SIZE_M // 16
+    per_stage = (config.BLOCK_SIZE_M + config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
+    epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * out_itemsize  # the layout change before the store
+    budget = shared_memory_budget(device)
+    stages = config.num_stages
+    if budget is not None:
+        stages = min(stages, (budget - epilogue - 1024) // per_stage)
+    if stages < 2:
+        raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
+    config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
+    tiles = routing.max_num_m_blocks * triton.cdiv(n, config.BLOCK_SIZE_N)
+    sms = multiprocessor_count(device) if device.type != "cpu" else 1
+    warps = num_warps + _WARPGROUP
+    maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
+    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n)

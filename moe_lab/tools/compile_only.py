@@ -174,6 +174,20 @@ def patch_moe_lab() -> None:
         if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
             module.fp8_support = fake_fp8_support
 
+    def fake_gluon_fp8_support(device=None):
+        """capability.gluon_fp8_support's answer for the fake GPU: this Triton's Gluon on sm_90 only."""
+        problem = capability._gluon_problem()
+        if problem or DRIVER.cc == 90:
+            return problem
+        return f"compile check: fake {DEVICES[DRIVER.cc].name} is sm_{DRIVER.cc}; the Gluon FP8 kernel is sm_90 only"
+
+    from .. import gluon_fp8
+
+    for module in (capability, gluon_fp8):
+        if not hasattr(module, "gluon_fp8_support"):
+            raise RuntimeError(f"{module.__name__}.gluon_fp8_support is gone: update moe_lab/tools/compile_only.py")
+        module.gluon_fp8_support = fake_gluon_fp8_support
+
     if not hasattr(gm, "multiprocessor_count"):
         raise RuntimeError("moe_lab.plan.multiprocessor_count is gone: update moe_lab/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid

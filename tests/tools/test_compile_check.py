@@ -219,3 +219,39 @@ def test_fp8_tiles_of_16_rows_run_mma_sync_and_of_64_rows_wgmma():
         print("RESULT", json.dumps(out))
     """)
     assert run_child(code) == {"16,True": [False, True], "64,False": [True, False], "64,True": [True, True]}
+
+
+def test_gluon_fp8_gemm_is_warp_specialized_on_sm90():
+    """The Gluon FP8 grouped GEMM (moe_lab.gluon_fp8) compiles for sm_90 under this Triton, where its Gluon has
+    warp_specialize: registers handed between partitions (setmaxnreg), TMA copies and wgmma in its PTX. Where
+    the Triton has no such Gluon, the launcher refuses with the reason instead."""
+    code = textwrap.dedent("""
+        import json, torch
+        from moe_lab.tools import compile_only as co
+        from moe_lab import AlignedRouting, capability
+        from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
+        co.patch_moe_lab()
+        def meta(*shape, dtype=torch.int32):
+            return torch.empty(shape, dtype=dtype, device="meta")
+        E, N, K, ROWS, BM, FP8, F32 = 8, 256, 512, 1024, 64, torch.float8_e4m3fn, torch.float32
+        routing = AlignedRouting(meta(E), meta(ROWS), meta(ROWS // BM), meta(1), BM, 256, 2, E)
+        session = co.Session(compile_missing=True)
+        out = {"gluon": capability._gluon_problem()}
+        with co.fake_gpu(90, session):
+            try:
+                grouped_matmul_fp8_gluon(meta(ROWS, K, dtype=FP8), meta(E, N, K, dtype=FP8), routing, gather_a=False,
+                                         a_scale=meta(ROWS, K // 128, dtype=F32),
+                                         w_scale=meta(E, N // 128, K // 128, dtype=F32))
+            except RuntimeError as exc:
+                out["refused"] = str(exc)
+        if out["gluon"] is None:
+            (kernel,) = [k for k in session.kernels.values() if k.name == "fp8_grouped_matmul_ws_kernel"]
+            ptx = kernel.asm["ptx"]
+            out["ptx"] = [w in ptx for w in ("setmaxnreg", "cp.async.bulk.tensor", "wgmma.mma_async")]
+        print("RESULT", json.dumps(out))
+    """)
+    result = run_child(code)
+    if result["gluon"] is not None:
+        assert result["gluon"] in result["refused"]
+    else:
+        assert result["ptx"] == [True, True, True] and "refused" not in result

@@ -1,0 +1,176 @@
+"""Block-scaled float8 grouped GEMM for Hopper (sm_90) in Gluon, warp-specialized.
+
+out[rows of M-block b] = sum over K blocks kb of
+    (A[rows, kb] @ W[e, n, kb].T) * a_scale[rows, kb] * w_scale[e, n // GROUP_N, kb]
+
+with e = expert_ids[b], A in padded expert-sorted rows (the up GEMM's token rows are permuted into that order
+first: Hopper's TMA copies boxes and cannot gather), float8 e4m3 operands, float32 sums.
+
+Two partitions share a ring of STAGES shared-memory stages, each holding one [BLOCK_SIZE_M, BLOCK_SIZE_K] A box
+and one [BLOCK_SIZE_N, BLOCK_SIZE_K] W box:
+- the load partition (one warp) issues the TMA copies of a stage once the stage is empty and makes its `ready`
+  barrier expect their bytes;
+- the MMA partition (the kernel's num_warps warps: one warpgroup per 64 rows) waits for a stage, issues its
+  wgmma asynchronously, and scales each K block's float32 product by its A and W scales into a float32
+  accumulator in registers (the promotion of DeepSeek-V3's recipe), then signals the stage `empty`. K blocks go
+  in pairs: both wgmmas issued, the first scaled while the second runs. No product is in flight across the
+  loop's back edge (ptxas would then serialize every wgmma, C7514). The epilogue multiplies by the routed
+  weight (where `topk_weights_ptr` is given), converts to the output's dtype and stores sorted rows or scatters
+  them to their (token, k) slots.
+Both partitions walk the same persistent tile sequence (one program per SM) from the schedule in memory
+(`num_tokens_post_padded`, `expert_ids`): no host synchronization, and unused M-blocks (expert -1) are skipped.
+Stage index and phase come from a step count that runs on across tiles.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+
+@gluon.jit
+def _tile(t, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr):
+    """Tile t -> (pid_m, pid_n), GROUP_SIZE_M M-blocks at a time so neighbouring tiles share W boxes in L2."""
+    tiles_per_group = GROUP_SIZE_M * num_pid_n
+    first_pid_m = (t // tiles_per_group) * GROUP_SIZE_M
+    group_rows = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + (t % tiles_per_group) % group_rows
+    pid_n = (t % tiles_per_group) // group_rows
+    return pid_m, pid_n
+
+
+@gluon.jit
+def _load_partition(a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr, num_tokens_post_padded_ptr, N, K,
+                    GROUP_SIZE_M: gl.constexpr):
+    BLOCK_SIZE_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_SIZE_K: gl.constexpr = a_desc.block_type.shape[1]
+    BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    num_pid_m = gl.cdiv(gl.load(num_tokens_post_padded_ptr), BLOCK_SIZE_M)
+    num_pid_n = gl.cdiv(N, BLOCK_SIZE_N)
+    num_k = gl.cdiv(K, BLOCK_SIZE_K)
+    step = 0
+    for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile(t, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        expert = gl.load(expert_ids_ptr + pid_m)
+        if expert >= 0:
+            w_row = expert * N + pid_n * BLOCK_SIZE_N  # W viewed as [E * N, K]
+            for k in range(num_k):
+                stage = step % STAGES
+                # A fresh barrier counts as having completed the phase before phase 0: the first round passes.
+                mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
+                bar = ready.index(stage)
+                mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K], bar,
+                                                a_bufs.index(stage))
+                tma.async_copy_global_to_shared(w_desc, [w_row, k * BLOCK_SIZE_K], bar, w_bufs.index(stage))
+                step += 1
+
+
+@gluon.jit
+def _issue(step, a_bufs, w_bufs, ready, zero):
+    """Wait for the stage of `step` and issue its wgmma asynchronously into fresh sums (use_acc=False)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    stage = step % STAGES
+    mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
+    return warpgroup_mma(a_bufs.index(stage), w_bufs.index(stage).permute((1, 0)), zero, use_acc=False,
+                         is_async=True)
+
+
+@gluon.jit
+def _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk):
+    """The scale of K block k for each row: a_scale[row, k] * w_scale[expert, n block, k]."""
+    return gl.load(a_scale_rows + k * stride_ask) * gl.load(w_scale_base + k * stride_wsk)
+
+
+@gluon.jit
+def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, N, K, num_slots,
+                   GROUP_SIZE_M: gl.constexpr, GROUP_N: gl.constexpr, SCATTER: gl.constexpr,
+                   num_warps: gl.constexpr):
+    out_ptr, stride_om = out
+    a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk = scales
+    topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr = schedule
+    BLOCK_SIZE_M: gl.constexpr = a_bufs.type.shape[1]
+    BLOCK_SIZE_K: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_SIZE_N: gl.constexpr = w_bufs.type.shape[1]
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                         instr_shape=[16, BLOCK_SIZE_N, 32])
+    # Stores of 16 bytes per thread along a row.
+    out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    zero = gl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), gl.float32, layout=mma_layout)
+
+    num_pid_m = gl.cdiv(gl.load(num_tokens_post_padded_ptr), BLOCK_SIZE_M)
+    num_pid_n = gl.cdiv(N, BLOCK_SIZE_N)
+    num_k = gl.cdiv(K, BLOCK_SIZE_K)
+    step = 0
+    for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
+        pid_m, pid_n = _tile(t, num_pid_m, num_pid_n, GROUP_SIZE_M)
+        expert = gl.load(expert_ids_ptr + pid_m)
+        if expert >= 0:
+            row0 = pid_m * BLOCK_SIZE_M
+            n0 = pid_n * BLOCK_SIZE_N
+            offs_m = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, mma_layout))
+            a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm
+            w_scale_base = w_scale_ptr + expert.to(gl.int64) * stride_wse + (n0 // GROUP_N) * stride_wsn
+            acc = zero
+            for k in range(0, num_k - 1, 2):  # K blocks k and k + 1
+                p0 = _issue(step, a_bufs, w_bufs, ready, zero)
+                p1 = _issue(step + 1, a_bufs, w_bufs, ready, zero)
+                s0 = _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
+                s1 = _scale(k + 1, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
+                v0 = warpgroup_mma_wait(num_outstanding=1, deps=(p0, ))
+                mbarrier.arrive(empty.index(step % STAGES), count=1)
+                acc += v0 * s0[:, None]
+                v1 = warpgroup_mma_wait(num_outstanding=0, deps=(p1, ))
+                mbarrier.arrive(empty.index((step + 1) % STAGES), count=1)
+                acc += v1 * s1[:, None]
+                step += 2
+            if num_k % 2 == 1:  # the last K block alone
+                p0 = _issue(step, a_bufs, w_bufs, ready, zero)
+                s0 = _scale(num_k - 1, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
+                v0 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, ))
+                mbarrier.arrive(empty.index(step % STAGES), count=1)
+                acc += v0 * s0[:, None]
+                step += 1
+
+            rows = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, out_layout))
+            cols = n0 + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(0, out_layout))
+            slots = gl.load(sorted_token_ids_ptr + rows)
+            routed = slots < num_slots  # padding rows hold the sentinel num_slots
+            result = gl.convert_layout(acc, out_layout)
+            if topk_weights_ptr is not None:
+                result = result * gl.load(topk_weights_ptr + slots, mask=routed, other=0.0)[:, None]
+            if SCATTER:
+                dst = slots.to(gl.int64)
+                keep = routed[:, None] & (cols[None, :] < N)
+            else:
+                dst = rows.to(gl.int64)
+                keep = cols[None, :] < N
+            gl.store(out_ptr + dst[:, None] * stride_om + cols[None, :], result.to(out_ptr.dtype.element_ty),
+                     mask=keep)
+
+
+@gluon.jit(do_not_specialize=["num_slots"])
+def fp8_grouped_matmul_ws_kernel(a_desc, w_desc, out_ptr, stride_om,
+                                 a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk,
+                                 topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
+                                 N, K, num_slots,
+                                 GROUP_SIZE_M: gl.constexpr, GROUP_N: gl.constexpr, STAGES: gl.constexpr,
+                                 SCATTER: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES] + w_desc.block_type.shape, w_desc.layout)
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    out = (out_ptr, stride_om)
+    scales = (a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk)
+    schedule = (topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr)
+    gl.warp_specialize([
+        (_mma_partition, (a_bufs, w_bufs, ready, empty, out, scales, schedule, N, K, num_slots, GROUP_SIZE_M,
+                          GROUP_N, SCATTER, num_warps)),
+        (_load_partition, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr, num_tokens_post_padded_ptr,
+                           N, K, GROUP_SIZE_M)),
+    ], [1], [LOAD_REGS])

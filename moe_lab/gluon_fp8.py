@@ -1,0 +1,174 @@
+"""A warp-specialized Hopper grouped GEMM for block-scaled float8 (DeepSeek-V3's w8a8 recipe), in Gluon.
+
+The same function as `grouped_matmul(a, w, routing, config, gather_a=..., a_scale=..., w_scale=...,
+block_shape=(128, 128))` with float8_e4m3fn operands: per M-block of the routing, out = sum over 128-deep K
+blocks of (a @ w[e].T) x a_scale x w_scale, float32 sums, bfloat16 out. The kernel
+(moe_lab/_kernels/gluon_fp8.py) gives TMA loads to one warp and wgmmas to one or two warpgroups that scale
+each K block's product while the next block's wgmma runs; one program per SM walks the tiles.
+
+Hopper's TMA copies boxes and cannot gather rows, so with gather_a (the up GEMM) the token rows and their
+scales are first copied into the routing's padded expert order (`permute_tokens`: [rows, K] float8 and
+[rows, K/128] float32, zero padding rows), and the kernel reads that copy through a descriptor.
+
+Not wired into `fused_moe`: `moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with
+Gluon's `warp_specialize`, an sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from .align import AlignedRouting
+from .capability import descriptor_problem, gluon_fp8_support
+from .configs import GemmConfig
+from .gemm import check_activation_scale, check_weight_scale
+from .permute import permute_tokens
+from .plan import GluonFp8Plan, plan_gluon_fp8
+from .quantize import FP8_DTYPE, check_gemm_block_shape
+
+__all__ = ["GluonFp8Plan", "grouped_matmul_fp8_gluon", "gluon_fp8_support"]
+
+
+def grouped_matmul_fp8_gluon(
+    a: torch.Tensor,
+    w: torch.Tensor,
+    routing: AlignedRouting,
+    config: Optional[GemmConfig] = None,
+    *,
+    gather_a: bool,
+    scatter: bool = False,
+    topk_weights: Optional[torch.Tensor] = None,
+    a_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    block_shape=(128, 128),
+    out: Optional[torch.Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    return_plan: bool = False,
+):
+    """Every expert's block-scaled float8 GEMM of one projection, warp-specialized Gluon kernel (Hopper).
+
+    Args:
+        a: float8_e4m3fn [T, K] token rows (gather_a=True, the up projection) or [routing.max_num_tokens_padded,
+            K] rows in padded sorted order (gather_a=False); any strides with gather_a (the rows are copied
+            into sorted order first), else a last stride of 1 and 16-byte aligned rows (TMA).
+        w: float8_e4m3fn [E, N, K] weights whose [E * N, K] view is a plain matrix (last stride 1, stride(0) =
+            N * stride(1)); K a multiple of 16.
+        routing: the schedule from `moe_align`, BLOCK_SIZE_M 64 or 128.
+        config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N (dividing block_n), GROUP_SIZE_M and num_stages;
+            BLOCK_SIZE_K and num_warps are the kernel's (128, one warpgroup per 64 rows). Default:
+            `plan_gluon_fp8`'s.
+        gather_a, scatter, topk_weights: as in `moe_lab.grouped_matmul` (topk_weights only with scatter).
+        a_scale: float32 [rows, ceil(K/128)], rows as for a; w_scale: float32 [E, ceil(N/block_n), ceil(K/128)].
+        block_shape: [block_n, block_k] of the weight scales; block_k must be 128.
+        out: optional output [rows_sorted, N] (or [T*k, N] with scatter), last stride 1; out_dtype: bfloat16
+            (default), float16 or float32. Rows of blocks past num_tokens_post_padded are left as they were.
+        return_plan: also return the GluonFp8Plan launched.
+    Returns:
+        out, or (out, GluonFp8Plan) with return_plan.
+    Raises:
+        RuntimeError where the kernel cannot run (`moe_lab.capability.gluon_fp8_support`'s reason);
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides, devices or configs.
+    """
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if gather_a and scatter:
+        raise ValueError("gather_a=True with scatter=True is not a supported combination (see grouped_matmul)")
+    if topk_weights is not None and not scatter:
+        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
+    check_tensor("w", w, ndim=3, dtypes=(FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]")
+    num_experts, n, k = w.shape
+    rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
+    layout = "[T, K]" if gather_a else "[max_num_tokens_padded, K]"
+    check_tensor("a", a, ndim=2, dtypes=(FP8_DTYPE,), shape=(rows, k), layout=layout)
+    block_shape = check_gemm_block_shape(block_shape)
+    if block_shape is None:
+        raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
+    w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
+    a_scale = check_activation_scale("a_scale", a_scale, rows, k, block_shape)
+    if topk_weights is not None:
+        check_tensor(
+            "topk_weights",
+            topk_weights,
+            ndim=2,
+            dtypes=FLOAT_DTYPES,
+            shape=(routing.num_tokens, routing.top_k),
+            layout="[T, k]",
+        )
+    out_dtype = out.dtype if out_dtype is None and isinstance(out, torch.Tensor) else out_dtype or torch.bfloat16
+    if out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
+    out = output_buffer(out, (out_rows, n), out_dtype, a.device, "[rows, N]")
+    check_same_device(
+        a=a,
+        w=w,
+        a_scale=a_scale,
+        w_scale=w_scale,
+        topk_weights=topk_weights,
+        sorted_token_ids=routing.sorted_token_ids,
+        out=out,
+    )
+    check_not_aliased(out, a=a, w=w, a_scale=a_scale, w_scale=w_scale, topk_weights=topk_weights)
+    if w.stride(2) != 1 or (num_experts > 1 and w.stride(0) != n * w.stride(1)):
+        raise ValueError(
+            f"w must view as one [E * N, K] matrix for the Gluon kernel's descriptor (last stride 1, stride(0) "
+            f"= N * stride(1)), got strides {tuple(w.stride())} for shape {tuple(w.shape)}"
+        )
+    reason = gluon_fp8_support(a.device)
+    if reason is not None:
+        raise RuntimeError(f"the Gluon FP8 grouped GEMM cannot run here: {reason}")
+    plan = plan_gluon_fp8(routing, n, k, block_shape, a.device, config, out.element_size())
+    if routing.max_num_tokens_padded and n and k:
+        _launch(plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter)
+    return (out, plan) if return_plan else out
+
+
+def _launch(plan: GluonFp8Plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter):
+    """Build the descriptors (A permuted first with gather_a) and launch; operands checked by the caller."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from ._kernels.gluon_fp8 import fp8_grouped_matmul_ws_kernel
+
+    config = plan.config
+    num_experts, n, k = w.shape
+    if gather_a:
+        a, a_scale = permute_tokens(a, routing), permute_tokens(a_scale, routing)
+    problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
+    if problem:
+        raise ValueError(f"a cannot be read through a tensor descriptor: {problem}")
+    w_rows = w.as_strided((num_experts * n, k), (w.stride(1), 1))
+    a_layout = gl.NVMMASharedLayout.get_default_for([config.BLOCK_SIZE_M, config.BLOCK_SIZE_K], gl.float8e4nv)
+    w_layout = gl.NVMMASharedLayout.get_default_for([config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], gl.float8e4nv)
+    a_desc = TensorDescriptor.from_tensor(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K], a_layout)
+    w_desc = TensorDescriptor.from_tensor(w_rows, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], w_layout)
+    weights = topk_weights.reshape(-1) if topk_weights is not None else None
+    if weights is not None and not weights.is_contiguous():
+        weights = weights.contiguous()
+    fp8_grouped_matmul_ws_kernel[(plan.grid,)](
+        a_desc,
+        w_desc,
+        out,
+        out.stride(0),
+        a_scale,
+        *a_scale.stride(),
+        w_scale,
+        *w_scale.stride(),
+        weights,
+        routing.sorted_token_ids,
+        routing.expert_ids,
+        routing.num_tokens_post_padded,
+        n,
+        k,
+        routing.num_slots,
+        SCATTER=scatter,
+        **plan.constexprs,
+    )

@@ -169,7 +169,7 @@ def test_handles_give_the_bits_of_the_jit_path(monkeypatch, num_tokens, fp8, per
     if persistent:
         config = MoEConfig(GemmConfig(64, 128, 64, 8, 4, 3, persistent=True), GemmConfig(64, 64, 64, 8, 4, 3))
     kw = dict(use_tma=use_tma, config=config, **scales)
-    fused_moe(hs, w1, w2, tw, ti, **kw)  # takes the handles
+    fused_moe(hs, w1, w2, tw, ti, out=torch.empty_like(hs), **kw)  # takes the handles (`out` given: part of the key)
     (plan,) = plan_module._layer_plans.values()
     assert any(site.handles for site in plan.sites.values())
     hs2, _, _, tw2, ti2, _ = _layer(num_tokens, False, seed=1)  # new values, the same facts

@@ -173,9 +173,9 @@ def select_load_path(
 ) -> LoadPath:
     """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
     other question, whether this device and Triton can). Precedence, first match wins:
-    1. `use_tma=False`: pointer loads. 2. `MOE_LAB_TMA=0`, or a device/Triton without TMA: pointer loads
-    (and ValueError with `use_tma=True`). 3. `use_tma="auto"` with `config.tma=False` (the tuner found
-    pointer loads faster for this shape): pointer loads. 4. Per operand, TMA where its tensor meets the
+    1. `use_tma=False`: pointer loads. 2. `use_tma="auto"` with `config.tma=False` (the tuner found
+    pointer loads faster for this shape): pointer loads. 3. `MOE_LAB_TMA=0`, or a device/Triton without TMA:
+    pointer loads (and ValueError with `use_tma=True`). 4. Per operand, TMA where its tensor meets the
     descriptor rules; elsewhere pointer loads with the broken rule as the reason, or ValueError with
     `use_tma=True` (for w, and for a sorted-layout a). With `swiglu` (the SwiGLU epilogue, gate and up rows
     as halves of w) the weights are read as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate

@@ -189,14 +189,14 @@ def patch_moe_lab() -> None:
         module.gluon_fp8_support = fake_gluon_fp8_support
 
     if not hasattr(gm, "multiprocessor_count"):
-        raise RuntimeError("moe_lab.plan.multiprocessor_count is gone: update moe_lab/compile_only.py")
+        raise RuntimeError("moe_lab.plan.multiprocessor_count is gone: update moe_lab/tools/compile_only.py")
     gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
 
     # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
     # give it the fake GPU's budget (the plan then fits with the package's own function).
     if not hasattr(gm, "shared_memory_budget"):
         raise RuntimeError(
-            "moe_lab.plan.shared_memory_budget is gone: update moe_lab/compile_only.py "
+            "moe_lab.plan.shared_memory_budget is gone: update moe_lab/tools/compile_only.py "
             "(it hands the fake GPU's shared memory to the launch plan)"
         )
     gm.shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem

@@ -1,9 +1,13 @@
 """`moe-lab doctor`: facts, findings, exit status."""
 
+import os
+
 import pytest
 
 from moe_lab.tools import doctor
 from moe_lab.tools.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_doctor_reports_versions_device_and_widgets(capsys):
@@ -82,14 +86,27 @@ def test_doctor_names_numpy_too_new_for_triton_3_6s_interpreter(monkeypatch):
 # The real states, in a fresh Python each: `import moe_lab` succeeds, a name of the package raises the
 # explanation, `moe-lab demo` refuses in one line, and `moe-lab doctor` runs and names the problem (exit 1).
 BROKEN = {
-    "no Triton": "import sys; sys.modules['triton'] = None",
+    "no Triton": "",  # run on a copy of site-packages without Triton (below)
     "Triton 3.6, numpy 2.4": "import os, numpy, triton; os.environ['TRITON_INTERPRET'] = '1'; "
     "triton.__version__ = '3.6.0'; numpy.__version__ = '2.4.6'",
 }
 
 
+def _site_without_triton(folder) -> dict:
+    """The environment of a Python whose packages are this one's but Triton: site-packages' entries linked
+    into `folder`, Triton's left out, and no site processing (-S) so that only `folder` and the repository
+    are on the path, as where Triton was never installed."""
+    import site
+
+    (packages,) = [p for p in site.getsitepackages() if os.path.isdir(os.path.join(p, "torch"))]
+    for entry in os.listdir(packages):
+        if not entry.lower().startswith("triton"):
+            os.symlink(os.path.join(packages, entry), os.path.join(folder, entry))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), ROOT]))
+
+
 @pytest.mark.parametrize("state", sorted(BROKEN))
-def test_the_doctor_runs_where_the_kernels_cannot(state):
+def test_the_doctor_runs_where_the_kernels_cannot(state, tmp_path):
     import subprocess
     import sys
 
@@ -107,7 +124,10 @@ print("DEMO", main(["demo"]))
 print("DOCTOR", main(["doctor"]))
 """
     )
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    command, env = [sys.executable, "-c", script], None
+    if state == "no Triton":
+        command, env = [sys.executable, "-S", "-c", script], _site_without_triton(tmp_path)
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     out = run.stdout
     assert "RAISED moe_lab.fused_moe cannot be used here" in out and "DEMO 2" in out and "DOCTOR 1" in out

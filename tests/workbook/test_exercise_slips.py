@@ -2,7 +2,7 @@
 its checker: sizes written into a kernel, a masked load without other=, a row offset in int32, slips named
 by what they compute, and a kernel that never ends (stopped with a message, or by the learner)."""
 
-import _thread
+import ctypes
 import threading
 
 import pytest
@@ -264,8 +264,13 @@ def test_a_loop_that_never_ends_is_stopped_outside_the_main_thread_too(monkeypat
 
 def _interrupted(strict: bool):
     """check_persistent_copy on the never-ending kernel, stopped after 1.5 s as Jupyter's stop button does
-    (a SIGINT: KeyboardInterrupt in the main thread)."""
-    timer = threading.Timer(1.5, _thread.interrupt_main)
+    (a SIGINT: KeyboardInterrupt in the thread running the cell; here the test's thread, which pytest-xdist's
+    workers need not run in the main thread)."""
+    target = threading.get_ident()
+    timer = threading.Timer(
+        1.5,
+        lambda: ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(target), ctypes.py_object(KeyboardInterrupt)),
+    )
     timer.start()
     try:
         return exercises.check_persistent_copy(persistent_without_step, strict=strict)

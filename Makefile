@@ -28,8 +28,8 @@ LAB_ARGS   ?=
 OTHER_TRITONS := 3.6.0 3.8.0 3.9.0
 OVERLAY_TRITON = .ci/overlay-venv .venv-triton-$$v triton==$$v $$(case $$v in 3.6.*) echo 'numpy<2.4';; esac)
 
-.PHONY: setup prefetch lint demo test test-matrix compile-check test-widgets7 test-ui test-ui-all test-gpu lab notebooks info \
-  doctor clean
+.PHONY: setup prefetch lint demo test test-matrix compile-check test-widgets7 test-fresh-host test-ui test-ui-all test-gpu lab \
+  notebooks info doctor clean
 
 # The first setup says what it installs and how large, and pip shows torch's download: PyPI's Linux torch is
 # the CUDA build (its CUDA libraries are about 3 GB more to download); PyTorch's CPU index gives the small
@@ -115,6 +115,14 @@ test-widgets7: $(STAMP)   ## widget tests and the notebooks with widgets (nbval)
 	$(WIDGETS7_VENV)/bin/python $(PYTEST) tests/workbook/test_viz_*.py $(XDIST) \
 	  -W 'ignore:The `ipykernel.comm.Comm` class has been deprecated:DeprecationWarning'
 	$(WIDGETS7_VENV)/bin/python $(PYTEST) $(WIDGET_NOTEBOOKS) $(NBVAL)
+
+# Each notebook alone in a fresh hosted runtime: a venv of its own with only torch, Triton, numpy, ipywidgets and
+# the Jupyter kernel (hard-linked from .venv: seconds, no download), where the setup cell must install moe-lab
+# from this clone and keep those versions (.ci/fresh_host.py says what it checks). Up to each notebook's first
+# kernel launch (make test runs every cell already); FRESH_HOST_ARGS=--all-cells runs every cell.
+FRESH_HOST_ARGS ?=
+test-fresh-host: $(STAMP) ## each notebook alone in a fresh host venv (torch, Triton, ipywidgets only): setup cell installs moe-lab
+	$(PY) .ci/fresh_host.py $(FRESH_HOST_ARGS)
 
 # The browser test in CI: notebook 02 run in JupyterLab in headless Chromium, its widget drawn and its slider
 # dragged until the figure is redrawn: what only a browser shows (the widgets' front end in JupyterLab 4, the

@@ -26,6 +26,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
+# The TMA load is `async_load` from Triton 3.8 on (3.9 removed the old name).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
 
 @gluon.jit
 def _tile(t, num_pid_m, num_pid_n, GROUP_SIZE_M: gl.constexpr):
@@ -60,9 +63,9 @@ def _load_partition(a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr
                 mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
                 bar = ready.index(stage)
                 mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(a_desc, [pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K], bar,
+                _tma_load(a_desc, [pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K], bar,
                                                 a_bufs.index(stage))
-                tma.async_copy_global_to_shared(w_desc, [w_row, k * BLOCK_SIZE_K], bar, w_bufs.index(stage))
+                _tma_load(w_desc, [w_row, k * BLOCK_SIZE_K], bar, w_bufs.index(stage))
                 step += 1
 
 

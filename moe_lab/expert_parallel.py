@@ -110,24 +110,31 @@ def dispatch(
     Collective: every rank of `group` calls it (a rank with T = 0 too). It exchanges the counts, reads them
     back to the host once (the one sync: `all_to_all_single` takes its split sizes as Python ints), then
     sends the rows in hidden_states' dtype and their (local expert, weight) pairs. Raises ValueError on
-    every rank if any rank's topk_ids hold an expert outside [0, num_experts)."""
+    every rank if any rank's topk_ids hold an expert outside [0, num_experts), or if the ranks' hidden_states
+    differ in H or dtype."""
     rank, world = _group_rank_and_size(group)
     expert_range(num_experts, rank, world)  # raises unless every rank holds an expert
     top_k = topk_ids.shape[1]
     dest, local = _destinations(topk_ids, num_experts, world)
     order = torch.argsort(dest, stable=True)  # by rank, each rank's slots in (token, slot) order
     # Row r of the counts goes to rank r: (rows for r, this rank's invalid ids), so every rank sees them all.
+    # H and the rows' dtype travel too, so that ranks that disagree all raise instead of a collective failing.
     counts = torch.bincount(dest, minlength=world + 1)
-    send = torch.stack((counts[:world], counts[world].expand(world)), dim=1)
+    facts = counts.new_tensor([hidden_states.shape[1], FLOAT_DTYPES.index(hidden_states.dtype)])
+    send = torch.cat((counts[:world, None], counts[world].expand(world, 1), facts.expand(world, 2)), dim=1)
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
-    both = torch.cat((send[:, 0], recv[:, 0], recv[:, 1])).tolist()  # the host sync
-    send_counts, recv_counts, bad = both[:world], both[world : 2 * world], both[2 * world :]
+    both = torch.cat((send[:, 0], recv.t().reshape(-1))).tolist()  # the host sync
+    send_counts, recv_counts, bad = both[:world], both[world : 2 * world], both[2 * world : 3 * world]
+    widths, dtypes = both[3 * world : 4 * world], both[4 * world :]
     if any(bad):
         worst = next(r for r, b in enumerate(bad) if b)
         raise ValueError(
             f"topk_ids must hold experts in [0, {num_experts}): rank {worst} of the group has {bad[worst]} outside"
         )
+    if len(set(widths)) > 1 or len(set(dtypes)) > 1:
+        seen = ", ".join(f"rank {r}: H={h} {FLOAT_DTYPES[d]}" for r, (h, d) in enumerate(zip(widths, dtypes)))
+        raise ValueError(f"hidden_states must have the same H and dtype on every rank of the group, got {seen}")
     rows = hidden_states.index_select(0, order // top_k)
     # The local expert and the routed weight's float32 bits travel together, one collective for both; the
     # kernel multiplies in float32 anyway, so a bfloat16 weight sent as float32 gives the same product.
@@ -194,8 +201,9 @@ def fused_moe_expert_parallel(
             `expert_map`, then one all-reduce of [T, H]).
         group: the process group (default: the world).
         out: optional [T, H] output buffer, as `fused_moe` takes it.
-        layer_options: `fused_moe`'s keywords (config, use_tma, w1_scale / w2_scale of the local experts,
-            a1_scale, a2_scale, block_shape, chunk_size, check_ids).
+        layer_options: `fused_moe`'s keywords (config, use_tma, activation, w1_bias / w2_bias and w1_scale /
+            w2_scale of the local experts, a1_scale, a2_scale, block_shape, chunk_size, check_ids); not
+            expert_map (set here) nor shared experts (every rank holds them: run them apart).
     Returns:
         [T, H] in hidden_states' dtype: this rank's tokens' outputs.
 
@@ -211,8 +219,9 @@ def fused_moe_expert_parallel(
     all_reduce: no host sync, CUDA-graph safe; the output is the sum of world_size rounded shares, in the
     order NCCL chooses, so it matches one GPU to rounding only.
     Raises:
-        ValueError for an unknown mode, a w1_local that does not hold this rank's block, or (on every rank)
-        experts outside [0, num_experts) on any rank; RuntimeError without torch.distributed initialized;
+        ValueError for an unknown mode, a w1_local that does not hold this rank's block, expert_map or shared
+        experts among layer_options, or (on every rank) experts outside [0, num_experts) on any rank or ranks
+        whose hidden_states differ in H or dtype; RuntimeError without torch.distributed initialized;
         `fused_moe`'s TypeError / ValueError for bad shapes, dtypes and options.
     """
     if mode not in MODES:
@@ -233,6 +242,14 @@ def fused_moe_expert_parallel(
         raise ValueError(
             f"w1_local must be [E_local, 2I, H] with this rank's {hi - lo} experts (global [{lo}, {hi}) of "
             f"{num_experts} over {world} ranks: expert_range), got {got}"
+        )
+    if "expert_map" in layer_options:
+        raise ValueError("expert_map is set per rank by fused_moe_expert_parallel (expert_range); do not pass it")
+    shared = sorted(name for name in ("shared_w1", "shared_w2", "shared_weights") if name in layer_options)
+    if shared:
+        raise ValueError(
+            f"shared experts ({', '.join(shared)}) are not split over ranks: every rank holds them, so run them on "
+            "this rank's tokens with fused_moe or a dense MLP and add that to this function's output"
         )
     if mode == "all_reduce":
         expert_map = expert_map_for_rank(num_experts, rank, world, hidden_states.device)

@@ -105,6 +105,14 @@ def _worker(rank, world, init_file, single_outputs):
         bad[0, 0] = num_experts
     with pytest.raises(ValueError, match=r"topk_ids must hold experts in \[0, 6\): rank 0 of the group has 1 outside"):
         fused_moe_expert_parallel(hs[mine], w1_local, w2_local, weights[mine], bad, num_experts=num_experts)
+    args = (hs[mine], w1_local, w2_local, weights[mine], ids[mine])
+    with pytest.raises(ValueError, match="expert_map is set per rank by fused_moe_expert_parallel"):
+        fused_moe_expert_parallel(*args, num_experts=num_experts, expert_map=torch.arange(num_experts))
+    with pytest.raises(ValueError, match=r"shared experts \(shared_w1, shared_w2\) are not split over ranks"):
+        fused_moe_expert_parallel(*args, num_experts=num_experts, shared_w1=w1[:1], shared_w2=w2[:1])
+    mixed = hs[mine].float() if rank == 1 else hs[mine]  # ranks that disagree on the dtype: all raise
+    with pytest.raises(ValueError, match=r"the same H and dtype on every rank of the group, got rank 0: H=\d+ "):
+        fused_moe_expert_parallel(mixed, *args[1:], num_experts=num_experts)
     dist.destroy_process_group()
 
 

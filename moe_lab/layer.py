@@ -79,17 +79,18 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
     """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE); `prefix`
     names shared experts' (shared_w1, shared_w2) in messages."""
     n1, n2 = prefix + "w1", prefix + "w2"
-    check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout="[E, 2I, H]", dtype_of=dtype_of)
+    e, i = ("S", "I_s") if prefix else ("E", "I")  # shared experts: S of width I_s
+    check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout=f"[{e}, 2{i}, H]", dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
     if num_experts == 0:
-        raise ValueError(f"{n1} must have shape [E, 2I, H] with at least one expert, got {tuple(w1.shape)}")
+        raise ValueError(f"{n1} must have shape [{e}, 2{i}, H] with at least one expert, got {tuple(w1.shape)}")
     if two_inter % 2 or two_inter == 0:
-        raise ValueError(f"{n1} must have shape [E, 2I, H] with an even, non-zero 2I, got {tuple(w1.shape)}")
+        raise ValueError(f"{n1} must have shape [{e}, 2{i}, H] with an even, non-zero 2{i}, got {tuple(w1.shape)}")
     if isinstance(w2, torch.Tensor) and tuple(w2.shape) == (num_experts, hidden, two_inter):
         # I is read from w1's rows: a w1 of I rows (its up half missing) would read as a wrong w2
         raise ValueError(
-            f"{n1} must have shape [E, 2I, H] (gate rows, then up rows) = [{num_experts}, "
-            f"{2 * two_inter}, {hidden}] for {n2} [E, H, I] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
+            f"{n1} must have shape [{e}, 2{i}, H] (gate rows, then up rows) = [{num_experts}, "
+            f"{2 * two_inter}, {hidden}] for {n2} [{e}, H, {i}] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
             f"only one of the gate and up projections?"
         )
     check_tensor(
@@ -98,7 +99,7 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
         ndim=3,
         dtypes=(w1.dtype,),
         shape=(num_experts, hidden, two_inter // 2),
-        layout="[E, H, I]",
+        layout=f"[{e}, H, {i}]",
         dtype_of=n1,
     )
 

@@ -7,6 +7,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
 from .expert_kind import Activation, check_activation
 from .gemm import check_weight_scale
@@ -120,7 +121,19 @@ def fused_moe_reference(
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
     the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
     the quantization's.
+    Raises TypeError / ValueError for hidden_states, topk_ids and topk_weights of the wrong rank, dtype or
+    shape and for experts outside [0, E) (as `fused_moe` does); the weights' shapes are left to torch.
     """
+    from .layer import _check_ids  # the layer imports the kernels: only when called
+
+    check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
+    check_tensor(
+        "topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(hidden_states.shape[0], None), layout="[T, k]"
+    )
+    check_tensor(
+        "topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape), layout="[T, k]"
+    )
+    _check_ids(topk_ids, expert_map, w1.shape[0], True)  # experts out of range would add nothing: say so
     fp8 = w1.dtype == torch.float8_e4m3fn
     if fp8:  # the layer's checks of the scales, so a mistake is named as fused_moe names it
         block_shape = check_gemm_block_shape(block_shape)

@@ -210,3 +210,14 @@ def test_launchers_refuse_an_out_over_what_they_read():
             scatter=True,
             out=buf.view(4, 32),
         )
+
+
+def test_the_reference_names_bad_routing_as_fused_moe_does():
+    """fused_moe_reference is the check users compare with: experts out of range would add nothing (a zero
+    output that looks like a result), and a [T, k] mismatch would fail deep in torch."""
+    hs, w1, w2 = torch.randn(4, 48), torch.randn(4, 32, 48), torch.randn(4, 48, 16)
+    ids, weights = torch.zeros(4, 2, dtype=torch.int32), torch.ones(4, 2)
+    with pytest.raises(ValueError, match=r"topk_ids must hold experts in \[0, 4\), got values from 4 to 4"):
+        fused_moe_reference(hs, w1, w2, weights, ids + 4)
+    with pytest.raises(ValueError, match=r"topk_weights must have shape \[T, k\]"):
+        fused_moe_reference(hs, w1, w2, weights[:2], ids)

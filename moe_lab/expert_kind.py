@@ -81,7 +81,7 @@ def check_activation(activation: Union[Activation, str, None], name: str = "acti
         try:
             return Activation(activation)
         except ValueError as exc:
-            raise ValueError(f"{name}: {exc}") from None
+            raise ValueError(str(exc).replace("activation kind", f"{name} kind", 1)) from None
     raise TypeError(
         f"{name} must be a moe_lab.Activation, 'silu', 'swigluoai' or None, got {type(activation).__name__}"
     )

@@ -169,7 +169,9 @@ EXPERT_KIND_PRESETS = {
 
 def get_preset(name: str) -> MoEPreset:
     """The preset called `name` (see PRESETS and EXPERT_KIND_PRESETS); raises ValueError listing the names
-    otherwise."""
+    otherwise, TypeError for a name that is not a string."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a model preset's name (str), got {type(name).__name__}")
     key = name.lower()
     if key in PRESETS:
         return PRESETS[key]

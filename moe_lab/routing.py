@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, check_positive_int, check_tensor
+from ._validate import FLOAT_DTYPES, check_one_device, check_positive_int, check_tensor
 
 
 @dataclass(frozen=True)
@@ -76,6 +76,7 @@ def topk_routing(
         check_tensor(
             "correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_experts,), layout="[E]"
         )
+        check_one_device(router_logits=router_logits, correction_bias=correction_bias)
     if (
         isinstance(routed_scaling_factor, bool)
         or not isinstance(routed_scaling_factor, (int, float))

@@ -33,7 +33,9 @@ from typing import Dict, Optional, Union
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._ints import cdiv
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._launch import LaunchSite, launch
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
@@ -84,7 +86,7 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
             w_scale,
             ndim=3,
             dtypes=(torch.float32,),
-            shape=(num_experts, triton.cdiv(n, block_shape[0]), triton.cdiv(k, block_shape[1])),
+            shape=(num_experts, cdiv(n, block_shape[0]), cdiv(k, block_shape[1])),
             layout="[E, ceil(N/block_n), ceil(K/block_k)]",
         )
         return w_scale
@@ -110,7 +112,7 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
             a_scale,
             ndim=2,
             dtypes=(torch.float32,),
-            shape=(rows, triton.cdiv(k, block_shape[1])),
+            shape=(rows, cdiv(k, block_shape[1])),
             layout="[rows, ceil(K/block_k)]",
         )
         return a_scale
@@ -328,7 +330,7 @@ def grouped_matmul(
             )
     out = output_buffer(out, (out_rows, out_cols), out_dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
     out_scale = (
-        torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
+        torch.empty((out_rows, cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
         if quant_group
         else None
     )
@@ -394,22 +396,19 @@ def run_gemm(
     scales: Optional[Fp8Scales] = None,
     w_bias: Optional[torch.Tensor] = None,
     site: Optional[LaunchSite] = None,
+    a_desc=None,
 ) -> LaunchPlan:
     """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
     check here (w_bias: [E, N], a bias per weight row, or None). Returns the plan as launched: where the
     compiler needed more shared memory than the plan's estimate, with fewer pipeline stages (ValueError if
     even one stage does not fit). `site`: where a cached layer plan keeps this launch's compiled kernel
-    (`moe_lab._launch`), or None."""
+    (`moe_lab._launch`), or None. `a_desc`: `input_descriptor(plan, a)` made before (a kept buffer's), or
+    None: made here where the plan reads `a` by TMA."""
     if plan.grid == 0:
         return plan
-    a_desc = w_desc = None
-    if plan.path.a_tma or plan.path.w_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        if plan.path.a_tma:
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
-        if plan.path.w_tma:
-            w_desc = _weight_descriptor(w, plan)
+    if plan.path.a_tma and a_desc is None:
+        a_desc = input_descriptor(plan, a)
+    w_desc = _weight_descriptor(w, plan) if plan.path.w_tma else None
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
@@ -423,6 +422,11 @@ def run_gemm(
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
+def input_descriptor(plan: LaunchPlan, a: torch.Tensor):
+    """The tensor descriptor through which `plan` reads `a` (a plan whose path.a_tma is True)."""
+    return TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
+
+
 # The tensor descriptors of weight tensors, by id while the tensor lives: (a weak reference to it, its data
 # pointer, shape, strides and dtype, {box: descriptor}). Weights stay put between calls, so each descriptor is
 # built once; an entry goes with its tensor, and is built again where the tensor's facts changed.
@@ -432,8 +436,6 @@ _WEIGHT_DESCRIPTORS: Dict[int, tuple] = {}
 def _weight_descriptor(w: torch.Tensor, plan: LaunchPlan):
     """The tensor descriptor of weights `w` in `plan`'s boxes (`weight_box`), built once per tensor and box.
     It holds w's memory through a detached tensor, not w itself, so the entry does not keep w alive."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     facts = (w.data_ptr(), w.shape, w.stride(), w.dtype)
     entry = _WEIGHT_DESCRIPTORS.get(id(w))
     if entry is None or entry[0]() is not w or entry[1] != facts:

@@ -34,6 +34,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...align import AlignedRouting, moe_align
+from ...plan import tile_grid, tile_of_program
 from ...runtime import default_device, interpreter_active, require_gpu_timing
 from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, at_other_sizes, diagnose, grade, report
@@ -199,14 +200,6 @@ def _mistakes(inp: Inputs, projection: str) -> List[Tuple[str, torch.Tensor]]:
     return found
 
 
-def grouped_tile(pid: int, num_m_blocks: int, num_pid_n: int, group: int) -> Tuple[int, int]:
-    """(pid_m, pid_n) of program `pid` in Triton's grouped ordering."""
-    in_group = group * num_pid_n
-    first = pid // in_group * group
-    size = min(num_m_blocks - first, group)
-    return first + pid % in_group % size, pid % in_group // size
-
-
 def _tiles_seen(run: GuardedRun, inp: Inputs) -> Dict[int, Tuple[int, int]]:
     """{program: (pid_m, pid_n)} of every program that stored into out, from the record of its accesses:
     its M-block from its loads of sorted_token_ids, its N-block from the columns it stored."""
@@ -238,7 +231,7 @@ def _order_problem(run: GuardedRun, inp: Inputs) -> Optional[str]:
         return first + p % (g * num_n) % g, p % (g * num_n) // g
 
     orders = {
-        "grouped": lambda p: grouped_tile(p, num_m, num_n, g),
+        "grouped": lambda p: tile_of_program(p, num_m, num_n, g),
         f"row-major order (pid_m = pid // num_pid_n): with GROUP_SIZE_M = {g}, GROUP_SIZE_M M-blocks walk the "
         "N-blocks together, so neighbouring programs share weight tiles in the L2: group_id = pid // "
         "(GROUP_SIZE_M * num_pid_n), first_pid_m = group_id * GROUP_SIZE_M, pid_m = first_pid_m + (pid % "
@@ -253,10 +246,10 @@ def _order_problem(run: GuardedRun, inp: Inputs) -> Optional[str]:
     for why, order in orders.items():
         if all(order(p) == tile for p, tile in seen.items()):
             return None if why == "grouped" else f"every value is right, but the programs take their tiles in {why}"
-    p, tile = next((p, t) for p, t in sorted(seen.items()) if t != grouped_tile(p, num_m, num_n, g))
+    p, tile = next((p, t) for p, t in sorted(seen.items()) if t != tile_of_program(p, num_m, num_n, g))
     return (
         f"every value is right, but program {p} computed tile (pid_m, pid_n) = {tile}, where the grouped ordering "
-        f"(GROUP_SIZE_M = {g}, {num_m} M-blocks, {num_n} N-blocks) gives it {grouped_tile(p, num_m, num_n, g)}"
+        f"(GROUP_SIZE_M = {g}, {num_m} M-blocks, {num_n} N-blocks) gives it {tile_of_program(p, num_m, num_n, g)}"
     )
 
 
@@ -409,7 +402,7 @@ def kernel_args(inp: Inputs, projection: str, descs: dict) -> dict:
 
 
 def grid(inp: Inputs) -> Tuple[int]:
-    return (inp.routing.max_num_m_blocks * triton.cdiv(inp.case.N, inp.case.BLOCK_SIZE_N),)
+    return (tile_grid(inp.routing.max_num_m_blocks, inp.case.N, inp.case.BLOCK_SIZE_N),)
 
 
 def _run(kernel, inp: Inputs, projection: str, make_w_desc, make_a_desc):

@@ -200,12 +200,14 @@ def check_gemm_rows(routing, topk_weights, *, gather_a, scatter, return_plan) ->
 
 
 def check_bias(name: str, bias, w: torch.Tensor, a_dtype: torch.dtype, layout: str = "[E, N]"):
-    """A bias per weight row of w [E, N, K]: None, or [E, N] in a's dtype or float32 (float16, bfloat16 or
-    float32 for float8 w). Raises TypeError/ValueError naming `name` otherwise."""
+    """A bias per weight row of w [E, N, K]: None, or [E, N] in the activations' dtype `a_dtype` or float32,
+    whatever w's dtype (the layer passes hidden_states' dtype, so float and float8 weights take the same
+    biases); float16, bfloat16 or float32 for float8 activations (grouped_matmul's float8 a). Raises
+    TypeError/ValueError naming `name` otherwise."""
     if bias is None:
         return None
-    dtypes = FLOAT_DTYPES if w.dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
-    of = "" if w.dtype == FP8_DTYPE else "the activations, or float32"
+    dtypes = FLOAT_DTYPES if a_dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
+    of = "" if a_dtype == FP8_DTYPE else "the activations, or float32"
     check_tensor(name, bias, ndim=2, dtypes=dtypes, shape=tuple(w.shape[:2]), layout=layout, dtype_of=of)
     return bias
 

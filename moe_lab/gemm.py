@@ -53,6 +53,8 @@ __all__ = [
     "LoadPath",
     "UseTma",
     "check_activation_scale",
+    "check_fp8_scales",
+    "check_gemm_rows",
     "check_use_tma",
     "check_weight_scale",
     "grouped_matmul",
@@ -137,8 +139,10 @@ def kernel_scales(
     return Fp8Scales("outer", a_scale, w_scale)
 
 
-def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
-    """Check the scale arguments against a and w; None for float operands (which take none)."""
+def check_fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
+    """The scale arguments of a grouped GEMM of a [rows, K] and w [E, N, K] (`grouped_matmul`'s and the Gluon
+    FP8 GEMM's), checked against them: None for float operands (which take none), else the Fp8Scales the
+    kernel reads. Raises ValueError naming the argument, RuntimeError where float8 cannot run."""
     block_shape = check_gemm_block_shape(block_shape)
     if w.dtype != FP8_DTYPE:
         for name, given in (("a_scale", a_scale), ("w_scale", w_scale), ("block_shape", block_shape)):
@@ -160,13 +164,50 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
     return Fp8Scales("outer", a_scale, w_scale)
 
 
+def check_gemm_rows(routing, topk_weights, *, gather_a, scatter, return_plan) -> None:
+    """The arguments that say which rows a grouped GEMM reads and writes, as `grouped_matmul` and
+    `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon` take them: an AlignedRouting whose sorted_token_ids covers
+    its M-blocks; gather_a, scatter and return_plan bools, not gather_a with scatter; topk_weights None, or
+    [T, k] float16/bfloat16/float32 with scatter. Raises TypeError / ValueError naming the argument."""
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    # Every program reads its block's schedule words before it knows whether its block is in use.
+    if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
+        raise ValueError(
+            f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
+            f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
+            f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
+        )
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if gather_a and scatter:
+        raise ValueError(
+            "gather_a=True with scatter=True is not a supported combination (the up projection "
+            "writes sorted rows; the down projection reads them and scatters)"
+        )
+    if topk_weights is not None:
+        if not scatter:
+            raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
+        check_tensor(
+            "topk_weights",
+            topk_weights,
+            ndim=2,
+            dtypes=FLOAT_DTYPES,
+            shape=(routing.num_tokens, routing.top_k),
+            layout="[T, k]",
+        )
+
+
 def check_bias(name: str, bias, w: torch.Tensor, a_dtype: torch.dtype, layout: str = "[E, N]"):
-    """A bias per weight row of w [E, N, K]: None, or [E, N] in a's dtype or float32 (float16, bfloat16 or
-    float32 for float8 w). Raises TypeError/ValueError naming `name` otherwise."""
+    """A bias per weight row of w [E, N, K]: None, or [E, N] in the activations' dtype `a_dtype` or float32,
+    whatever w's dtype (the layer passes hidden_states' dtype, so float and float8 weights take the same
+    biases); float16, bfloat16 or float32 for float8 activations (grouped_matmul's float8 a). Raises
+    TypeError/ValueError naming `name` otherwise."""
     if bias is None:
         return None
-    dtypes = FLOAT_DTYPES if w.dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
-    of = "" if w.dtype == FP8_DTYPE else "the activations, or float32"
+    dtypes = FLOAT_DTYPES if a_dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
+    of = "" if a_dtype == FP8_DTYPE else "the activations, or float32"
     check_tensor(name, bias, ndim=2, dtypes=dtypes, shape=tuple(w.shape[:2]), layout=layout, dtype_of=of)
     return bias
 
@@ -245,20 +286,9 @@ def grouped_matmul(
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
     """
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
-    # Every program reads its block's schedule words before it knows whether its block is in use.
-    if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
-        raise ValueError(
-            f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
-            f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
-            f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
-        )
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
     if not isinstance(swiglu, (bool, Activation)):
         raise TypeError(f"swiglu must be a bool or a moe_lab.Activation, got {swiglu!r}")
     activation = swiglu if isinstance(swiglu, Activation) else SILU
@@ -277,19 +307,10 @@ def grouped_matmul(
         layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]",
         dtype_of="w",
     )
-    scales = _fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
+    scales = check_fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
             f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
-        )
-    if topk_weights is not None:
-        check_tensor(
-            "topk_weights",
-            topk_weights,
-            ndim=2,
-            dtypes=FLOAT_DTYPES,
-            shape=(routing.num_tokens, routing.top_k),
-            layout="[T, k]",
         )
     w_bias = check_bias("w_bias", w_bias, w, a.dtype)
     if swiglu:
@@ -356,14 +377,6 @@ def grouped_matmul(
         expert_ids=routing.expert_ids,
         num_tokens_post_padded=routing.num_tokens_post_padded,
     )
-
-    if gather_a and scatter:
-        raise ValueError(
-            "gather_a=True with scatter=True is not a supported combination (the up projection "
-            "writes sorted rows; the down projection reads them and scatters)"
-        )
-    if topk_weights is not None and not scatter:
-        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = plan_gemm(
         a,
         w,

@@ -25,10 +25,10 @@ from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check
 from .align import AlignedRouting
 from .capability import descriptor_problem, gluon_fp8_support
 from .configs import GemmConfig
-from .gemm import check_activation_scale, check_weight_scale
+from .gemm import check_fp8_scales, check_gemm_rows
 from .permute import permute_tokens
 from .plan import GluonFp8Plan, plan_gluon_fp8
-from .quantize import FP8_DTYPE, check_gemm_block_shape
+from .quantize import FP8_DTYPE
 
 __all__ = ["GluonFp8Plan", "grouped_matmul_fp8_gluon", "gluon_fp8_support"]
 
@@ -73,36 +73,18 @@ def grouped_matmul_fp8_gluon(
         RuntimeError where the kernel cannot run (`moe_lab.capability.gluon_fp8_support`'s reason);
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides, devices or configs.
     """
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if gather_a and scatter:
-        raise ValueError("gather_a=True with scatter=True is not a supported combination (see grouped_matmul)")
-    if topk_weights is not None and not scatter:
-        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     check_tensor("w", w, ndim=3, dtypes=(FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
     layout = "[T, K]" if gather_a else "[max_num_tokens_padded, K]"
     check_tensor("a", a, ndim=2, dtypes=(FP8_DTYPE,), shape=(rows, k), layout=layout)
-    block_shape = check_gemm_block_shape(block_shape)
     if block_shape is None:
         raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
-    w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
-    a_scale = check_activation_scale("a_scale", a_scale, rows, k, block_shape)
-    if topk_weights is not None:
-        check_tensor(
-            "topk_weights",
-            topk_weights,
-            ndim=2,
-            dtypes=FLOAT_DTYPES,
-            shape=(routing.num_tokens, routing.top_k),
-            layout="[T, k]",
-        )
+    scales = check_fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
+    a_scale, w_scale, block_shape = scales.a_scale, scales.w_scale, (scales.group_n, scales.group_k)
     out_dtype = out.dtype if out_dtype is None and isinstance(out, torch.Tensor) else out_dtype or torch.bfloat16
     if out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")

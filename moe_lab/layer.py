@@ -723,9 +723,9 @@ class FusedMoE(torch.nn.Module):
         _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,))
         fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, None, None, block_shape)
         self.activation = check_activation(activation)
-        bias_dtype = torch.float32 if w1.dtype == FP8_DTYPE else w1.dtype
-        self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, bias_dtype, "[E, 2I]"))
-        self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, bias_dtype, "[E, H]"))
+        # float weights are the activations' dtype; with float8 ones each call checks against hidden_states
+        self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, w1.dtype, "[E, 2I]"))
+        self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, w1.dtype, "[E, H]"))
         if (shared_w1 is None) != (shared_w2 is None):
             raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
         if shared_w1 is not None:

@@ -28,6 +28,7 @@ from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 import torch
 
 from ._ints import cdiv
+from ._kernels.grouped_matmul import _tile_coords
 from ._launch import LaunchSite, current_stream
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
@@ -266,7 +267,7 @@ def plan_gemm(
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, w.element_size(), budget)
     # With the SwiGLU epilogue a program covers BLOCK_SIZE_N/2 of the I output columns: the same grid.
-    grid = routing.max_num_m_blocks * cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
+    grid = tile_grid(routing.max_num_m_blocks, w.shape[1], config.BLOCK_SIZE_N)
     if config.persistent and grid:
         grid = min(grid, INTERPRETER_PROGRAMS if interpreter_active() else multiprocessor_count(w.device))
     if grid == 0:
@@ -302,6 +303,18 @@ def plan_gemm(
         dot,
         activation if swiglu else SILU,
     )
+
+
+def tile_grid(num_m_blocks: int, n: int, block_size_n: int) -> int:
+    """Tiles of a grouped matmul, the programs of its per-tile launch: one per M-block and BLOCK_SIZE_N of
+    w's N rows (0 without rows)."""
+    return num_m_blocks * cdiv(n, block_size_n)
+
+
+def tile_of_program(pid: int, num_m_blocks: int, num_pid_n: int, group_size_m: int) -> Tuple[int, int]:
+    """(pid_m, pid_n) of tile `pid` (a per-tile launch's program id) in GROUP_SIZE_M ordering: the grouped
+    matmul kernels' own `_tile_coords`, run on the host (the workbook's checkers and pictures read it)."""
+    return _tile_coords.fn(pid, num_m_blocks, num_pid_n, group_size_m)
 
 
 def weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -731,7 +744,7 @@ def plan_gluon_fp8(
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
-    tiles = routing.max_num_m_blocks * cdiv(n, config.BLOCK_SIZE_N)
+    tiles = tile_grid(routing.max_num_m_blocks, n, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = num_warps + _WARPGROUP
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8

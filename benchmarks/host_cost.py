@@ -4,7 +4,8 @@
 
 For each model preset (full size, bfloat16) and token count T it measures, in milliseconds per call:
   - host_ms: the wall time of the Python call (`time.perf_counter` around `fused_moe`; the least of 3 medians
-    of 100 calls), the GPU idle before each call (`torch.cuda.synchronize()` outside the timed region), so the time is the host's alone:
+    of 100 calls), the GPU idle before each call (`torch.cuda.synchronize()` outside the timed region), so the
+    time is the host's alone:
     checks, planning and enqueueing the kernels (through their compiled handles, `moe_lab._launch`);
   - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
     plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where

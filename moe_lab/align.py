@@ -278,11 +278,11 @@ _SLOT_ORDER_ROWS: Dict[tuple, _SlotOrderRows] = {}
 
 def slot_order_applies(shape, stride, dtype: torch.dtype, has_expert_map: bool) -> bool:
     """Whether topk_ids of this shape, strides and dtype take the slot-order schedule (`slot_order_routing`):
-    int32 [1, k], contiguous, without expert_map."""
+    int32 or int64 [1, k], contiguous, without expert_map."""
     return (
         len(shape) == 2
         and shape[0] == 1
-        and dtype == torch.int32
+        and dtype in (torch.int32, torch.int64)
         and (shape[1] <= 1 or stride[1] == 1)
         and not has_expert_map
     )
@@ -303,8 +303,9 @@ def slot_order_routing(
     A skipped block's rows are not padding (they name their slot) but nothing writes them: the unfused
     activation and the FP8 quantization read them as they are, and nothing reads what they make of them.
 
-    Applies to int32 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup;
-    `slot_order_applies`); int64 ids would compile the GEMMs again for their pointer type. The rows are made
+    Applies to int32 or int64 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup;
+    `slot_order_applies`); int64 ids (torch.topk's, transformers') compile the GEMMs once more for the
+    ids' pointer type. The rows are made
     on the device with no host sync; while a CUDA graph is being captured they cannot be made, so a first
     call then returns None (the layer takes the align).
     """

@@ -34,6 +34,7 @@ CHECKERS = {
     "check_pipelined_matmul": "pipelined_matmul",  # 07: a K loop with num_stages
     "check_persistent_copy": "persistent_walk",  # 08: a persistent grid walking the tiles in use
     "check_quantize_rows": "quantize_rows",  # 09: FP8 quantization, one scale per row per group
+    "check_ws_copy": "ws_copy",  # 10: the producer of a warp-specialized TMA copy (Gluon: model, sm_90 compile, GPU)
     "check_capstone_up": "capstone",  # 05b: the whole grouped GEMM of the up projection (A gathered, W by TMA)
     "check_capstone_down": "capstone",  # 05b: the whole grouped GEMM of the down projection (both by TMA)
 }

@@ -322,16 +322,17 @@ elif workbook.timing_allowed("the Gluon vs Triton FP8 timing"):
     del w1
     x_q, x_s = moe_lab.quantize_activations_fp8(torch.randn(T_GPU, H, device="cuda"), group_size=128)
     _, topk_ids = uniform_routing(T_GPU, E_GPU, ds.top_k, seed=1)
-    cfg = moe_lab.default_config(T_GPU, E_GPU, ds.top_k, H, I, torch.float8_e4m3fn).up
-    r_triton, r_gluon = moe_lab.moe_align(topk_ids, E_GPU, cfg.BLOCK_SIZE_M), moe_lab.moe_align(topk_ids, E_GPU, 128)
+    layer_cfg = moe_lab.default_config(T_GPU, E_GPU, ds.top_k, H, I, torch.float8_e4m3fn)  # its tuned FP8 tiles
+    cfg = layer_cfg.up
+    r_triton = moe_lab.moe_align(topk_ids, E_GPU, layer_cfg.block_size_m)
+    r_gluon = moe_lab.moe_align(topk_ids, E_GPU, 128)  # 128-row tiles: two MMA warpgroups
     fp8 = dict(a_scale=x_s, w_scale=w1_s, block_shape=(128, 128))
 
     def triton_up():
         return moe_lab.grouped_matmul(x_q, w1_q, r_triton, cfg, gather_a=True, **fp8)
 
     def gluon_up():
-        return grouped_matmul_fp8_gluon(x_q, w1_q, r_gluon, GemmConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128),
-                                        gather_a=True, **fp8)
+        return grouped_matmul_fp8_gluon(x_q, w1_q, r_gluon, gather_a=True, **fp8)  # plan_gluon_fp8's config
 
     def by_slot(out, r):  # sorted rows -> [T * k, 2I] rows by slot
         ids = r.sorted_token_ids[: r.max_num_tokens_padded].long()

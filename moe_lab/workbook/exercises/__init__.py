@@ -11,6 +11,9 @@ and returns a `Verdict`. With `strict=True` (the solution cells, and tests) a wr
 `AssertionError("FAIL <exercise>: ...")` instead. A learner's stub therefore never stops a top-to-bottom
 run of a notebook.
 
+Notebook 10's exercise is a Gluon kernel, which has no interpreter: its checker plays a model of the protocol,
+compiles the kernel for sm_90 and, on a GPU, runs it in a child process with a time limit (`ws_copy`).
+
 One module per exercise; the checkers are reached from here (`exercises.check_scale(kernel)`), and a
 module is imported when its checker is first asked for.
 """

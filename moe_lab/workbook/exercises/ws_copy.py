@@ -200,23 +200,24 @@ def _tiles(program: int, programs: int = MODEL_PROGRAMS) -> List[Tuple[int, int]
 # --- the protocol, step by step ---------------------------------------------------------------------------
 
 
-def _steps(ops: List[Op]) -> Tuple[List[List[Op]], List[Op]]:
-    """The ops cut after each load: one list per load (what led to it), and what follows the last one."""
+def _steps(ops: List[Op]) -> List[List[Op]]:
+    """The ops cut after each load: one list per load, what led to it (what follows the last load is left out)."""
     steps, current = [], []
     for op in ops:
         current.append(op)
         if op.kind == "load":
             steps.append(current)
             current = []
-    return steps, current
+    return steps
 
 
 def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
     """The first slip in one program's record against the protocol, named, or None."""
     S, nbytes = MODEL_STAGES, MODEL_BLOCK_M * MODEL_BLOCK_N * 4
     tiles = _tiles(program)
-    steps, tail = _steps(ops)
+    steps = _steps(ops)
     loads = [step[-1] for step in steps]
+    load_at = [j for j, op in enumerate(ops) if op.kind == "load"]
     where = f"program {program} of {MODEL_PROGRAMS}"
     if not loads:
         return "the producer issues no TMA load: tma_load(src_desc, [row, col], ready.index(stage), bufs.index(stage))"
@@ -320,9 +321,14 @@ def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
                 f"step {i} (round {i // S} of the ring) waits on empty[{stage}] for parity {got}, the protocol "
                 f"for {parity}: ((step // STAGES) & 1) ^ 1"
             )
-        expects = [op for op in step if op.kind == "expect"]
-        if i + 1 == len(steps):
-            expects += [op for op in tail if op.kind == "expect"]
+        # this step's expects: after its wait, before its load; or, if the load came first, right after it
+        waits_at = [j for j, op in enumerate(step) if op.kind == "wait"]
+        expects = [op for op in step[waits_at[-1] + 1 if waits_at else 0 :] if op.kind == "expect"]
+        if not expects:
+            for op in ops[load_at[i] + 1 :]:
+                if op.kind in ("wait", "load"):
+                    break
+                expects += [op] if op.kind == "expect" else []
         if not expects:
             return (
                 f"no expect on ready[{stage}]: ready's one arrival comes from mbarrier.expect(ready.index(stage), "

@@ -77,7 +77,7 @@ device = moe_lab.runtime.default_device()
 # %%
 # NBVAL_CHECK_OUTPUT
 num_m, num_n, group = 5, 2, 3
-order = {capstone.grouped_tile(pid, num_m, num_n, group): pid for pid in range(num_m * num_n)}
+order = {moe_lab.plan.tile_of_program(pid, num_m, num_n, group): pid for pid in range(num_m * num_n)}
 print("program of each tile (rows: pid_m, columns: pid_n)")
 for pid_m in range(num_m):
     print(f"pid_m {pid_m}: " + "  ".join(f"{order[pid_m, pid_n]:2d}" for pid_n in range(num_n)))

@@ -627,12 +627,14 @@ class GluonFp8Plan:
     config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N, BLOCK_SIZE_K (= the scale blocks' K), GROUP_SIZE_M,
         num_stages (the shared-memory ring, lowered to fit) and num_warps (one warpgroup per 64 rows).
     grid: programs (one per SM at most; each walks tiles). maxnreg: the register limit per thread that lets
-    every warp of the MMA and load partitions fit one SM's 64K registers."""
+    every warp of the MMA and load partitions fit one SM's 64K registers. activation: the SwiGLU epilogue's
+    (gate and up as halves of w), or None for the plain GEMM."""
 
     config: GemmConfig
     grid: int
     maxnreg: int
     scale_group_n: int
+    activation: Optional[Activation] = None
 
     @functools.cached_property
     def constexprs(self) -> dict:
@@ -641,27 +643,40 @@ class GluonFp8Plan:
             GROUP_SIZE_M=self.config.GROUP_SIZE_M,
             GROUP_N=self.scale_group_n,
             STAGES=self.config.num_stages,
+            SWIGLU=self.activation.kernel_name if self.activation is not None else "none",
             LOAD_REGS=GLUON_LOAD_REGS,
             num_warps=self.config.num_warps,
             maxnreg=self.maxnreg,
         )
 
 
+class BlockSchedule(NamedTuple):
+    """What `plan_gluon_fp8` reads of a schedule (an `AlignedRouting` has both) where it is not made yet."""
+
+    block_size_m: int
+    max_num_m_blocks: int
+
+
 def plan_gluon_fp8(
-    routing: AlignedRouting,
+    routing,
     n: int,
     k: int,
     block_shape: Tuple[int, int],
     device: torch.device,
     config: Optional[GemmConfig] = None,
     out_itemsize: int = 2,
+    activation: Optional[Activation] = None,
 ) -> GluonFp8Plan:
-    """The launch of the Gluon FP8 grouped GEMM for a routing and a weight [E, n, k] with `block_shape`
-    scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages, GROUP_SIZE_M = 8)
-    fitted to the device's shared memory, the grid and the register limit. Raises ValueError for a config or
-    block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64 rows), BLOCK_SIZE_K
-    = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one weight scale per tile
-    and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows)."""
+    """The launch of the Gluon FP8 grouped GEMM for a routing (or its `BlockSchedule`) and a weight [E, n, k]
+    with `block_shape` scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages,
+    GROUP_SIZE_M = 8) fitted to the device's shared memory, the grid and the register limit. Raises ValueError
+    for a config or block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64
+    rows), BLOCK_SIZE_K = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one
+    weight scale per tile and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows).
+    With `activation` (the SwiGLU epilogue; out [rows, n / 2]): gate and up rows as halves only (interleaved
+    rows refused), n / 2 a multiple of BLOCK_SIZE_N (each up box in one expert's up rows and one scale
+    block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
+    tile)."""
     block_n, block_k = block_shape
     config = config if config is not None else GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128)
     if config.BLOCK_SIZE_M != routing.block_size_m:
@@ -683,9 +698,16 @@ def plan_gluon_fp8(
         raise ValueError(
             f"the Gluon FP8 kernel needs K a multiple of 16 (TMA strides of float8 rows are 16-byte aligned), got K={k}"
         )
+    parts, n_out = 1, n
+    if activation is not None:
+        problem = gluon_swiglu_problem(activation, n // 2, config.BLOCK_SIZE_N, block_k, out_itemsize == 1)
+        if problem:
+            raise ValueError(f"the Gluon FP8 kernel's SwiGLU epilogue cannot run here: {problem}")
+        parts, n_out = 2, n // 2
     num_warps = config.BLOCK_SIZE_M // 16
-    per_stage = (config.BLOCK_SIZE_M + config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
-    epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * out_itemsize  # the layout change before the store
+    per_stage = (config.BLOCK_SIZE_M + parts * config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
+    # The layout change before the store: float32 sums, or the float8 output.
+    epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * (1 if out_itemsize == 1 else 4)
     budget = shared_memory_budget(device)
     stages = config.num_stages
     if budget is not None:
@@ -693,8 +715,25 @@ def plan_gluon_fp8(
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
-    tiles = routing.max_num_m_blocks * triton.cdiv(n, config.BLOCK_SIZE_N)
+    tiles = routing.max_num_m_blocks * triton.cdiv(n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = num_warps + _WARPGROUP
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
-    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n)
+    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n, activation)
+
+
+def gluon_swiglu_problem(
+    activation: Activation, inter: int, block_n: int = 128, group_k: int = 128, quantized: bool = True
+) -> Optional[str]:
+    """None if the Gluon FP8 kernel's SwiGLU epilogue can compute `activation` for I = `inter` with tiles of
+    `block_n` output columns (a float8 output quantized per `group_k` columns where `quantized`), else why not."""
+    if activation.interleaved:
+        return (
+            "gate and up rows interleaved (gpt-oss's layout) are not built: the tile would hold gate and up in "
+            "one accumulator's even and odd columns, split by the activation; the kernel reads halves"
+        )
+    if inter % block_n:
+        return f"I={inter} is not a multiple of BLOCK_SIZE_N={block_n} (each tile's up rows in one scale block)"
+    if quantized and block_n != group_k:
+        return f"BLOCK_SIZE_N={block_n} must equal the output's scale group {group_k} (one scale per row and tile)"
+    return None

@@ -97,6 +97,12 @@ def grouped_matmul_fp8_gluon(
         raise ValueError("gather_a=True with scatter=True is not a supported combination (see grouped_matmul)")
     if topk_weights is not None and not scatter:
         raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
+    if activation is not None:
+        activation = check_activation(activation)
+        if not gather_a:
+            raise ValueError("activation needs gather_a=True: the SwiGLU epilogue belongs to the up projection")
+    elif out_scale is not None:
+        raise ValueError("out_scale needs activation: only the SwiGLU epilogue quantizes its output")
     check_tensor("w", w, ndim=3, dtypes=(FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
@@ -116,14 +122,8 @@ def grouped_matmul_fp8_gluon(
             shape=(routing.num_tokens, routing.top_k),
             layout="[T, k]",
         )
-    if activation is not None:
-        activation = check_activation(activation)
-        if not gather_a:
-            raise ValueError("activation needs gather_a=True: the SwiGLU epilogue belongs to the up projection")
-        if n % 2:
-            raise ValueError(f"w must have shape [E, 2I, K] with activation, got an odd {n} rows per expert")
-    elif out_scale is not None:
-        raise ValueError("out_scale needs activation: only the SwiGLU epilogue quantizes its output")
+    if activation is not None and n % 2:
+        raise ValueError(f"w must have shape [E, 2I, K] with activation, got an odd {n} rows per expert")
     n_out = n // 2 if activation is not None else n
     out_dtype = out.dtype if out_dtype is None and isinstance(out, torch.Tensor) else out_dtype
     out_dtype = out_dtype or (FP8_DTYPE if out_scale is not None else torch.bfloat16)

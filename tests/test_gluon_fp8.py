@@ -1,15 +1,19 @@
 """The warp-specialized Gluon FP8 grouped GEMM (moe_lab.gluon_fp8): where it may run and what it refuses (here),
-and its results against the dequantized float32 product (on an H200: `pytest -m gpu tests/test_gluon_fp8.py`)."""
+where `fused_moe` runs it (`moe_lab.plan.gluon_applies`), and its results against the dequantized float32
+product and the fused layer against its reference and the Triton FP8 layer (on an H200:
+`pytest -m gpu tests/test_gluon_fp8.py`)."""
 
 import pytest
 import torch
 
 import moe_lab
-from moe_lab import moe_align, quantize_activations_fp8, quantize_weights_fp8
+from moe_lab import GPT_OSS, fused_moe, moe_align, quantize_activations_fp8, quantize_weights_fp8
+from moe_lab import plan as plan_module
 from moe_lab.capability import gluon_fp8_support
 from moe_lab.configs import GemmConfig
+from moe_lab.expert_kind import SILU
 from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
-from moe_lab.plan import plan_gluon_fp8
+from moe_lab.plan import BlockSchedule, gluon_applies, plan_gluon_fp8
 from moe_lab.runtime import interpreter_active
 
 pytestmark = pytest.mark.kernels
@@ -72,6 +76,95 @@ def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
     small = moe_align(torch.zeros(3, 1, dtype=torch.int32), 2, 32)
     with pytest.raises(ValueError, match="BLOCK_SIZE_M 64 or 128"):
         plan_gluon_fp8(small, 256, 256, (128, 128), cpu)
+
+
+def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_run():
+    cpu = torch.device("cpu")
+    schedule = BlockSchedule(128, 40)
+    plan = plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, GemmConfig(128, 128), 1, SILU)
+    assert plan.constexprs["SWIGLU"] == "silu" and plan.grid == 1 and plan.config.num_warps == 8
+    assert plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu).constexprs["SWIGLU"] == "none"
+    oai = plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, None, 1, moe_lab.Activation("swigluoai"))
+    assert oai.constexprs["SWIGLU"] == "swigluoai"
+    with pytest.raises(ValueError, match="interleaved"):
+        plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, None, 1, GPT_OSS)
+    with pytest.raises(ValueError, match="I=192 is not a multiple of BLOCK_SIZE_N=128"):
+        plan_gluon_fp8(schedule, 384, 256, (128, 128), cpu, None, 1, SILU)
+    with pytest.raises(ValueError, match="must equal the output's scale group"):
+        plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, GemmConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64), 1, SILU)
+    a, a_s, w, w_s, routing = _operands(t=6, e=4, n=512, kk=256)
+    with pytest.raises(ValueError, match="activation needs gather_a=True"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=False, a_scale=a_s, w_scale=w_s, activation="silu")
+    with pytest.raises(ValueError, match="out_scale needs activation"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s, w_scale=w_s, out_scale=torch.ones(1, 1))
+    with pytest.raises(ValueError, match=r"out_scale must have shape"):
+        grouped_matmul_fp8_gluon(
+            a,
+            w,
+            routing,
+            gather_a=True,
+            a_scale=a_s,
+            w_scale=w_s,
+            activation="silu",
+            out_scale=torch.ones(routing.max_num_tokens_padded, 3),
+        )
+
+
+def _fp8_layer(t=4, e=4, k=2, h=256, i=256, device="cpu", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(t, h, device=device, generator=gen).bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device=device, generator=gen) * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device=device, generator=gen) * i**-0.5)
+    logits = torch.randn(t, e, device=device, generator=gen)
+    topk_weights, topk_ids = moe_lab.topk_routing(logits, k)
+    scales = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
+    return x, w1_q, w2_q, topk_weights, topk_ids, scales
+
+
+@pytest.mark.skipif(gluon_fp8_support() is None, reason="the Gluon kernel runs here")
+def test_fused_moe_falls_back_to_the_triton_gemms_and_says_why():
+    x, w1, w2, tw, ids, scales = _fp8_layer()
+    _, info = fused_moe(x, w1, w2, tw, ids, **scales, return_info=True)
+    assert info.gemm_kernel == "triton" and info.gluon_plan is None
+    assert info.gemm_reason == f"triton GEMMs: {gluon_fp8_support()}"
+    _, info = fused_moe(x.float(), w1.float() * 0.01, w2.float() * 0.01, tw, ids, return_info=True)
+    assert info.gemm_reason == "triton GEMMs: not block-scaled float8 weights"
+
+
+def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypatch):
+    monkeypatch.setattr(plan_module, "gluon_fp8_support", lambda device=None: None)  # as on an H200
+    meta = dict(device="meta", dtype=FP8)
+    w1, w2 = torch.empty(8, 2 * 2048, 1024, **meta), torch.empty(8, 1024, 2048, **meta)
+    block = (128, 128)
+    assert gluon_applies(w1, w2, 512, 2, block, setting="auto") == (True, "rows per expert 128 >= 128, I=2048")
+    applies, why = gluon_applies(w1, w2, 64, 2, block, setting="auto")
+    assert not applies and "rows per expert 16 < 128" in why
+    assert gluon_applies(w1, w2, 64, 2, block, setting="1") == (True, "MOE_LAB_GLUON=1")
+    assert gluon_applies(w1, w2, 512, 2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
+    assert "interleaved" in gluon_applies(w1, w2, 512, 2, block, GPT_OSS, setting="1")[1]
+    assert "no bias" in gluon_applies(w1, w2, 512, 2, block, has_bias=True, setting="1")[1]
+    assert "[128 n, 128]" in gluon_applies(w1, w2, 512, 2, (128, 64), setting="1")[1]
+    odd = torch.empty(8, 2 * 192, 1024, **meta), torch.empty(8, 1024, 192, **meta)
+    assert "I=192 is not a multiple" in gluon_applies(*odd, 512, 2, block, setting="1")[1]
+    strided = torch.empty(2 * 2048, 8, 1024, **meta).transpose(0, 1)
+    assert "do not view as one" in gluon_applies(strided, w2, 512, 2, block, setting="1")[1]
+    monkeypatch.setenv("MOE_LAB_GLUON", "yes")
+    with pytest.raises(ValueError, match="MOE_LAB_GLUON must be 0, 1 or auto, got 'yes'"):
+        gluon_applies(w1, w2, 512, 2, block)
+
+
+def test_layer_plan_takes_the_gluon_gemms_with_an_aligned_schedule(monkeypatch):
+    monkeypatch.setattr(plan_module, "gluon_fp8_support", lambda device=None: None)  # as on an H200
+    monkeypatch.setenv("MOE_LAB_GLUON", "1")
+    x, w1, w2, tw, ids, scales = _fp8_layer(t=1)
+    key = plan_module.layer_key(
+        x, w1, w2, tw, ids, scales=(scales["w1_scale"], scales["w2_scale"], None, None), block_shape=(128, 128)
+    )
+    ((_, _, chunk),) = plan_module.plan_layer(key, w1, w2).chunks
+    assert chunk.gluon is not None and not chunk.slot_order  # T = 1 would take slot order otherwise
+    assert chunk.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=1"
+    assert chunk.gluon.block_size_m == 64 and chunk.gluon.up.constexprs["SWIGLU"] == "silu"
+    assert chunk.gluon.down.constexprs["SWIGLU"] == "none"
 
 
 def test_permute_tokens_copies_float8_rows():

@@ -246,3 +246,111 @@ def test_gluon_down_gemm_is_bitwise_the_same_in_any_batch():
         )
 
     assert torch.equal(down(3), down(200)[: 3 * k])
+
+
+GPU_GLUON = pytest.mark.skipif(
+    not torch.cuda.is_available() or gluon_fp8_support() is not None, reason="needs sm_90 + Gluon"
+)
+
+
+def _activation_reference(gate_up: torch.Tensor, activation) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return torch.nn.functional.silu(gate) * up
+    gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, block_m):
+    from moe_lab.quantize import dequantize_fp8
+    from moe_lab.reference import relative_error
+
+    torch.manual_seed(0)
+    t, e, k, h, i = 200, 6, 2, 1024, 384
+    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    ids = torch.randint(0, e - 2, (t, k), device="cuda", dtype=torch.int32)  # two experts empty
+    routing = moe_align(ids, e, block_m)
+    rows = routing.max_num_tokens_padded
+    act = torch.full((rows, i), float("nan"), device="cuda").to(FP8)
+    act_s = torch.full((rows, i // 128), float("nan"), device="cuda")
+    grouped_matmul_fp8_gluon(
+        x_q, w1_q, routing, gather_a=True, a_scale=x_s, w_scale=w1_s, activation=activation, out=act, out_scale=act_s
+    )
+    used, _, gate_up = _reference(
+        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
+    )
+    want_q, want_s = quantize_activations_fp8(_activation_reference(gate_up, activation), group_size=128)
+    assert relative_error(act_s[used], want_s) < 1e-3  # the same amax/448 rule on the same sums
+    got = dequantize_fp8(act[used], act_s[used], (1, 128))
+    assert relative_error(got, dequantize_fp8(want_q, want_s, (1, 128))) < 1e-2
+    padded = int(routing.num_tokens_post_padded)
+    assert not act_s[:padded].isnan().any() and not act[:padded].float().isnan().any()  # padding rows too
+
+
+def _layer_both_ways(monkeypatch, x, w1, w2, tw, ids, **kw):
+    """fused_moe with the Gluon GEMMs forced on, then off: (out, info) each; outputs poisoned with NaN first."""
+    results = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv("MOE_LAB_GLUON", setting)
+        plan_module.clear_layer_plans()
+        out = torch.full_like(x, float("nan"))
+        results.append(fused_moe(x, w1, w2, tw, ids, out=out, return_info=True, **kw))
+    plan_module.clear_layer_plans()
+    return results
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+@pytest.mark.parametrize(
+    "t, e, k, h, i, empty, activation",
+    [
+        (1, 8, 2, 512, 256, 0, "silu"),
+        (300, 6, 4, 1024, 384, 2, "silu"),  # E not a power of two, two experts empty
+        (77, 16, 2, 208, 256, 8, "silu"),  # H not a multiple of 128
+        (513, 8, 2, 2048, 1024, 3, "swigluoai"),
+    ],
+)
+def test_fused_layer_with_gluon_matches_the_reference_and_the_triton_layer(
+    monkeypatch, t, e, k, h, i, empty, activation
+):
+    from moe_lab.reference import fused_moe_reference, relative_error
+
+    torch.manual_seed(0)
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    logits = torch.randn(t, e, device="cuda")
+    logits[:, e - empty :] = -1e9
+    tw, ids = moe_lab.topk_routing(logits, k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128), activation=activation)
+    (gluon, info), (triton_out, triton_info) = _layer_both_ways(monkeypatch, x, w1_q, w2_q, tw, ids, **kw)
+    assert info.gemm_kernel == "gluon" and triton_info.gemm_kernel == "triton", (info.gemm_reason, triton_info)
+    ref = fused_moe_reference(x, w1_q, w2_q, tw, ids, **kw)
+    assert not gluon.isnan().any()
+    assert relative_error(gluon.float(), ref) < 1e-2
+    assert relative_error(gluon.float(), triton_out.float()) < 1e-2
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+def test_fused_layer_with_gluon_is_bitwise_the_same_in_any_batch(monkeypatch):
+    torch.manual_seed(0)
+    e, k, h, i = 8, 2, 1024, 512
+    x = torch.randn(600, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    tw, ids = moe_lab.topk_routing(torch.randn(600, e, device="cuda"), k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128), return_info=True)
+    monkeypatch.setenv("MOE_LAB_GLUON", "1")
+    plan_module.clear_layer_plans()
+    small, info_small = fused_moe(x[:3], w1_q, w2_q, tw[:3], ids[:3], **kw)
+    large, info_large = fused_moe(x, w1_q, w2_q, tw, ids, **kw)  # BLOCK_SIZE_M 128 here, 64 above
+    plan_module.clear_layer_plans()
+    assert info_small.gemm_kernel == info_large.gemm_kernel == "gluon"
+    assert info_small.gluon_plan.block_size_m == 64 and info_large.gluon_plan.block_size_m == 128
+    assert torch.equal(small, large[:3])

@@ -354,3 +354,21 @@ def test_fused_layer_with_gluon_is_bitwise_the_same_in_any_batch(monkeypatch):
     assert info_small.gemm_kernel == info_large.gemm_kernel == "gluon"
     assert info_small.gluon_plan.block_size_m == 64 and info_large.gluon_plan.block_size_m == 128
     assert torch.equal(small, large[:3])
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+def test_gluon_and_triton_layers_agree_bitwise(monkeypatch):
+    """MOE_LAB_GLUON=auto switches kernels by T: a token's output stays the same across the switch only if
+    both give the same bits (the same 128-deep wgmma per scale block, scaled and added in the same order, the
+    same activation, quantization and rounding). Fails where they differ: batch invariance then holds on each
+    side of the rule's threshold only."""
+    torch.manual_seed(0)
+    e, k, h, i = 8, 2, 1024, 1024
+    x = torch.randn(600, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    tw, ids = moe_lab.topk_routing(torch.randn(600, e, device="cuda"), k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
+    (gluon, _), (triton_out, _) = _layer_both_ways(monkeypatch, x, w1_q, w2_q, tw, ids, **kw)
+    assert torch.equal(gluon, triton_out)

@@ -686,7 +686,8 @@ def plan_gluon_fp8(
     block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
     tile)."""
     block_n, block_k = block_shape
-    config = config if config is not None else GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128)
+    if config is None:
+        config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128, num_stages=4)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
             f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
@@ -842,8 +843,7 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     wide = num_tokens * top_k / num_experts >= GLUON_WIDE_ROWS_PER_EXPERT
     block_m = 128 if wide else 64
     schedule = BlockSchedule(block_m, max_num_tokens_padded(num_tokens * top_k, num_experts, block_m) // block_m)
-    config = GemmConfig(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=128)
-    up = plan_gluon_fp8(schedule, two_inter, hidden, key.block_shape, w1.device, config, 1, key.activation)
+    up = plan_gluon_fp8(schedule, two_inter, hidden, key.block_shape, w1.device, None, 1, key.activation)
     out_itemsize = key.hidden_states[2].itemsize
-    down = plan_gluon_fp8(schedule, hidden, two_inter // 2, key.block_shape, w1.device, config, out_itemsize)
+    down = plan_gluon_fp8(schedule, hidden, two_inter // 2, key.block_shape, w1.device, None, out_itemsize)
     return GluonLayerPlan(block_m, up, down), f"gluon GEMMs: {reason}"

@@ -23,10 +23,11 @@ schedule in memory (`num_tokens_post_padded`, `expert_ids`): no host synchroniza
 
 SwiGLU (SWIGLU "silu" or "swigluoai", the up projection of a gated expert; "none" otherwise): a tile covers
 output columns [n, n + BLOCK_SIZE_N) of the activation [rows, N], N = I, reading w1 [E, 2I, K] as halves (gate
-rows n.., up rows I + n..; both boxes in each stage). Two accumulators, each K block's gate and up products
-scaled by their own w1_scale block; one product in flight at a time per warpgroup (two accumulators and two
-products would pass the registers a thread has; with BLOCK_SIZE_M = 128 the other warpgroup's wgmma fills
-the gap). The epilogue applies the activation to the float32 sums (`_gated_activation`) and, where
+rows n.., up rows I + n..; both boxes in each stage). Gate and up sums are kept as two halves of
+BLOCK_SIZE_N / 2 columns each (four accumulators; wgmmas of half width), each K block's gate and up products
+scaled by their own w1_scale block, the next half product issued before the last is added: two full-width
+accumulators and two full-width products in flight would pass the registers a thread has (ptxas spills).
+The epilogue applies the activation to the float32 sums (`_gated_activation`) and, where
 `out_scale_ptr` is given, writes it as float8 with one float32 scale per row per BLOCK_SIZE_N (= 128)
 columns, the rule of the Triton kernel's epilogue (`moe_lab/_kernels/common.py` quantize_groups_e4m3):
 scale = max(amax, 1e-10) / 448, q = clamp(x / scale, -448, 448) rounded to nearest even, IEEE divisions.
@@ -130,26 +131,46 @@ def _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, strid
 
 
 @gluon.jit
-def _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask, w_gate_scale,
+def _half_product(stage, part: gl.constexpr, half: gl.constexpr, a_bufs, w_bufs, zero_half):
+    """Issue the wgmma of columns [half * HALF, (half + 1) * HALF) of W box `part` (0 gate, 1 up) of `stage`."""
+    HALF: gl.constexpr = zero_half.type.shape[1]
+    w = w_bufs.index(stage * 2 + part).slice(half * HALF, HALF, dim=0)
+    return warpgroup_mma(a_bufs.index(stage), w.permute((1, 0)), zero_half, use_acc=False, is_async=True)
+
+
+@gluon.jit
+def _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero_half, a_scale_rows, stride_ask, w_gate_scale,
                    w_up_scale, stride_wsk):
-    """The gate and up float32 sums of one tile over all K blocks, each product scaled by its own weight
-    scale block; returns (gate sums, up sums, the next step)."""
+    """The gate and up float32 sums of one tile over all K blocks, each as two halves of HALF columns (four
+    accumulators of a quarter of the registers of two products in flight), each product scaled by its own
+    weight scale block, the next product issued before the last is added; returns (gate halves, up halves,
+    the next step)."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    gate = zero
-    up = zero
+    g0 = zero_half
+    g1 = zero_half
+    u0 = zero_half
+    u1 = zero_half
     for k in range(num_k):
-        p = _issue(step, 0, a_bufs, w_bufs, ready, zero, 2)
+        stage = step % STAGES
+        mbarrier.wait(ready.index(stage), (step // STAGES) & 1)
+        pg0 = _half_product(stage, 0, 0, a_bufs, w_bufs, zero_half)
+        pg1 = _half_product(stage, 0, 1, a_bufs, w_bufs, zero_half)
         a_s = gl.load(a_scale_rows + k * stride_ask)
-        s_gate = a_s * gl.load(w_gate_scale + k * stride_wsk)
-        s_up = a_s * gl.load(w_up_scale + k * stride_wsk)
-        v = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-        gate += v * s_gate[:, None]
-        p = _issue(step, 1, a_bufs, w_bufs, ready, zero, 2)
-        v = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
-        mbarrier.arrive(empty.index(step % STAGES), count=1)
-        up += v * s_up[:, None]
+        s_gate = (a_s * gl.load(w_gate_scale + k * stride_wsk))[:, None]
+        s_up = (a_s * gl.load(w_up_scale + k * stride_wsk))[:, None]
+        v = warpgroup_mma_wait(num_outstanding=1, deps=(pg0, ))
+        g0 += v * s_gate
+        pu0 = _half_product(stage, 1, 0, a_bufs, w_bufs, zero_half)
+        v = warpgroup_mma_wait(num_outstanding=1, deps=(pg1, ))
+        g1 += v * s_gate
+        pu1 = _half_product(stage, 1, 1, a_bufs, w_bufs, zero_half)
+        v = warpgroup_mma_wait(num_outstanding=1, deps=(pu0, ))
+        u0 += v * s_up
+        v = warpgroup_mma_wait(num_outstanding=0, deps=(pu1, ))
+        mbarrier.arrive(empty.index(stage), count=1)
+        u1 += v * s_up
         step += 1
-    return gate, up, step
+    return g0, g1, u0, u1, step
 
 
 @gluon.jit
@@ -167,15 +188,28 @@ def _gated_activation(gate, up, alpha, limit, SWIGLU: gl.constexpr):
 
 
 @gluon.jit
-def _quantize_rows(x):
-    """float32 x [rows, group] -> (q float32 on the e4m3 range, scale [rows]): scale = max(amax, 1e-10) / 448
-    (NaN where the row holds one), q = clamp(x / scale, -448, 448), NaN kept; IEEE divisions."""
-    amax = gl.max(gl.abs(x), axis=1)
+def _quantize_halves(x0, x1):
+    """float32 halves x0, x1 [rows, HALF] of one group of 2 HALF columns -> (q0, q1 float32 on the e4m3 range,
+    scale [rows]): scale = max(amax, 1e-10) / 448 (NaN where the row holds one), q = clamp(x / scale, -448,
+    448), NaN kept; IEEE divisions."""
+    amax = gl.maximum(gl.max(gl.abs(x0), axis=1), gl.max(gl.abs(x1), axis=1))
     scale = gl.div_rn(gl.maximum(amax, 1e-10), gl.zeros_like(amax) + 448.0)
-    has_nan = gl.max((x != x).to(gl.int32), axis=1) > 0
+    has_nan = (gl.max((x0 != x0).to(gl.int32), axis=1) + gl.max((x1 != x1).to(gl.int32), axis=1)) > 0
     scale = gl.where(has_nan, float("nan"), scale)
-    q = gl.div_rn(x, gl.zeros_like(x) + scale[:, None])
-    return gl.where(q != q, q, gl.minimum(gl.maximum(q, -448.0), 448.0)), scale
+    q0 = gl.div_rn(x0, gl.zeros_like(x0) + scale[:, None])
+    q1 = gl.div_rn(x1, gl.zeros_like(x1) + scale[:, None])
+    q0 = gl.where(q0 != q0, q0, gl.minimum(gl.maximum(q0, -448.0), 448.0))
+    q1 = gl.where(q1 != q1, q1, gl.minimum(gl.maximum(q1, -448.0), 448.0))
+    return q0, q1, scale
+
+
+@gluon.jit
+def _store_half(out_ptr, stride_om, x, row0, col0, N, out_layout: gl.constexpr):
+    """x [BLOCK_SIZE_M, HALF] to sorted rows row0.., columns col0.. (< N) of out, in out's dtype."""
+    rows = row0 + gl.arange(0, x.type.shape[0], layout=gl.SliceLayout(1, out_layout))
+    cols = col0 + gl.arange(0, x.type.shape[1], layout=gl.SliceLayout(0, out_layout))
+    result = gl.convert_layout(x.to(out_ptr.dtype.element_ty), out_layout)
+    gl.store(out_ptr + rows.to(gl.int64)[:, None] * stride_om + cols[None, :], result, mask=cols[None, :] < N)
 
 
 @gluon.jit
@@ -194,6 +228,11 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
     # Stores of 8 elements per thread along a row (16 bytes of bfloat16).
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     zero = gl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), gl.float32, layout=mma_layout)
+    # SWIGLU: gate and up each as two halves of HALF columns (`_k_loop_swiglu`).
+    HALF: gl.constexpr = BLOCK_SIZE_N // 2
+    half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                          instr_shape=[16, HALF, 32])
+    zero_half = gl.zeros((BLOCK_SIZE_M, HALF), gl.float32, layout=half_layout)
 
     num_pid_m, num_pid_n = _tiles(num_tokens_post_padded_ptr, N, BLOCK_SIZE_M, BLOCK_SIZE_N)
     num_k = gl.cdiv(K, BLOCK_SIZE_K)
@@ -203,39 +242,42 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
         if expert >= 0:
             row0 = pid_m * BLOCK_SIZE_M
             n0 = pid_n * BLOCK_SIZE_N
-            offs_m = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, mma_layout))
-            a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm
             w_scale_base = w_scale_ptr + expert.to(gl.int64) * stride_wse + (n0 // GROUP_N) * stride_wsn
-            if SWIGLU != "none":  # the up rows' scale block: rows N + n0 of w1 (N = I)
+            if SWIGLU != "none":  # sorted rows, no routed weight (the up projection)
+                # the up rows' scale block: rows N + n0 of w1 (N = I)
                 w_up_scale = w_scale_ptr + expert.to(gl.int64) * stride_wse + ((N + n0) // GROUP_N) * stride_wsn
-                gate, up, step = _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows,
-                                                stride_ask, w_scale_base, w_up_scale, stride_wsk)
-                acc = _gated_activation(gate, up, alpha, limit, SWIGLU)
+                offs_h = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, half_layout))
+                a_scale_rows = a_scale_ptr + offs_h.to(gl.int64) * stride_asm
+                g0, g1, u0, u1, step = _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero_half,
+                                                      a_scale_rows, stride_ask, w_scale_base, w_up_scale, stride_wsk)
+                act0 = _gated_activation(g0, u0, alpha, limit, SWIGLU)
+                act1 = _gated_activation(g1, u1, alpha, limit, SWIGLU)
+                if out_scale_ptr is not None:  # float8 out, one scale per row of the tile (its BLOCK_SIZE_N columns)
+                    act0, act1, row_scale = _quantize_halves(act0, act1)
+                    scale_ptrs = out_scale_ptr + offs_h.to(gl.int64) * stride_osm + (n0 // BLOCK_SIZE_N) * stride_osk
+                    gl.store(scale_ptrs, row_scale)
+                _store_half(out_ptr, stride_om, act0, row0, n0, N, out_layout)
+                _store_half(out_ptr, stride_om, act1, row0, n0 + HALF, N, out_layout)
             else:
+                offs_m = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, mma_layout))
+                a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm
                 acc, step = _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask,
                                     w_scale_base, stride_wsk)
-
-            rows = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, out_layout))
-            cols = n0 + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(0, out_layout))
-            slots = gl.load(sorted_token_ids_ptr + rows)
-            routed = slots < num_slots  # padding rows hold the sentinel num_slots
-            if out_scale_ptr is not None:  # float8 out, one scale per row of the tile (its BLOCK_SIZE_N columns)
-                q, row_scale = _quantize_rows(acc)
-                scale_ptrs = out_scale_ptr + offs_m.to(gl.int64) * stride_osm + (n0 // BLOCK_SIZE_N) * stride_osk
-                gl.store(scale_ptrs, row_scale)
-                result = gl.convert_layout(q.to(out_ptr.dtype.element_ty), out_layout)
-            else:
+                rows = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, out_layout))
+                cols = n0 + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(0, out_layout))
+                slots = gl.load(sorted_token_ids_ptr + rows)
+                routed = slots < num_slots  # padding rows hold the sentinel num_slots
                 result = gl.convert_layout(acc, out_layout)
                 if topk_weights_ptr is not None:
                     result = result * gl.load(topk_weights_ptr + slots, mask=routed, other=0.0)[:, None]
-                result = result.to(out_ptr.dtype.element_ty)
-            if SCATTER:
-                dst = slots.to(gl.int64)
-                keep = routed[:, None] & (cols[None, :] < N)
-            else:
-                dst = rows.to(gl.int64)
-                keep = cols[None, :] < N
-            gl.store(out_ptr + dst[:, None] * stride_om + cols[None, :], result, mask=keep)
+                if SCATTER:
+                    dst = slots.to(gl.int64)
+                    keep = routed[:, None] & (cols[None, :] < N)
+                else:
+                    dst = rows.to(gl.int64)
+                    keep = cols[None, :] < N
+                gl.store(out_ptr + dst[:, None] * stride_om + cols[None, :], result.to(out_ptr.dtype.element_ty),
+                         mask=keep)
 
 
 @gluon.jit(do_not_specialize=["num_slots"])

@@ -5,8 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9]*.ipynb))
-# The notebooks that create widgets (test-widgets7 runs these under ipywidgets 7.7.1); 00, 08 and 09 create
-# none. A notebook that gains a widget belongs here (test_notebooks_static lists the stored widget views).
+# The notebooks that create widgets (test-widgets7 runs these under ipywidgets 7.7.1); 00, 08, 09 and 10
+# create none. A notebook that gains a widget belongs here (test_notebooks_static lists the stored widget views).
 WIDGET_NOTEBOOKS := $(addprefix notebooks/,01_moe_in_pytorch.ipynb 02_align.ipynb 03_grouped_gemm_pointers.ipynb \
   04_tma_basics.ipynb 05_grouped_gemm_tma.ipynb 06_fused_moe_layer.ipynb 07_performance.ipynb)
 # pytest-xdist: the unit tests on every core (XDIST= runs them in one process). The notebooks too, each

@@ -3,8 +3,9 @@
     python benchmarks/host_cost.py --out host_cost.json [--models ...] [--tokens 1 8 64] [--profile prof.txt]
 
 For each model preset (full size, bfloat16) and token count T it measures, in milliseconds per call:
-  - host_ms: the median wall time of the Python call (`time.perf_counter` around `fused_moe`), the GPU idle
-    before each call (`torch.cuda.synchronize()` outside the timed region), so the time is the host's alone:
+  - host_ms: the wall time of the Python call (`time.perf_counter` around `fused_moe`; the least of 3 medians
+    of 100 calls), the GPU idle before each call (`torch.cuda.synchronize()` outside the timed region), so the
+    time is the host's alone:
     checks, planning and enqueueing the kernels (through their compiled handles, `moe_lab._launch`);
   - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
     plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where
@@ -60,16 +61,20 @@ MODELS = ("qwen3-30b-a3b", "mixtral-8x7b", "deepseek-v3")
 TOKENS = (1, 8, 64)
 
 
-def host_ms(call, calls: int) -> float:
-    """Median wall time (ms) of `call()`, the GPU idle before each."""
-    times = []
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
+def host_ms(call, calls: int, rounds: int = 3) -> float:
+    """Wall time (ms) of `call()`, the GPU idle before each: the least of `rounds` medians of `calls // rounds`
+    calls (a busy host slows whole rounds; the least median is the call's own cost)."""
+    medians = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(max(1, calls // rounds)):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times))
     torch.cuda.synchronize()
-    return 1e3 * statistics.median(times)
+    return 1e3 * min(medians)
 
 
 def eager_ms(call, calls: int) -> float:

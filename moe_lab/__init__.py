@@ -18,6 +18,7 @@ select_backend()  # before any @triton.jit function is defined
 _PROBLEM = environment_problem()
 
 if _PROBLEM is None:
+    from . import gluon_fp8  # noqa: F401 - the module only: Gluon itself is imported at its first launch
     from .activation import silu_and_mul
     from .align import AlignedRouting, moe_align
     from .capability import Fp8Support, TmaSupport, descriptor_problem, fp8_support, tma_support

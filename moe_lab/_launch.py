@@ -96,6 +96,15 @@ def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: O
         site.handles[kernel] = _Handle(compiled, _triton_runtime[1](), _constexpr_values(kernel, args, constexprs))
 
 
+def current_stream(device_index: int) -> int:
+    """The current CUDA stream of device `device_index`, as the handle of a launch takes it."""
+    if _triton_runtime is not None:
+        return _triton_runtime[2](device_index)
+    from triton.runtime import driver
+
+    return driver.active.get_current_stream(device_index)
+
+
 def _idle(hook, hook_chain) -> bool:
     """A launch hook that does nothing: None, or an empty chain of hooks."""
     return hook is None or (type(hook) is hook_chain and not hook.calls)

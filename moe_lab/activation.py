@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Optional, Union
 
 import torch
-import triton
 
+from ._ints import cdiv
 from ._kernels.activation import silu_and_mul_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
@@ -79,7 +79,7 @@ def silu_and_mul(
     )
     if rows == 0 or inter == 0:
         return out
-    silu_and_mul_kernel[(rows, triton.cdiv(inter, BLOCK_SIZE))](
+    silu_and_mul_kernel[(rows, cdiv(inter, BLOCK_SIZE))](
         x,
         out,
         routing.num_tokens_post_padded if routing is not None else None,

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
-import triton
 
+from ._ints import cdiv, next_power_of_2
 from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._launch import LaunchSite, launch
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
@@ -167,26 +167,25 @@ def run_align(
     block_size_m: int,
     expert_map: Optional[torch.Tensor] = None,
     site: Optional[LaunchSite] = None,
+    buffers: Optional[tuple] = None,
 ) -> AlignedRouting:
     """`moe_align` on arguments already checked (as `check_align_args` checks them; `fused_moe` checks its
     inputs once): no check here. `site`: where a cached layer plan keeps the compiled kernels
-    (`moe_lab._launch`), or None."""
-    device = topk_ids.device
+    (`moe_lab._launch`), or None. `buffers`: what `align_buffers` returned for these sizes (a kept plan's
+    workspace, written again), or None: new ones."""
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
     padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
     num_m_blocks = padded_len // block_size_m
     one_program = align_in_one_program(num_slots, num_experts, block_size_m)
-    num_chunks = triton.cdiv(num_slots, CHUNK)
-    sizes = [padded_len, num_m_blocks, num_experts, 1]
-    if not one_program:  # the three launches' own: per-chunk counts and offsets, each expert's first row
-        sizes += [max(num_chunks, 1) * num_experts] * 2 + [num_experts]
-    buffers = _int32_buffers(device, sizes)
+    num_chunks = cdiv(num_slots, CHUNK)
+    if buffers is None:
+        buffers = align_buffers(topk_ids.device, num_slots, num_experts, block_size_m)
     sorted_token_ids, expert_ids, counts, num_tokens_post_padded = buffers[:4]
 
     flat_ids = topk_ids.reshape(-1).contiguous()
     num_ids = expert_map.numel() if expert_map is not None else num_experts
-    num_bins = triton.next_power_of_2(num_experts + 1)  # bin E collects padding lanes and dropped slots
+    num_bins = next_power_of_2(num_experts + 1)  # bin E collects padding lanes and dropped slots
     has_map = expert_map is not None
 
     emap = expert_map.contiguous() if has_map else flat_ids  # a placeholder pointer when there is no map
@@ -194,7 +193,7 @@ def run_align(
         counts, sorted_token_ids, expert_ids, num_tokens_post_padded, block_size_m, num_tokens, top_k, num_experts
     )
     if one_program:
-        slots = triton.next_power_of_2(num_slots)
+        slots = next_power_of_2(num_slots)
         launch(
             align_in_registers_kernel,
             (1,),
@@ -228,7 +227,7 @@ def run_align(
         dict(BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins, CHUNK_TILE=max(1, 8192 // num_bins)),
         site,
     )
-    grid = num_chunks + triton.cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
+    grid = num_chunks + cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
     if grid:
         launch(
             scatter_kernel,
@@ -245,6 +244,17 @@ def run_align(
             site,
         )
     return result
+
+
+def align_buffers(device: torch.device, num_slots: int, num_experts: int, block_size_m: int) -> tuple:
+    """New buffers for `run_align` of num_slots slots: sorted_token_ids, expert_ids, counts,
+    num_tokens_post_padded, and where it takes three launches their own (per-chunk counts and offsets,
+    each expert's first row). None of them needs to be zero: the align writes every element it reads."""
+    padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
+    sizes = [padded_len, padded_len // block_size_m, num_experts, 1]
+    if not align_in_one_program(num_slots, num_experts, block_size_m):
+        sizes += [max(cdiv(num_slots, CHUNK), 1) * num_experts] * 2 + [num_experts]
+    return _int32_buffers(device, sizes)
 
 
 def _int32_buffers(device: torch.device, sizes) -> tuple:
@@ -268,11 +278,11 @@ _SLOT_ORDER_ROWS: Dict[tuple, _SlotOrderRows] = {}
 
 def slot_order_applies(shape, stride, dtype: torch.dtype, has_expert_map: bool) -> bool:
     """Whether topk_ids of this shape, strides and dtype take the slot-order schedule (`slot_order_routing`):
-    int32 [1, k], contiguous, without expert_map."""
+    int32 or int64 [1, k], contiguous, without expert_map."""
     return (
         len(shape) == 2
         and shape[0] == 1
-        and dtype == torch.int32
+        and dtype in (torch.int32, torch.int64)
         and (shape[1] <= 1 or stride[1] == 1)
         and not has_expert_map
     )
@@ -293,8 +303,9 @@ def slot_order_routing(
     A skipped block's rows are not padding (they name their slot) but nothing writes them: the unfused
     activation and the FP8 quantization read them as they are, and nothing reads what they make of them.
 
-    Applies to int32 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup;
-    `slot_order_applies`); int64 ids would compile the GEMMs again for their pointer type. The rows are made
+    Applies to int32 or int64 topk_ids [1, k], contiguous, without expert_map (a map needs the align's lookup;
+    `slot_order_applies`); int64 ids (torch.topk's, transformers') compile the GEMMs once more for the
+    ids' pointer type. The rows are made
     on the device with no host sync; while a CUDA graph is being captured they cannot be made, so a first
     call then returns None (the layer takes the align).
     """

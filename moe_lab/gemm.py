@@ -33,7 +33,9 @@ from typing import Dict, Optional, Union
 
 import torch
 import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ._ints import cdiv
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._launch import LaunchSite, launch
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
@@ -51,6 +53,8 @@ __all__ = [
     "LoadPath",
     "UseTma",
     "check_activation_scale",
+    "check_fp8_scales",
+    "check_gemm_rows",
     "check_use_tma",
     "check_weight_scale",
     "grouped_matmul",
@@ -84,7 +88,7 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
             w_scale,
             ndim=3,
             dtypes=(torch.float32,),
-            shape=(num_experts, triton.cdiv(n, block_shape[0]), triton.cdiv(k, block_shape[1])),
+            shape=(num_experts, cdiv(n, block_shape[0]), cdiv(k, block_shape[1])),
             layout="[E, ceil(N/block_n), ceil(K/block_k)]",
         )
         return w_scale
@@ -110,7 +114,7 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
             a_scale,
             ndim=2,
             dtypes=(torch.float32,),
-            shape=(rows, triton.cdiv(k, block_shape[1])),
+            shape=(rows, cdiv(k, block_shape[1])),
             layout="[rows, ceil(K/block_k)]",
         )
         return a_scale
@@ -135,8 +139,10 @@ def kernel_scales(
     return Fp8Scales("outer", a_scale, w_scale)
 
 
-def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
-    """Check the scale arguments against a and w; None for float operands (which take none)."""
+def check_fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
+    """The scale arguments of a grouped GEMM of a [rows, K] and w [E, N, K] (`grouped_matmul`'s and the Gluon
+    FP8 GEMM's), checked against them: None for float operands (which take none), else the Fp8Scales the
+    kernel reads. Raises ValueError naming the argument, RuntimeError where float8 cannot run."""
     block_shape = check_gemm_block_shape(block_shape)
     if w.dtype != FP8_DTYPE:
         for name, given in (("a_scale", a_scale), ("w_scale", w_scale), ("block_shape", block_shape)):
@@ -158,13 +164,50 @@ def _fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape,
     return Fp8Scales("outer", a_scale, w_scale)
 
 
+def check_gemm_rows(routing, topk_weights, *, gather_a, scatter, return_plan) -> None:
+    """The arguments that say which rows a grouped GEMM reads and writes, as `grouped_matmul` and
+    `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon` take them: an AlignedRouting whose sorted_token_ids covers
+    its M-blocks; gather_a, scatter and return_plan bools, not gather_a with scatter; topk_weights None, or
+    [T, k] float16/bfloat16/float32 with scatter. Raises TypeError / ValueError naming the argument."""
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    # Every program reads its block's schedule words before it knows whether its block is in use.
+    if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
+        raise ValueError(
+            f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
+            f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
+            f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
+        )
+    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if gather_a and scatter:
+        raise ValueError(
+            "gather_a=True with scatter=True is not a supported combination (the up projection "
+            "writes sorted rows; the down projection reads them and scatters)"
+        )
+    if topk_weights is not None:
+        if not scatter:
+            raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
+        check_tensor(
+            "topk_weights",
+            topk_weights,
+            ndim=2,
+            dtypes=FLOAT_DTYPES,
+            shape=(routing.num_tokens, routing.top_k),
+            layout="[T, k]",
+        )
+
+
 def check_bias(name: str, bias, w: torch.Tensor, a_dtype: torch.dtype, layout: str = "[E, N]"):
-    """A bias per weight row of w [E, N, K]: None, or [E, N] in a's dtype or float32 (float16, bfloat16 or
-    float32 for float8 w). Raises TypeError/ValueError naming `name` otherwise."""
+    """A bias per weight row of w [E, N, K]: None, or [E, N] in the activations' dtype `a_dtype` or float32,
+    whatever w's dtype (the layer passes hidden_states' dtype, so float and float8 weights take the same
+    biases); float16, bfloat16 or float32 for float8 activations (grouped_matmul's float8 a). Raises
+    TypeError/ValueError naming `name` otherwise."""
     if bias is None:
         return None
-    dtypes = FLOAT_DTYPES if w.dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
-    of = "" if w.dtype == FP8_DTYPE else "the activations, or float32"
+    dtypes = FLOAT_DTYPES if a_dtype == FP8_DTYPE else tuple(dict.fromkeys((a_dtype, torch.float32)))
+    of = "" if a_dtype == FP8_DTYPE else "the activations, or float32"
     check_tensor(name, bias, ndim=2, dtypes=dtypes, shape=tuple(w.shape[:2]), layout=layout, dtype_of=of)
     return bias
 
@@ -243,20 +286,9 @@ def grouped_matmul(
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs.
     """
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig, got {type(config).__name__}")
-    # Every program reads its block's schedule words before it knows whether its block is in use.
-    if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
-        raise ValueError(
-            f"routing.sorted_token_ids has {routing.sorted_token_ids.numel()} rows; its "
-            f"{routing.max_num_m_blocks} M-blocks of block_size_m={routing.block_size_m} need "
-            f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
-        )
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
     if not isinstance(swiglu, (bool, Activation)):
         raise TypeError(f"swiglu must be a bool or a moe_lab.Activation, got {swiglu!r}")
     activation = swiglu if isinstance(swiglu, Activation) else SILU
@@ -275,19 +307,10 @@ def grouped_matmul(
         layout="[T, K]" if gather_a else "[max_num_tokens_padded, K]",
         dtype_of="w",
     )
-    scales = _fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
+    scales = check_fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
             f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
-        )
-    if topk_weights is not None:
-        check_tensor(
-            "topk_weights",
-            topk_weights,
-            ndim=2,
-            dtypes=FLOAT_DTYPES,
-            shape=(routing.num_tokens, routing.top_k),
-            layout="[T, k]",
         )
     w_bias = check_bias("w_bias", w_bias, w, a.dtype)
     if swiglu:
@@ -328,7 +351,7 @@ def grouped_matmul(
             )
     out = output_buffer(out, (out_rows, out_cols), out_dtype, a.device, "[rows, I]" if swiglu else "[rows, N]")
     out_scale = (
-        torch.empty((out_rows, triton.cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
+        torch.empty((out_rows, cdiv(out_cols, quant_group)), dtype=torch.float32, device=a.device)
         if quant_group
         else None
     )
@@ -354,14 +377,6 @@ def grouped_matmul(
         expert_ids=routing.expert_ids,
         num_tokens_post_padded=routing.num_tokens_post_padded,
     )
-
-    if gather_a and scatter:
-        raise ValueError(
-            "gather_a=True with scatter=True is not a supported combination (the up projection "
-            "writes sorted rows; the down projection reads them and scatters)"
-        )
-    if topk_weights is not None and not scatter:
-        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     plan = plan_gemm(
         a,
         w,
@@ -394,22 +409,19 @@ def run_gemm(
     scales: Optional[Fp8Scales] = None,
     w_bias: Optional[torch.Tensor] = None,
     site: Optional[LaunchSite] = None,
+    a_desc=None,
 ) -> LaunchPlan:
     """Launch `plan` (from `plan_gemm`) on operands that `grouped_matmul` or `fused_moe` has checked: no
     check here (w_bias: [E, N], a bias per weight row, or None). Returns the plan as launched: where the
     compiler needed more shared memory than the plan's estimate, with fewer pipeline stages (ValueError if
     even one stage does not fit). `site`: where a cached layer plan keeps this launch's compiled kernel
-    (`moe_lab._launch`), or None."""
+    (`moe_lab._launch`), or None. `a_desc`: `input_descriptor(plan, a)` made before (a kept buffer's), or
+    None: made here where the plan reads `a` by TMA."""
     if plan.grid == 0:
         return plan
-    a_desc = w_desc = None
-    if plan.path.a_tma or plan.path.w_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-
-        if plan.path.a_tma:
-            a_desc = TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
-        if plan.path.w_tma:
-            w_desc = _weight_descriptor(w, plan)
+    if plan.path.a_tma and a_desc is None:
+        a_desc = input_descriptor(plan, a)
+    w_desc = _weight_descriptor(w, plan) if plan.path.w_tma else None
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
@@ -423,6 +435,11 @@ def run_gemm(
             plan = replace(plan, config=replace(plan.config, num_stages=plan.config.num_stages - 1))
 
 
+def input_descriptor(plan: LaunchPlan, a: torch.Tensor):
+    """The tensor descriptor through which `plan` reads `a` (a plan whose path.a_tma is True)."""
+    return TensorDescriptor(a, list(a.shape), list(a.stride()), [plan.config.BLOCK_SIZE_M, plan.box_k])
+
+
 # The tensor descriptors of weight tensors, by id while the tensor lives: (a weak reference to it, its data
 # pointer, shape, strides and dtype, {box: descriptor}). Weights stay put between calls, so each descriptor is
 # built once; an entry goes with its tensor, and is built again where the tensor's facts changed.
@@ -432,8 +449,6 @@ _WEIGHT_DESCRIPTORS: Dict[int, tuple] = {}
 def _weight_descriptor(w: torch.Tensor, plan: LaunchPlan):
     """The tensor descriptor of weights `w` in `plan`'s boxes (`weight_box`), built once per tensor and box.
     It holds w's memory through a detached tensor, not w itself, so the entry does not keep w alive."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     facts = (w.data_ptr(), w.shape, w.stride(), w.dtype)
     entry = _WEIGHT_DESCRIPTORS.get(id(w))
     if entry is None or entry[0]() is not w or entry[1] != facts:

@@ -31,10 +31,10 @@ from .align import AlignedRouting
 from .capability import descriptor_problem, gluon_fp8_support
 from .configs import GemmConfig
 from .expert_kind import Activation, check_activation
-from .gemm import check_activation_scale, check_weight_scale
+from .gemm import check_fp8_scales, check_gemm_rows
 from .permute import permute_tokens
 from .plan import GluonFp8Plan, plan_gluon_fp8
-from .quantize import FP8_DTYPE, check_gemm_block_shape
+from .quantize import FP8_DTYPE
 
 __all__ = ["GluonFp8Plan", "grouped_matmul_fp8_gluon", "gluon_fp8_support"]
 
@@ -86,17 +86,9 @@ def grouped_matmul_fp8_gluon(
         RuntimeError where the kernel cannot run (`moe_lab.capability.gluon_fp8_support`'s reason);
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides, devices or configs.
     """
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
-    for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if gather_a and scatter:
-        raise ValueError("gather_a=True with scatter=True is not a supported combination (see grouped_matmul)")
-    if topk_weights is not None and not scatter:
-        raise ValueError("topk_weights needs scatter=True: routed weights are applied as rows go to their slots")
     if activation is not None:
         activation = check_activation(activation)
         if not gather_a:
@@ -108,20 +100,10 @@ def grouped_matmul_fp8_gluon(
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
     layout = "[T, K]" if gather_a else "[max_num_tokens_padded, K]"
     check_tensor("a", a, ndim=2, dtypes=(FP8_DTYPE,), shape=(rows, k), layout=layout)
-    block_shape = check_gemm_block_shape(block_shape)
     if block_shape is None:
         raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
-    w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
-    a_scale = check_activation_scale("a_scale", a_scale, rows, k, block_shape)
-    if topk_weights is not None:
-        check_tensor(
-            "topk_weights",
-            topk_weights,
-            ndim=2,
-            dtypes=FLOAT_DTYPES,
-            shape=(routing.num_tokens, routing.top_k),
-            layout="[T, k]",
-        )
+    scales = check_fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
+    a_scale, w_scale, block_shape = scales.a_scale, scales.w_scale, (scales.group_n, scales.group_k)
     if activation is not None and n % 2:
         raise ValueError(f"w must have shape [E, 2I, K] with activation, got an odd {n} rows per expert")
     n_out = n // 2 if activation is not None else n

@@ -31,10 +31,10 @@ from ._validate import (
     same_view,
 )
 from .activation import Activation, check_activation, silu_and_mul
-from .align import AlignedRouting, run_align, run_slot_order
+from .align import AlignedRouting, align_buffers, run_align, run_slot_order
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, kernel_scales, run_gemm
+from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, input_descriptor, kernel_scales, run_gemm
 from .plan import (
     ChunkPlan,
     GluonLayerPlan,
@@ -48,6 +48,8 @@ from .plan import (
     plan_layer,
     quantized_by_epilogue,
     remember_layer_plan,
+    reserve_workspace,
+    workspace_slot,
 )
 from .quantize import FP8_DTYPE, check_static_scale, run_quantize_activations
 from .reduce import run_topk_reduce
@@ -403,6 +405,9 @@ def fused_moe(
             Not with expert_map (each rank would add them).
     Returns:
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
+    Memory: the second call of a key keeps its intermediate buffers (align, act, out_k: about T*k*(I + H)
+    elements) for the next call of that key on the same CUDA stream and thread, at most 256 MiB over all keys
+    (`moe_lab.plan.WORKSPACE_BUDGET`); `moe_lab.plan.clear_layer_plans()` frees them.
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs;
         ValueError for inputs or an `out` that require grad while grad is on (inference only).
@@ -436,6 +441,7 @@ def fused_moe(
         expert_tensors=kind.tensors,
     )
     plan = cached_layer_plan(key)
+    kept = plan is not None and not return_info  # (info's routing must outlive the next call: not a workspace)
     if plan is None:  # a call of a new key: every check that its key decides, then its plan, kept
         _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map)
         _check_fp8(w1, w2, *scales, block_shape)
@@ -469,7 +475,8 @@ def fused_moe(
         args = (hidden_states, topk_weights, topk_ids, out)
         if len(plan.chunks) > 1:
             args = tuple(t[start:end] for t in args)
-        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind, plan, index)
+        workspace = _workspace(plan, index, chunk, w1, *args) if kept else None
+        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind, plan, index, workspace)
         if up is not chunk.up or down is not chunk.down:  # launched with fewer stages: kept for the next call
             plan = remember_layer_plan(plan.launched(index, up, down))
             chunk = plan.chunks[index][2]
@@ -492,6 +499,44 @@ def fused_moe(
     return (out, info) if return_info else out
 
 
+class _Workspace:
+    """A kept plan's buffers for one chunk (`moe_lab.plan.workspace_slot`): the align's, the up GEMM's output
+    (act, and its float8 scales where the epilogue quantizes) and the down GEMM's (out_k); `act_desc`, the down
+    GEMM's tensor descriptor of act where it reads act by TMA, made on first use."""
+
+    __slots__ = ("align", "act", "out_scale", "out_k", "act_desc", "nbytes")
+
+    def __init__(self, chunk: ChunkPlan, w1, hidden_states, topk_ids):
+        num_tokens, hidden = hidden_states.shape
+        num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
+        block_size_m = chunk.block_size_m
+        self.align = None if chunk.slot_order else align_buffers(device, num_tokens * top_k, num_experts, block_size_m)
+        self.act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
+        self.out_scale = None
+        if chunk.out_scale_cols:
+            self.out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+        self.out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
+        self.act_desc = None
+        buffers = (*(self.align[:1] if self.align else ()), self.act, self.out_scale, self.out_k)
+        self.nbytes = sum(t.untyped_storage().nbytes() for t in buffers if t is not None)
+
+
+def _workspace(plan: LayerPlan, index: int, chunk: ChunkPlan, w1, hidden_states, topk_weights, topk_ids, out):
+    """Chunk `index`'s workspace on this thread and stream: the kept one, or new buffers, kept where the budget
+    allows; None where there is nothing to launch or a CUDA graph is being captured (the call allocates)."""
+    if chunk.up is None:
+        return None
+    slot = workspace_slot(index, hidden_states.device)
+    if slot is None:
+        return None
+    workspace = plan.workspaces.get(slot)
+    if workspace is None:
+        workspace = _Workspace(chunk, w1, hidden_states, topk_ids)
+        if reserve_workspace(workspace.nbytes):
+            plan.workspaces[slot] = workspace
+    return workspace
+
+
 def _run_chunk(
     chunk: ChunkPlan,
     hidden_states,
@@ -505,30 +550,38 @@ def _run_chunk(
     kind: ExpertKind,
     plan: LayerPlan,
     index: int,
+    workspace: Optional[_Workspace] = None,
 ) -> Tuple[Optional[AlignedRouting], Optional[LaunchPlan], Optional[LaunchPlan]]:
     """Run one chunk's stages as planned, on checked inputs: (the schedule, each GEMM's plan as launched).
     `plan` and `index`: the layer plan and this chunk's place in it, whose sites keep the launches' compiled
-    kernels (`LayerPlan.site`)."""
+    kernels (`LayerPlan.site`); `workspace`: the chunk's kept buffers, or None (new ones)."""
     if chunk.up is None:  # an idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing)
         return None, None, None
     num_tokens, hidden = hidden_states.shape
     num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
-    block_size_m = chunk.gluon.block_size_m if chunk.gluon is not None else chunk.choice.config.block_size_m
+    block_size_m = chunk.block_size_m
     routing = chunk.slot_order and run_slot_order(topk_ids, num_experts, block_size_m)
     # The GEMMs' sites by schedule: slot order's and the align's differ in the schedule tensors they read.
     schedule = "slot order" if routing else "aligned"
     if not routing:  # (slot order's rows cannot be made while a CUDA graph is being captured)
-        routing = run_align(topk_ids, num_experts, block_size_m, expert_map, plan.site(index, "align"))
+        buffers = workspace.align if workspace is not None else None
+        routing = run_align(topk_ids, num_experts, block_size_m, expert_map, plan.site(index, "align"), buffers)
     if chunk.gluon is not None:
-        _run_gluon_gemms(chunk.gluon, hidden_states, topk_weights, topk_ids, out, w1, w2, expert_map, fp8, routing)
+        out_k = workspace.out_k if workspace is not None else None
+        args = (hidden_states, topk_weights, topk_ids, out, w1, w2, expert_map, fp8, routing, out_k)
+        _run_gluon_gemms(chunk.gluon, *args)
         return routing, chunk.up, chunk.down
     x, up_scales, out_scale, down_scales = hidden_states, None, None, None
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale, site=plan.site(index, "quantize x"))
         up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, num_tokens)
-    act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
-    if chunk.out_scale_cols:
-        out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+    if workspace is not None:
+        act, out_scale = workspace.act, workspace.out_scale
+    else:
+        act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
+        if chunk.out_scale_cols:
+            out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+    up_out = act
     up = run_gemm(
         chunk.up,
         x,
@@ -549,7 +602,15 @@ def _run_chunk(
             site = plan.site(index, "quantize act")
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, routing.num_tokens_post_padded, site)
         down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, chunk.rows)
-    out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
+    act_desc = None
+    if workspace is not None:
+        out_k = workspace.out_k
+        if act is up_out and chunk.down.path.a_tma:  # the down GEMM reads the kept act: its descriptor is kept
+            if workspace.act_desc is None:
+                workspace.act_desc = input_descriptor(chunk.down, act)
+            act_desc = workspace.act_desc
+    else:
+        out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
     down = run_gemm(
         chunk.down,
         act,
@@ -560,17 +621,29 @@ def _run_chunk(
         scales=down_scales,
         w_bias=kind.w2_bias,
         site=plan.site(index, "down " + schedule),
+        a_desc=act_desc,
     )
     run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out, plan.site(index, "reduce"))
     return routing, up, down
 
 
 def _run_gluon_gemms(
-    gluon: GluonLayerPlan, hidden_states, topk_weights, topk_ids, out, w1, w2, expert_map, fp8: Fp8Weights, routing
+    gluon: GluonLayerPlan,
+    hidden_states,
+    topk_weights,
+    topk_ids,
+    out,
+    w1,
+    w2,
+    expert_map,
+    fp8: Fp8Weights,
+    routing,
+    out_k=None,
 ) -> None:
     """A chunk's GEMMs on the warp-specialized Gluon FP8 kernel (`moe_lab.plan.gluon_applies` chose it): the
     up GEMM writes the activation as float8 with its per-row 128-column scales (the Triton up GEMM's format),
-    the down GEMM reads it and scatters the routed rows; then the top-k reduce."""
+    the down GEMM reads it and scatters the routed rows (into out_k, the kept [T*k, H] buffer, or a new one);
+    then the top-k reduce."""
     from .gluon_fp8 import run_gluon_fp8
 
     num_tokens, hidden = hidden_states.shape
@@ -580,7 +653,8 @@ def _run_gluon_gemms(
     act = torch.empty((rows, two_inter // 2), dtype=FP8_DTYPE, device=device)
     act_scale = torch.empty((rows, act.shape[1] // 128), dtype=torch.float32, device=device)
     run_gluon_fp8(gluon.up, x, w1, routing, act, x_scale, fp8.w1_scale, gather_a=True, out_scale=act_scale)
-    out_k = torch.empty((num_tokens * topk_ids.shape[1], hidden), dtype=hidden_states.dtype, device=device)
+    if out_k is None:
+        out_k = torch.empty((num_tokens * topk_ids.shape[1], hidden), dtype=hidden_states.dtype, device=device)
     run_gluon_fp8(gluon.down, act, w2, routing, out_k, act_scale, fp8.w2_scale, topk_weights, scatter=True)
     run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
 
@@ -707,9 +781,9 @@ class FusedMoE(torch.nn.Module):
         _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,))
         fp8 = _check_fp8(w1, w2, w1_scale, w2_scale, None, None, block_shape)
         self.activation = check_activation(activation)
-        bias_dtype = torch.float32 if w1.dtype == FP8_DTYPE else w1.dtype
-        self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, bias_dtype, "[E, 2I]"))
-        self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, bias_dtype, "[E, H]"))
+        # float weights are the activations' dtype; with float8 ones each call checks against hidden_states
+        self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, w1.dtype, "[E, 2I]"))
+        self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, w1.dtype, "[E, H]"))
         if (shared_w1 is None) != (shared_w2 is None):
             raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
         if shared_w1 is not None:

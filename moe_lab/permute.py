@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
+from ._ints import cdiv
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
@@ -55,7 +55,7 @@ def permute_tokens(
     check_not_aliased(out, hidden_states=hidden_states)
     if rows == 0 or k == 0:
         return out
-    permute_tokens_kernel[(triton.cdiv(rows, BLOCK_ROWS), triton.cdiv(k, BLOCK_K))](
+    permute_tokens_kernel[(cdiv(rows, BLOCK_ROWS), cdiv(k, BLOCK_K))](
         hidden_states,
         out,
         routing.sorted_token_ids,

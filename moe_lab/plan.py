@@ -22,13 +22,15 @@ import contextlib
 import functools
 import logging
 import os
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
 
 import torch
-import triton
 
-from ._launch import LaunchSite
+from ._ints import cdiv
+from ._kernels.grouped_matmul import _tile_coords
+from ._launch import LaunchSite, current_stream
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import descriptor_problem, gluon_fp8_support, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
@@ -266,7 +268,7 @@ def plan_gemm(
     if budget is not None:  # a config tuned on a bigger GPU must not crash this one
         config = fit_to_shared_memory(config, w.element_size(), budget)
     # With the SwiGLU epilogue a program covers BLOCK_SIZE_N/2 of the I output columns: the same grid.
-    grid = routing.max_num_m_blocks * triton.cdiv(w.shape[1], config.BLOCK_SIZE_N) if w.shape[1] else 0
+    grid = tile_grid(routing.max_num_m_blocks, w.shape[1], config.BLOCK_SIZE_N)
     if config.persistent and grid:
         grid = min(grid, INTERPRETER_PROGRAMS if interpreter_active() else multiprocessor_count(w.device))
     if grid == 0:
@@ -302,6 +304,18 @@ def plan_gemm(
         dot,
         activation if swiglu else SILU,
     )
+
+
+def tile_grid(num_m_blocks: int, n: int, block_size_n: int) -> int:
+    """Tiles of a grouped matmul, the programs of its per-tile launch: one per M-block and BLOCK_SIZE_N of
+    w's N rows (0 without rows)."""
+    return num_m_blocks * cdiv(n, block_size_n)
+
+
+def tile_of_program(pid: int, num_m_blocks: int, num_pid_n: int, group_size_m: int) -> Tuple[int, int]:
+    """(pid_m, pid_n) of tile `pid` (a per-tile launch's program id) in GROUP_SIZE_M ordering: the grouped
+    matmul kernels' own `_tile_coords`, run on the host (the workbook's checkers and pictures read it)."""
+    return _tile_coords.fn(pid, num_m_blocks, num_pid_n, group_size_m)
 
 
 def weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
@@ -468,6 +482,11 @@ class ChunkPlan:
     gluon: Optional["GluonLayerPlan"] = None
     gemm_reason: str = ""
 
+    @property
+    def block_size_m(self) -> int:
+        """The schedule's BLOCK_SIZE_M: the Gluon GEMMs' where they run, else the config's."""
+        return self.gluon.block_size_m if self.gluon is not None else self.choice.config.block_size_m
+
 
 @dataclass(frozen=True)
 class LayerPlan:
@@ -479,6 +498,7 @@ class LayerPlan:
     key: LayerKey
     chunks: Tuple[Tuple[int, int, ChunkPlan], ...]
     sites: Dict[tuple, LaunchSite] = field(default_factory=dict, compare=False, repr=False)
+    workspaces: Dict[tuple, object] = field(default_factory=dict, compare=False, repr=False)
 
     def site(self, index: int, stage: str) -> LaunchSite:
         """The launch site of stage `stage` ("align", "up", ...) of chunk `index` (each chunk its own: equal
@@ -597,15 +617,51 @@ def remember_layer_plan(plan: LayerPlan) -> LayerPlan:
     """Keep `plan` for its key (the oldest plan goes when LAYER_PLANS are kept); returns it."""
     if _cache_on:
         if len(_layer_plans) >= LAYER_PLANS:
-            _layer_plans.pop(next(iter(_layer_plans)), None)
+            _release_workspaces(_layer_plans.pop(next(iter(_layer_plans))))
         _layer_plans[plan.key] = plan
     return plan
 
 
 def clear_layer_plans() -> None:
-    """Forget every layer plan: after changing TRITON_INTERPRET or MOE_LAB_TMA in a running process (the
-    plans read them when made), or a tuned table (`moe_lab.tuned.clear_cache` calls this)."""
+    """Forget every layer plan, and the workspaces they keep: after changing TRITON_INTERPRET or MOE_LAB_TMA
+    in a running process (the plans read them when made), or a tuned table (`moe_lab.tuned.clear_cache`
+    calls this)."""
+    global _workspace_bytes
     _layer_plans.clear()
+    _workspace_bytes = 0
+
+
+# A kept plan's workspaces: the buffers each chunk writes between its stages (the align's result, the up GEMM's
+# output, the down GEMM's), kept for the next call on the same CUDA stream and thread instead of allocated
+# per call. The stream orders one call's reads before the next call's writes; another stream or thread has
+# its own. All plans' workspaces together hold at most WORKSPACE_BUDGET bytes: past it, calls allocate.
+WORKSPACE_BUDGET = 256 << 20
+_workspace_bytes = 0
+
+
+def workspace_slot(index: int, device: torch.device) -> Optional[tuple]:
+    """Where chunk `index` of a kept plan finds its workspace (`LayerPlan.workspaces`) on this thread and
+    `device`'s current stream; None while that stream captures a CUDA graph (a graph's buffers are its own)."""
+    if device.type != "cuda":
+        return (index, None, threading.get_ident())
+    if torch.cuda.is_current_stream_capturing():
+        return None
+    return (index, current_stream(device.index), threading.get_ident())
+
+
+def reserve_workspace(nbytes: int) -> bool:
+    """Count `nbytes` more of kept workspaces, where the budget allows (True), else nothing (False)."""
+    global _workspace_bytes
+    if _workspace_bytes + nbytes > WORKSPACE_BUDGET:
+        return False
+    _workspace_bytes += nbytes
+    return True
+
+
+def _release_workspaces(plan: LayerPlan) -> None:
+    global _workspace_bytes
+    _workspace_bytes -= sum(workspace.nbytes for workspace in plan.workspaces.values())
+    plan.workspaces.clear()
 
 
 @contextlib.contextmanager
@@ -724,7 +780,7 @@ def plan_gluon_fp8(
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
-    tiles = routing.max_num_m_blocks * triton.cdiv(n_out, config.BLOCK_SIZE_N)
+    tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = num_warps + _WARPGROUP
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8

@@ -12,7 +12,8 @@ scales, as `fused_moe` and `fused_moe_reference` take them (`moe-lab demo --dtyp
 `PRESETS` holds the models with SwiGLU experts (the notebooks, the demo and the benchmark tour it).
 `EXPERT_KIND_PRESETS` holds those whose experts are of another kind (gpt-oss: clamped SwiGLU on
 interleaved gate/up rows, biases): `activation` and `biases` say so, `build` makes w1 and w2 only (in
-the activation's row order), and `get_preset` finds them too.
+the activation's row order), `expert_kind` the rest of `fused_moe`'s arguments (the activation, random
+biases), and `get_preset` finds them too (so does `moe-lab demo --model gpt-oss-20b`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,23 @@ class MoEPreset:
             routed_scaling_factor=self.routed_scaling_factor,
         )
         return hidden_states, w1, w2, routing
+
+    def expert_kind(self, *, dtype=torch.bfloat16, device=None, seed: int = 0) -> dict:
+        """The keyword arguments that say this preset's kind of experts to `fused_moe` and
+        `fused_moe_reference`: {} for SwiGLU experts without biases, else `activation` and, with biases,
+        random w1_bias [E, 2I] and w2_bias [E, H] in `dtype` (uniform ±1/sqrt(fan_in), nn.Linear's bias init)
+        at this preset's sizes."""
+        if self.activation == SILU and not self.biases:
+            return {}
+        kind = dict(activation=self.activation)
+        if self.biases:
+            device = torch.device(device or "cpu")
+            gen = torch.Generator(device=device).manual_seed(seed)
+            h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
+            for name, shape, fan_in in (("w1_bias", (e, 2 * i), h), ("w2_bias", (e, h), i)):
+                x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+                kind[name] = x.mul_(2).sub_(1).div_(math.sqrt(fan_in)).to(dtype)
+        return kind
 
     def quantize_fp8(self, w1: torch.Tensor, w2: torch.Tensor, block_shape=None):
         """w1 [E, 2I, H] and w2 [E, H, I] (from `build`) as FP8 experts: (w1_fp8, w2_fp8, scales), the weights

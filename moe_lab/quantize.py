@@ -28,8 +28,8 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-import triton
 
+from ._ints import cdiv, next_power_of_2
 from ._kernels.quantize import per_token_group_quant_fp8_kernel
 from ._launch import LaunchSite, launch
 from ._validate import (
@@ -186,7 +186,7 @@ def quantize_weights_fp8(
     if n == 0 or k == 0:
         raise ValueError(f"w must have N >= 1 and K >= 1 [E, N, K], got shape {tuple(w.shape)}")
     if block is not None:
-        scale_shape: Tuple[int, ...] = (experts, triton.cdiv(n, block[0]), triton.cdiv(k, block[1]))
+        scale_shape: Tuple[int, ...] = (experts, cdiv(n, block[0]), cdiv(k, block[1]))
     else:
         scale_shape = (experts, n) if per_channel else (experts,)
     w_fp8 = torch.empty((experts, n, k), dtype=FP8_DTYPE, device=w.device)
@@ -243,7 +243,7 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, block_shape: Optional[S
     shape = tuple(scale.shape)
     full = None
     if block is not None:
-        want = q.shape[:-2] + (triton.cdiv(n, block[0]), triton.cdiv(k, block[1]))
+        want = q.shape[:-2] + (cdiv(n, block[0]), cdiv(k, block[1]))
         if shape == tuple(want):
             full = _expand_blocks(scale, block, n, k)
     elif scale.dim() <= 1 and scale.numel() == 1:
@@ -293,7 +293,7 @@ def run_quantize_activations(
     group = _group(k, group_size, static)
     q = torch.empty((rows, k), dtype=FP8_DTYPE, device=x.device)
     if not static:
-        scale = torch.empty((rows, triton.cdiv(k, group)), dtype=torch.float32, device=x.device)
+        scale = torch.empty((rows, cdiv(k, group)), dtype=torch.float32, device=x.device)
     _quantize(x, q, scale, num_rows, group, static, site)
     return q, scale
 
@@ -304,7 +304,7 @@ def _quantize(x, q, scale, num_rows, group, static, site=None):
     if rows == 0:
         return
     if static:
-        _launch(x, q, scale, num_rows, min(triton.next_power_of_2(k), TILE_ELEMENTS), True, site)
+        _launch(x, q, scale, num_rows, min(next_power_of_2(k), TILE_ELEMENTS), True, site)
     else:
         _launch(x, q, scale, num_rows, group, False, site)
 
@@ -313,15 +313,15 @@ def _launch(x, q, scale, num_rows, group_size, static, site):
     """One launch of the quantization kernel over x [rows, K]: groups of group_size channels (static: the
     whole row in tiles, all with the given scale)."""
     rows, k = x.shape
-    group_block = triton.next_power_of_2(group_size)
-    groups = triton.cdiv(k, group_size)
-    per_program = max(1, min(triton.next_power_of_2(groups), TILE_ELEMENTS // group_block))
+    group_block = next_power_of_2(group_size)
+    groups = cdiv(k, group_size)
+    per_program = max(1, min(next_power_of_2(groups), TILE_ELEMENTS // group_block))
     per_program = per_program if not static else 1
     # short rows: several per program, so a program still holds about TILE_ELEMENTS values
-    rows_per_program = max(1, min(triton.next_power_of_2(rows), TILE_ELEMENTS // (per_program * group_block)))
+    rows_per_program = max(1, min(next_power_of_2(rows), TILE_ELEMENTS // (per_program * group_block)))
     num_warps = max(1, min(8, rows_per_program * per_program * group_block // 256))
     stride_sm, stride_sg = (0, 0) if static else (scale.stride(0), scale.stride(1))
-    grid = (triton.cdiv(rows, rows_per_program), triton.cdiv(groups, per_program))
+    grid = (cdiv(rows, rows_per_program), cdiv(groups, per_program))
     launch(
         per_token_group_quant_fp8_kernel,
         grid,
@@ -398,12 +398,12 @@ def quantize_activations_fp8(
         check_tensor("num_rows", num_rows, ndim=1, dtypes=(torch.int32,), shape=(1,), layout="[1]")
     static = scale is not None or per_tensor
     group = _group(k, group_size, static)
-    if not static and triton.next_power_of_2(group) > MAX_GROUP:
+    if not static and next_power_of_2(group) > MAX_GROUP:
         raise ValueError(
             f"a group of {group} channels is wider than the kernel's limit of {MAX_GROUP}: pass "
             f"group_size <= {MAX_GROUP} (x has K = {k})"
         )
-    scale_shape = (1,) if static else (rows, triton.cdiv(k, group))
+    scale_shape = (1,) if static else (rows, cdiv(k, group))
     q = output_buffer(out, (rows, k), FP8_DTYPE, x.device, "[rows, K]")
     if out is not None:
         check_not_aliased(out, x=x)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import triton
 
+from ._ints import cdiv
 from ._kernels.reduce import topk_reduce_kernel
 from ._launch import LaunchSite, launch
 from ._validate import (
@@ -74,7 +74,7 @@ def run_topk_reduce(
         return out
     launch(
         topk_reduce_kernel,
-        (num_tokens, triton.cdiv(hidden, BLOCK_SIZE)),
+        (num_tokens, cdiv(hidden, BLOCK_SIZE)),
         (out_k, topk_ids, expert_map, out, hidden, expert_map.numel() if expert_map is not None else num_experts)
         + (num_experts, out_k.stride(0), topk_ids.stride(0), topk_ids.stride(1), out.stride(0)),
         dict(

@@ -11,7 +11,7 @@ from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
 from .expert_kind import Activation, check_activation
 from .gemm import check_weight_scale
-from .quantize import FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
+from .quantize import FP8_DTYPE, FP8_MAX, check_gemm_block_shape, check_static_scale, dequantize_fp8
 
 
 def moe_align_reference(
@@ -121,12 +121,19 @@ def fused_moe_reference(
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
     the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
     the quantization's.
-    Raises TypeError / ValueError for hidden_states, topk_ids and topk_weights of the wrong rank, dtype or
-    shape and for experts outside [0, E) (as `fused_moe` does); the weights' shapes are left to torch.
+    Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
+    wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
+    and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts
+    likewise ([S, 2I_s, H], [S, H, I_s]) and for experts outside [0, E).
     """
-    from .layer import _check_ids  # the layer imports the kernels: only when called
+    from .layer import _check_ids, _check_weights  # the layer imports the kernels: only when called
 
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
+    _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,), hidden_states.shape[1])
+    if (shared_w1 is None) != (shared_w2 is None):
+        raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
+    if shared_w1 is not None:
+        _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, hidden_states.shape[1], prefix="shared_")
     check_tensor(
         "topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(hidden_states.shape[0], None), layout="[T, k]"
     )
@@ -134,7 +141,7 @@ def fused_moe_reference(
         "topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape), layout="[T, k]"
     )
     _check_ids(topk_ids, expert_map, w1.shape[0], True)  # experts out of range would add nothing: say so
-    fp8 = w1.dtype == torch.float8_e4m3fn
+    fp8 = w1.dtype == FP8_DTYPE
     if fp8:  # the layer's checks of the scales, so a mistake is named as fused_moe names it
         block_shape = check_gemm_block_shape(block_shape)
         check_weight_scale("w1_scale", w1_scale, w1, block_shape)

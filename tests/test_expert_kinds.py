@@ -277,3 +277,24 @@ def test_gpu_deepseek_v2_lite_block_with_shared_experts():
     )
     out = fused_moe(hs, w1, w2, tw, ti, **shared)
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti, **shared)) < 1e-2
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16 weights", "fp8 weights"])
+def test_bias_dtypes_follow_one_rule_for_float_and_fp8_weights(fp8):
+    """w1_bias / w2_bias: hidden_states' dtype or float32, whatever the weights' dtype (fused_moe and FusedMoE)."""
+    hs, w1, w2, tw, ti = random_layer(3, 4, 2, 32, 32, torch.bfloat16)
+    kw = {}
+    if fp8:
+        (w1, s1), (w2, s2) = quantize_weights_fp8(w1, (32, 32)), quantize_weights_fp8(w2, (32, 32))
+        kw = dict(w1_scale=s1, w2_scale=s2, block_shape=(32, 32))
+    for dtype in (torch.bfloat16, torch.float32):
+        w1_bias, w2_bias = _biases(4, 32, 32, dtype)
+        out = fused_moe(hs, w1, w2, tw, ti, w1_bias=w1_bias, w2_bias=w2_bias, **kw)
+        ref = fused_moe_reference(hs, w1, w2, tw, ti, w1_bias=w1_bias, w2_bias=w2_bias, **kw)
+        assert relative_error(out, ref) < 2e-2, dtype
+    w1_bias, w2_bias = _biases(4, 32, 32, torch.float16)
+    says = r"must be bfloat16 or float32 \(the dtype of the activations, or float32\), got float16"
+    with pytest.raises(TypeError, match="w1_bias " + says):
+        fused_moe(hs, w1, w2, tw, ti, w1_bias=w1_bias, **kw)
+    with pytest.raises(TypeError, match="w2_bias " + says):
+        FusedMoE(w1, w2, w2_bias=w2_bias, **kw)(hs, tw, ti)  # float8 weights: refused at the call

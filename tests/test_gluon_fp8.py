@@ -59,6 +59,25 @@ def test_bad_arguments_are_named_before_anything_runs():
         grouped_matmul_fp8_gluon(a, experts_inner, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
 
 
+def test_routing_and_scales_are_checked_as_grouped_matmul_checks_them():
+    """One check per argument, shared with moe_lab.grouped_matmul (moe_lab.gemm.check_gemm_rows and
+    check_fp8_scales): the same refusals, in the same words."""
+    from dataclasses import replace
+
+    a, a_s, w, w_s, routing = _operands()
+    with pytest.raises(TypeError, match="routing must be an AlignedRouting"):
+        grouped_matmul_fp8_gluon(a, w, routing.sorted_token_ids, gather_a=True, a_scale=a_s, w_scale=w_s)
+    short = replace(routing, sorted_token_ids=routing.sorted_token_ids[:10])
+    with pytest.raises(ValueError, match="routing.sorted_token_ids has 10 rows"):
+        grouped_matmul_fp8_gluon(a, w, short, gather_a=True, a_scale=a_s, w_scale=w_s)
+    with pytest.raises(ValueError, match="gather_a=True with scatter=True is not a supported combination"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, scatter=True, a_scale=a_s, w_scale=w_s)
+    with pytest.raises(ValueError, match="need a_scale and w_scale"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=None, w_scale=w_s)
+    with pytest.raises(ValueError, match=r"a_scale must have shape \[rows, ceil\(K/block_k\)\]"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s[:, :1], w_scale=w_s)
+
+
 def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
     _, _, _, _, routing = _operands(block_m=64)
     cpu = torch.device("cpu")

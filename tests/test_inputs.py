@@ -221,3 +221,24 @@ def test_the_reference_names_bad_routing_as_fused_moe_does():
         fused_moe_reference(hs, w1, w2, weights, ids + 4)
     with pytest.raises(ValueError, match=r"topk_weights must have shape \[T, k\]"):
         fused_moe_reference(hs, w1, w2, weights[:2], ids)
+
+
+def test_the_reference_names_bad_weights_as_fused_moe_does():
+    """w1 not [E, 2I, H], w2 not [E, H, I], or the two (or hidden_states) disagreeing on E, H or I: a
+    ValueError naming the argument and the shapes, the words of fused_moe's own check."""
+    hs, w1, w2 = torch.randn(4, 48), torch.randn(4, 32, 48), torch.randn(4, 48, 16)
+    ids, weights = torch.zeros(4, 2, dtype=torch.int32), torch.ones(4, 2)
+    for bad_w1, bad_w2, says in (
+        (w1[..., :40], w2, r"w1 must have shape \[E, 2I, H\] = \[\*, \*, 48\], got \(4, 32, 40\)"),
+        (w1[:, :31], w2, r"w1 must have shape \[E, 2I, H\] with an even, non-zero 2I, got \(4, 31, 48\)"),
+        (w1, w2[:3], r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(3, 48, 16\)"),
+        (w1, w2[:, :, :8], r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(4, 48, 8\)"),
+        (w1, w2.transpose(1, 2), r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(4, 16, 48\)"),
+        (w1[:, :16], w2, r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\) = \[4, 32, 48\]"),
+    ):
+        with pytest.raises(ValueError, match=says):
+            fused_moe_reference(hs, bad_w1, bad_w2, weights, ids)
+        with pytest.raises(ValueError, match=says):
+            fused_moe(hs, bad_w1, bad_w2, weights, ids)
+    with pytest.raises(ValueError, match=r"shared_w2 must have shape \[S, H, I_s\]"):
+        fused_moe_reference(hs, w1, w2, weights, ids, shared_w1=w1[:1], shared_w2=w2[:1, :, :4])

@@ -217,8 +217,10 @@ def test_one_token_in_slot_order_is_bitwise_the_aligned_schedule(config, dtype):
         relative_error(fused_moe(hs, w1, w2, tw, twice, config=config), fused_moe_reference(hs, w1, w2, tw, twice))
         < TOL[dtype]
     )
-    # more tokens, a map, int64 or strided ids: no slot order
+    # int64 ids (torch.topk's) too, bit for bit
+    out64, info64 = fused_moe(hs, w1, w2, tw, ti.long(), config=config, return_info=True)
+    assert not info64.routing.expert_sorted and torch.equal(out64, out)
+    # more tokens, a map or strided ids: no slot order
     assert slot_order_routing(ti.expand(2, 4), 6, 16) is None
-    assert slot_order_routing(ti.long(), 6, 16) is None
     assert slot_order_routing(ti, 6, 16, expert_map=identity) is None
     assert slot_order_routing(torch.stack([ti, ti], -1)[..., 0], 6, 16) is None

@@ -114,3 +114,52 @@ def test_checks_the_key_cannot_decide_run_on_every_call():
         fused_moe(hs.detach(), w1, w2, tw, ti, use_tma=1)
     with pytest.raises(TypeError, match="config.tma must be a bool"):
         fused_moe(hs.detach(), w1, w2, tw, ti, config={"tma": 1})
+
+
+def _plan_of(hs, w1, w2, tw, ti, **kw):
+    return cached_layer_plan(_key(hs, w1, w2, tw, ti, **kw))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 6])  # slot order (no align buffers) and the align
+def test_a_kept_workspace_serves_the_next_calls_of_its_key_bit_for_bit(num_tokens):
+    hs, w1, w2, tw, ti = random_layer(num_tokens, 5, 2, 32, 32, torch.bfloat16)
+    if num_tokens == 1:
+        ti = ti.to(torch.int32)
+    expected = fused_moe(hs, w1, w2, tw, ti)  # the first call plans and allocates
+    again = fused_moe(hs, w1, w2, tw, ti)  # the second keeps its buffers
+    plan = _plan_of(hs, w1, w2, tw, ti)
+    (workspace,) = plan.workspaces.values()
+    assert torch.equal(again, expected)
+    # New inputs of the same key, and other weights (another layer of the model): the same buffers, written anew.
+    hs2, w1b, w2b, tw2, ti2 = random_layer(num_tokens, 5, 2, 32, 32, torch.bfloat16)
+    ti2 = ti2.to(ti.dtype)
+    with layer_plan_cache(False):
+        fresh = fused_moe(hs2, w1b, w2b, tw2, ti2)
+    kept = fused_moe(hs2, w1b, w2b, tw2, ti2)
+    assert torch.equal(kept, fresh) and list(plan.workspaces.values()) == [workspace]
+    assert not any(t is not None and t.data_ptr() == kept.data_ptr() for t in (workspace.act, workspace.out_k))
+    # return_info's routing outlives the call: never the workspace's.
+    _, info = fused_moe(hs, w1, w2, tw, ti, return_info=True)
+    if workspace.align is not None:
+        assert info.routing.sorted_token_ids.data_ptr() != workspace.align[0].data_ptr()
+
+
+def test_workspaces_are_per_thread_and_within_their_budget(monkeypatch):
+    import threading
+
+    hs, w1, w2, tw, ti = random_layer(4, 4, 2, 32, 32, torch.float32)
+    expected = fused_moe(hs, w1, w2, tw, ti)
+    fused_moe(hs, w1, w2, tw, ti)
+    results = []
+    thread = threading.Thread(target=lambda: results.append(fused_moe(hs, w1, w2, tw, ti)))
+    thread.start()
+    thread.join()
+    plan = _plan_of(hs, w1, w2, tw, ti)
+    assert len(plan.workspaces) == 2 and torch.equal(results[0], expected)
+    assert plan_module._workspace_bytes == sum(w.nbytes for w in plan.workspaces.values()) > 0
+    plan_module.clear_layer_plans()
+    assert plan_module._workspace_bytes == 0
+    monkeypatch.setattr(plan_module, "WORKSPACE_BUDGET", 0)  # past the budget: buffers per call, as before
+    fused_moe(hs, w1, w2, tw, ti)
+    assert torch.equal(fused_moe(hs, w1, w2, tw, ti), expected)
+    assert not _plan_of(hs, w1, w2, tw, ti).workspaces and plan_module._workspace_bytes == 0

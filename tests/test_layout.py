@@ -118,6 +118,32 @@ def test_import_moe_lab_loads_no_optional_library():
     assert "LOADED []" in proc.stdout, proc.stdout + proc.stderr[-2000:]
 
 
+NO_GLUON = """
+import sys
+
+class NoGluon:  # a Triton without Gluon
+    def find_spec(self, name, path=None, target=None):
+        if name.startswith("triton.experimental.gluon"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+
+sys.meta_path.insert(0, NoGluon())
+import moe_lab
+
+print("GLUON_FP8", callable(moe_lab.gluon_fp8.grouped_matmul_fp8_gluon))
+print("SUPPORT", moe_lab.capability.gluon_fp8_support())
+"""
+
+
+def test_moe_lab_gluon_fp8_is_imported_with_moe_lab_even_without_gluon():
+    """`moe_lab.gluon_fp8` is an attribute after `import moe_lab`, which imports Gluon itself only at the
+    first launch: a Triton without Gluon still imports moe_lab, and gluon_fp8_support says why not."""
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_GLUON], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "GLUON_FP8 True" in proc.stdout and "has no Gluon" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
 def test_the_child_imports_this_checkout():
     """The fresh interpreters import the moe_lab of this checkout, not an installed copy elsewhere."""
     code = "import moe_lab, os; print('AT', os.path.dirname(os.path.abspath(moe_lab.__file__)))"

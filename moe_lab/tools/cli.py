@@ -17,7 +17,7 @@ import torch
 
 from .. import __version__
 from ..capability import fp8_support, tma_support
-from ..presets import DEFAULT_FP8_BLOCK, MAIN_MODELS, PRESETS, SWEEP_TOKENS, get_preset
+from ..presets import DEFAULT_FP8_BLOCK, EXPERT_KIND_PRESETS, MAIN_MODELS, PRESETS, SWEEP_TOKENS, get_preset
 from ..runtime import default_device, environment_problem, interpreter_active
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -168,10 +168,12 @@ def cmd_demo(args) -> int:
             hidden, w1, w2, (topk_weights, topk_ids) = preset.build(
                 num_tokens, dtype=dtype, device=device, seed=num_tokens
             )
+            kind = preset.expert_kind(dtype=dtype, device=device, seed=num_tokens)  # gpt-oss: activation, biases
             scales, unquantized = {}, None
             if fp8:  # kernels: against FP8's own operands; what FP8 costs: against the bf16 weights
                 unquantized = (w1, w2)
                 w1, w2, scales = preset.quantize_fp8(w1, w2)
+            scales.update(kind)
             out, info = fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True, **scales)
             ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids, **scales) if num_tokens else None
             err = relative_error(out, ref) if num_tokens else 0.0
@@ -190,7 +192,7 @@ def cmd_demo(args) -> int:
             )
             if fp8:
                 quant_err = (
-                    relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids))
+                    relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids, **kind))
                     if num_tokens
                     else 0.0
                 )
@@ -313,13 +315,15 @@ def build_parser() -> argparse.ArgumentParser:
         "each result with the float32 PyTorch reference (relative Frobenius error), and say which "
         "load path (pointer or TMA) each GEMM took and why. On a GPU it also times the layer.",
     )
+    demo_models = [*PRESETS, *EXPERT_KIND_PRESETS]
     demo.add_argument(
         "--model",
         nargs="+",
         type=str.lower,
-        choices=sorted(PRESETS),
+        choices=sorted(demo_models),
         metavar="NAME",
-        help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(PRESETS)}",
+        help=f"model presets, any case (default: {' '.join(DEFAULT_MODELS)}); choices: {', '.join(demo_models)} "
+        "(gpt-oss: clamped SwiGLU on interleaved rows, with biases)",
     )
     demo.add_argument(
         "--tokens",

@@ -39,6 +39,17 @@ MEMORY_INSTRUCTIONS = {
     "mma.sync": "the tensor-core matrix multiply of sm_80 (tiles in registers)",
 }
 
+# What shows warp specialization in the PTX of the Gluon FP8 GEMM (`compile_gluon_fp8`).
+WARP_SPECIALIZATION_INSTRUCTIONS = {
+    "setmaxnreg": "a partition gives registers back (the load warp) or takes more (the MMA warpgroups)",
+    "mbarrier.try_wait": "a wait on an mbarrier's phase: the MMA partition for a full stage, the load warp for an "
+    "empty one",
+    "mbarrier.arrive": "an arrival on an mbarrier: a stage released (empty), or bytes announced (expect_tx)",
+    "cp.async.bulk.tensor": MEMORY_INSTRUCTIONS["cp.async.bulk.tensor"],
+    "wgmma.mma_async": MEMORY_INSTRUCTIONS["wgmma.mma_async"],
+    "wgmma.wait_group": "wait until at most N wgmma groups are in flight: the product of a K block is ready",
+}
+
 
 @dataclass(frozen=True)
 class CompiledKernel:
@@ -79,14 +90,66 @@ def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: floa
         raise ValueError(f"load_path must be one of {LOAD_PATHS}, got {load_path!r}")
     if cc not in TARGETS:
         raise ValueError(f"cc must be one of {TARGETS} (sm_80 A100, sm_90 H100/H200, sm_100 B200), got {cc!r}")
+    return _child([load_path, str(cc)], f"grouped_matmul_kernel for sm_{cc}", timeout_s)
+
+
+def compile_gluon_fp8(block_m: int = 128, timeout_s: float = 600) -> CompiledKernel:
+    """Compile the warp-specialized Gluon FP8 GEMM (`moe_lab.gluon_fp8`) for sm_90 with BLOCK_SIZE_M `block_m`
+    (64: one MMA warpgroup, 128: two), in a child process as `compile_grouped_matmul` does. Its load_path is
+    "gluon". Raises RuntimeError with the child's error (or this Triton's missing Gluon) if the compile fails."""
+    if block_m not in (64, 128):
+        raise ValueError(f"block_m must be 64 or 128 (one or two MMA warpgroups), got {block_m!r}")
+    return _child(["gluon", str(block_m)], "fp8_grouped_matmul_ws_kernel for sm_90", timeout_s)
+
+
+def _child(argv: List[str], what: str, timeout_s: float) -> CompiledKernel:
     env = dict(os.environ, TRITON_INTERPRET="0")
     done = subprocess.run(
-        [sys.executable, "-m", __name__, load_path, str(cc)], capture_output=True, text=True, env=env, timeout=timeout_s
+        [sys.executable, "-m", __name__, *argv], capture_output=True, text=True, env=env, timeout=timeout_s
     )
     result = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not result:
-        raise RuntimeError(f"compiling grouped_matmul_kernel for sm_{cc} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"compiling {what} failed:\n{done.stderr[-3000:]}")
     return CompiledKernel(**json.loads(result[-1]))
+
+
+def _compile_gluon_in_this_process(block_m: int) -> dict:
+    import torch
+
+    from .. import AlignedRouting, capability
+    from . import compile_only
+
+    problem = capability._gluon_problem()
+    if problem:
+        raise RuntimeError(problem)
+    compile_only.patch_moe_lab()
+    from ..gluon_fp8 import grouped_matmul_fp8_gluon
+
+    def meta(*shape, dtype=torch.int32):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    num_experts, n, k, rows, fp8, f32 = 8, 256, 512, 1024, torch.float8_e4m3fn, torch.float32
+    routing = AlignedRouting(
+        meta(num_experts), meta(rows), meta(rows // block_m), meta(1), block_m, 256, 2, num_experts
+    )
+    session = compile_only.Session(compile_missing=True)
+    with compile_only.fake_gpu(90, session):
+        grouped_matmul_fp8_gluon(
+            meta(rows, k, dtype=fp8),
+            meta(num_experts, n, k, dtype=fp8),
+            routing,
+            gather_a=False,
+            a_scale=meta(rows, k // 128, dtype=f32),
+            w_scale=meta(num_experts, n // 128, k // 128, dtype=f32),
+        )
+    (kernel,) = [k for k in session.kernels.values() if k.name == "fp8_grouped_matmul_ws_kernel"]
+    return {
+        "load_path": "gluon",
+        "cc": 90,
+        "ptx": kernel.asm["ptx"],
+        "shared_bytes": kernel.metadata.shared,
+        "num_warps": kernel.metadata.num_warps,
+    }
 
 
 def _compile_in_this_process(load_path: str, cc: int) -> dict:
@@ -126,4 +189,7 @@ def _compile_in_this_process(load_path: str, cc: int) -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(_compile_in_this_process(sys.argv[1], int(sys.argv[2]))))
+    if sys.argv[1] == "gluon":
+        print(json.dumps(_compile_gluon_in_this_process(int(sys.argv[2]))))
+    else:
+        print(json.dumps(_compile_in_this_process(sys.argv[1], int(sys.argv[2]))))

@@ -179,11 +179,35 @@ class KernelMismatch(TypeError):
     kernel at all): the exercise checkers turn it into a NOT YET."""
 
 
+def _launched_kernel(fn):
+    """The kernel of `kernel[grid]` (Triton returns a lambda holding it), else None."""
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if hasattr(value, "arg_names") and hasattr(value, "__getitem__"):
+            return value
+    return None
+
+
 def _not_a_kernel(kernel) -> str:
     if kernel is None:
         return "got None instead of a kernel: run the cell that defines it (with @triton.jit) first"
-    if getattr(kernel, "__name__", "") == "<lambda>" or type(kernel).__name__ == "partial":
-        return "got kernel[grid] (a launcher): pass the kernel itself, the checker chooses the grid"
+    launched = _launched_kernel(kernel)
+    if launched is not None:
+        name = getattr(launched, "__name__", "kernel")
+        return f"got {name}[grid], a launch of the kernel: pass the kernel itself ({name}), the checker picks the grid"
+    if type(kernel).__name__ == "partial":
+        return (
+            f"got functools.partial({getattr(kernel.func, '__name__', type(kernel.func).__name__)}, ...), where a "
+            "@triton.jit kernel is expected: pass the kernel itself, the checker passes every argument"
+        )
+    if getattr(kernel, "__name__", "") == "<lambda>":
+        return (
+            "got a lambda, a plain Python function, where a @triton.jit kernel is expected: pass the kernel "
+            "itself (the function under @triton.jit), the checker launches it"
+        )
     if callable(kernel):
         return (
             f"got {getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: a Triton "

@@ -7,6 +7,32 @@ def test_demo_small_runs_and_passes(capsys):
     assert "qwen3-30b-a3b" in out and "all results match" in out
 
 
+def test_demo_runs_gpt_oss_with_its_activation_and_biases(capsys, monkeypatch):
+    """gpt-oss's preset (clamped SwiGLU on interleaved rows, biases) is a demo model: the layer and the
+    reference both get its activation and biases."""
+    import moe_lab.layer
+    import moe_lab.reference
+
+    seen = {}
+
+    def spy(real, name):
+        def call(*args, **kwargs):
+            seen[name] = kwargs
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(moe_lab.layer, "fused_moe", spy(moe_lab.layer.fused_moe, "layer"))
+    monkeypatch.setattr(moe_lab.reference, "fused_moe_reference", spy(moe_lab.reference.fused_moe_reference, "ref"))
+    assert main(["demo", "--model", "GPT-OSS-20B", "--tokens", "3", "--scale", "128"]) == 0
+    out = capsys.readouterr().out
+    assert "gpt-oss-20b" in out and "all results match" in out
+    assert sorted(seen) == ["layer", "ref"]
+    for kw in seen.values():  # E = 32; H = I = 2880 / 128 -> 32
+        assert kw["activation"] == moe_lab.GPT_OSS
+        assert kw["w1_bias"].shape == (32, 64) and kw["w2_bias"].shape == (32, 32)
+
+
 def test_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out

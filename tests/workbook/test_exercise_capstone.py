@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from moe_lab.plan import tile_of_program
 from moe_lab.workbook import exercises
 from moe_lab.workbook.exercises import capstone
 from moe_lab.workbook.exercises import capstone_solution as solution
@@ -57,6 +58,7 @@ def _up(
     GROUP_SIZE_M: tl.constexpr, EXPERT: tl.constexpr = 0, ORDER: tl.constexpr = 0, ROW_MASK: tl.constexpr = True,
     K_MASK: tl.constexpr = True, OTHER: tl.constexpr = True, N_MASK: tl.constexpr = True,
     SKIP_UNUSED: tl.constexpr = True, K_TAIL: tl.constexpr = True, STORE_PADDING: tl.constexpr = True,
+    TOKEN_ROW: tl.constexpr = True, ROW_STRIDE: tl.constexpr = True,
 ):  # fmt: skip
     """The solution, with switches that each make one slip."""
     pid_m, pid_n = _tile(num_m_blocks, N, BLOCK_SIZE_N, GROUP_SIZE_M, ORDER)
@@ -72,6 +74,8 @@ def _up(
     if not ROW_MASK:
         row_ok = slots >= 0
     tokens = (slots // TOP_K).to(tl.int64)
+    if not TOKEN_ROW:
+        tokens = slots.to(tl.int64)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     k_end = K if K_TAIL else K - BLOCK_SIZE_K + 1
     for k0 in range(0, k_end, BLOCK_SIZE_K):
@@ -85,7 +89,8 @@ def _up(
     mask = (offs_n[None, :] < N) | (not N_MASK)
     if not STORE_PADDING:
         mask = mask & row_ok[:, None]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(tl.float16), mask=mask)
+    row_stride = stride_om if ROW_STRIDE else N
+    tl.store(out_ptr + offs_m[:, None] * row_stride + offs_n[None, :], acc.to(tl.float16), mask=mask)
 
 
 @triton.jit
@@ -95,6 +100,7 @@ def _down(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
     EXPERT: tl.constexpr = 0, ORDER: tl.constexpr = 0, WEIGHT: tl.constexpr = 1, K_TAIL: tl.constexpr = True,
     STORE_ROW_MASK: tl.constexpr = True, N_MASK: tl.constexpr = True, WEIGHT_MASK: tl.constexpr = True,
+    ROW_STRIDE: tl.constexpr = True,
 ):  # fmt: skip
     pid_m, pid_n = _tile(num_m_blocks, N, BLOCK_SIZE_N, GROUP_SIZE_M, ORDER)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
@@ -119,7 +125,8 @@ def _down(
     if WEIGHT == 2:
         acc *= weight[:, None]
     mask = ((offs_n[None, :] < N) | (not N_MASK)) & (row_ok[:, None] | (not STORE_ROW_MASK))
-    tl.store(out_ptr + slots[:, None].to(tl.int64) * stride_om + offs_n[None, :], acc.to(tl.float16), mask=mask)
+    row_stride = stride_om if ROW_STRIDE else N
+    tl.store(out_ptr + slots[:, None].to(tl.int64) * row_stride + offs_n[None, :], acc.to(tl.float16), mask=mask)
 
 
 class Slip:
@@ -170,6 +177,8 @@ def test_solutions_pass(capsys):
         (Slip(_up, EXPERT=1), ["wrong expert id", "expert 0"]),
         (Slip(_up, EXPERT=2), ["wrong expert id", "pid_m is used as the expert"]),
         (Slip(_up, ROW_MASK=False), ["missing mask on the padded slots", "num_slots = 14", "past a's 7 rows"]),
+        (Slip(_up, TOKEN_ROW=False), ["the token row is slot // TOP_K", "rows up to 13 of a's 7"]),
+        (Slip(_up, ROW_STRIDE=False), ["the output row stride", "stride_om = 72 elements apart, not N = 48"]),
         (Slip(_up, K_MASK=False), ["K tail unmasked", "K = 56", "k0 + offs_k < K"]),
         (Slip(_up, K_TAIL=False), ["the K tail is missing", "stopped at k0 = 48"]),
         (Slip(_up, N_MASK=False), ["no N mask on the store", "offs_n < N"]),
@@ -196,6 +205,7 @@ def test_up_slips_are_named(kernel, says, capsys):
         (Slip(_down, K_TAIL=False), ["the K tail is missing", "stopped at k0 = 16"]),
         (Slip(_down, STORE_ROW_MASK=False), ["missing mask on the padded slots", "slots < num_slots"]),
         (Slip(_down, N_MASK=False), ["no N mask on the store"]),
+        (Slip(_down, ROW_STRIDE=False), ["the output row stride", "not N = 56", "sorted_token_ids[r]"]),
         (Slip(_down, WEIGHT_MASK=False), ["routed weight of a padding row was loaded unmasked"]),
         (Slip(_down, ORDER=1), ["every value is right", "row-major order"]),
         (notebook_kernel(NOTEBOOK, "capstone_down_kernel"), ["stores nothing"]),
@@ -204,6 +214,14 @@ def test_up_slips_are_named(kernel, says, capsys):
 )
 def test_down_slips_are_named(kernel, says, capsys):
     assert_not_yet(exercises.check_capstone_down, kernel, says, "capstone_down_kernel", capsys)
+
+
+def test_a_lambda_is_named_as_given_not_as_a_launcher(capsys):
+    says = ["got a lambda, a plain Python function, where a @triton.jit kernel is expected", "pass the kernel itself"]
+    assert_not_yet(exercises.check_capstone_up, lambda **args: None, says, "capstone_up_kernel", capsys)
+    verdict = exercises.check_capstone_up(solution.capstone_up_kernel_solution[(1,)])  # a real launcher
+    assert "got capstone_up_kernel_solution[grid], a launch of the kernel" in verdict.message
+    assert "launcher" not in exercises.check_capstone_up(lambda **args: None).message
 
 
 @pytest.mark.parametrize(
@@ -226,8 +244,10 @@ def test_descriptor_helpers_are_checked(w_desc, a_desc, says, capsys):
 
 
 def test_the_grouped_order_is_tritons():
+    # The checker's order is the kernels' (moe_lab.plan.tile_of_program runs their _tile_coords).
     # 5 M-blocks, 2 N-blocks, groups of 3: the last group holds M-blocks 3 and 4
-    tiles = [capstone.grouped_tile(p, 5, 2, 3) for p in range(10)]
+    assert capstone.tile_of_program is tile_of_program
+    tiles = [tile_of_program(p, 5, 2, 3) for p in range(10)]
     assert tiles == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (3, 0), (4, 0), (3, 1), (4, 1)]
 
 

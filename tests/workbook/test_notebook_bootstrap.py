@@ -32,7 +32,7 @@ def first_code_cell(path):
 
 
 def test_every_notebook_starts_with_the_same_setup_cell():
-    assert len(SCRIPTS) == 11
+    assert len(SCRIPTS) == 12
     cells = {os.path.basename(p): first_code_cell(p) for p in SCRIPTS}
     assert len(set(cells.values())) == 1, cells
     cell = cells["00_start_here.py"]

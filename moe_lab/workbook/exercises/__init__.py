@@ -11,6 +11,9 @@ and returns a `Verdict`. With `strict=True` (the solution cells, and tests) a wr
 `AssertionError("FAIL <exercise>: ...")` instead. A learner's stub therefore never stops a top-to-bottom
 run of a notebook.
 
+Notebook 10's exercise is a Gluon kernel, which has no interpreter: its checker plays a model of the protocol,
+compiles the kernel for sm_90 and, on a GPU, runs it in a child process with a time limit (`ws_copy`).
+
 One module per exercise; the checkers are reached from here (`exercises.check_scale(kernel)`), and a
 module is imported when its checker is first asked for.
 """
@@ -34,6 +37,7 @@ CHECKERS = {
     "check_pipelined_matmul": "pipelined_matmul",  # 07: a K loop with num_stages
     "check_persistent_copy": "persistent_walk",  # 08: a persistent grid walking the tiles in use
     "check_quantize_rows": "quantize_rows",  # 09: FP8 quantization, one scale per row per group
+    "check_ws_copy": "ws_copy",  # 10: the producer of a warp-specialized TMA copy (Gluon: model, sm_90 compile, GPU)
     "check_capstone_up": "capstone",  # 05b: the whole grouped GEMM of the up projection (A gathered, W by TMA)
     "check_capstone_down": "capstone",  # 05b: the whole grouped GEMM of the down projection (both by TMA)
 }

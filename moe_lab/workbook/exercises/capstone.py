@@ -34,6 +34,7 @@ import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ...align import AlignedRouting, moe_align
+from ...plan import tile_grid, tile_of_program
 from ...runtime import default_device, interpreter_active, require_gpu_timing
 from ..guarded import GuardedRun, run_guarded
 from ._grade import Verdict, at_other_sizes, diagnose, grade, report
@@ -199,14 +200,6 @@ def _mistakes(inp: Inputs, projection: str) -> List[Tuple[str, torch.Tensor]]:
     return found
 
 
-def grouped_tile(pid: int, num_m_blocks: int, num_pid_n: int, group: int) -> Tuple[int, int]:
-    """(pid_m, pid_n) of program `pid` in Triton's grouped ordering."""
-    in_group = group * num_pid_n
-    first = pid // in_group * group
-    size = min(num_m_blocks - first, group)
-    return first + pid % in_group % size, pid % in_group // size
-
-
 def _tiles_seen(run: GuardedRun, inp: Inputs) -> Dict[int, Tuple[int, int]]:
     """{program: (pid_m, pid_n)} of every program that stored into out, from the record of its accesses:
     its M-block from its loads of sorted_token_ids, its N-block from the columns it stored."""
@@ -238,7 +231,7 @@ def _order_problem(run: GuardedRun, inp: Inputs) -> Optional[str]:
         return first + p % (g * num_n) % g, p % (g * num_n) // g
 
     orders = {
-        "grouped": lambda p: grouped_tile(p, num_m, num_n, g),
+        "grouped": lambda p: tile_of_program(p, num_m, num_n, g),
         f"row-major order (pid_m = pid // num_pid_n): with GROUP_SIZE_M = {g}, GROUP_SIZE_M M-blocks walk the "
         "N-blocks together, so neighbouring programs share weight tiles in the L2: group_id = pid // "
         "(GROUP_SIZE_M * num_pid_n), first_pid_m = group_id * GROUP_SIZE_M, pid_m = first_pid_m + (pid % "
@@ -253,10 +246,10 @@ def _order_problem(run: GuardedRun, inp: Inputs) -> Optional[str]:
     for why, order in orders.items():
         if all(order(p) == tile for p, tile in seen.items()):
             return None if why == "grouped" else f"every value is right, but the programs take their tiles in {why}"
-    p, tile = next((p, t) for p, t in sorted(seen.items()) if t != grouped_tile(p, num_m, num_n, g))
+    p, tile = next((p, t) for p, t in sorted(seen.items()) if t != tile_of_program(p, num_m, num_n, g))
     return (
         f"every value is right, but program {p} computed tile (pid_m, pid_n) = {tile}, where the grouped ordering "
-        f"(GROUP_SIZE_M = {g}, {num_m} M-blocks, {num_n} N-blocks) gives it {grouped_tile(p, num_m, num_n, g)}"
+        f"(GROUP_SIZE_M = {g}, {num_m} M-blocks, {num_n} N-blocks) gives it {tile_of_program(p, num_m, num_n, g)}"
     )
 
 
@@ -272,7 +265,13 @@ def _bounds_hint(run: GuardedRun, inp: Inputs, projection: str) -> str:
             past = bool((row >= t.shape[0]).any())
         else:
             gap, past = False, True
-        if o.tensor == "a_ptr" and past:
+        if o.tensor == "a_ptr" and past and int(row.max()) > case.T:  # a masked sentinel reads row T at most
+            causes.append(
+                f"the token row is slot // TOP_K: the load read rows up to {int(row.max())} of a's {case.T}, rows "
+                f"that only a slot itself reaches (slots run to T * TOP_K = {inp.routing.num_slots}). Each token "
+                "feeds TOP_K slots, so slot s reads a's row s // TOP_K: tokens = slots // TOP_K"
+            )
+        elif o.tensor == "a_ptr" and past:
             causes.append(
                 "missing mask on the padded slots: padding rows hold the sentinel num_slots = "
                 f"{inp.routing.num_slots}, whose row num_slots // TOP_K = {case.T} is past a's {case.T} rows: load "
@@ -283,7 +282,16 @@ def _bounds_hint(run: GuardedRun, inp: Inputs, projection: str) -> str:
                 f"K tail unmasked: K = {case.K} is not a multiple of BLOCK_SIZE_K = {case.BLOCK_SIZE_K}, so the last "
                 f"K step reaches columns {case.K} and on, past each row of a: mask the load with k0 + offs_k < K"
             )
-        if o.tensor == "out_ptr" and gap:
+        tiles_end = triton.cdiv(case.N, case.BLOCK_SIZE_N) * case.BLOCK_SIZE_N  # the last column a tile reaches
+        if o.tensor == "out_ptr" and gap and bool((col >= tiles_end).any()):
+            row_of = "r (pid_m * BLOCK_SIZE_M + i)" if projection == UP else "sorted_token_ids[r]"
+            causes.append(
+                f"the output row stride: the store reached column {int(col.max())} of out's rows, past the "
+                f"{tiles_end} columns that the N-blocks cover (an N mask missing reaches no further), so its rows "
+                f"are not stride_om apart. out is a view whose rows lie stride_om = {inp.out.stride(0)} elements "
+                f"apart, not N = {case.N}: row {row_of} starts at out_ptr + row * stride_om"
+            )
+        elif o.tensor == "out_ptr" and gap:
             causes.append(
                 f"no N mask on the store: N = {case.N} is not a multiple of BLOCK_SIZE_N = {case.BLOCK_SIZE_N}: "
                 "mask the store's columns with offs_n < N"
@@ -409,7 +417,7 @@ def kernel_args(inp: Inputs, projection: str, descs: dict) -> dict:
 
 
 def grid(inp: Inputs) -> Tuple[int]:
-    return (inp.routing.max_num_m_blocks * triton.cdiv(inp.case.N, inp.case.BLOCK_SIZE_N),)
+    return (tile_grid(inp.routing.max_num_m_blocks, inp.case.N, inp.case.BLOCK_SIZE_N),)
 
 
 def _run(kernel, inp: Inputs, projection: str, make_w_desc, make_a_desc):
@@ -486,8 +494,9 @@ def check_capstone_up(kernel, make_w_desc=None, strict: bool = False, timing: bo
     short); a [7, 56] a view with rows 64 apart; out [max_num_tokens_padded, 48] poisoned with NaN, its rows
     72 apart (a store past N lands in the gap). Right: rows of used blocks a[slot // TOP_K] @ w[expert].T,
     padding rows 0, rows of unused blocks left NaN. Names: a wrong expert id (expert 0, pid_m), the row mask
-    missing (a padding slot reads row T), the K tail unmasked (columns past K) or missing (the loop stops
-    early), no N mask on the store, a load without other=, unused blocks written, padding rows unwritten,
+    missing (a padding slot reads row T), the token row not slot // TOP_K, the K tail unmasked (columns past K)
+    or missing (the loop stops early), no N mask on the store, rows stored N apart instead of stride_om, a load
+    without other=, unused blocks written, padding rows unwritten,
     the wrong box shape of the helper's descriptor; then, once right, the GROUP_SIZE_M ordering from the
     record of each program's accesses (row-major, column-major, the last group not clipped), and a second
     size (T = 5, TOP_K = E = 3, K = 40, N = 24, blocks 16 x 16 x 32, GROUP_SIZE_M = 2) for sizes written in.
@@ -509,7 +518,8 @@ def check_capstone_down(
     32 apart; topk_weights [7, 2] float32 (softmax rows); out [14, 56] poisoned with NaN, rows 72 apart.
     Right: out[slot] = topk_weights.flatten()[slot] * (a[r] @ w[expert].T) for every real slot. Names: a
     wrong expert id, the routed weight missing or applied twice, the K tail missing, the store's row mask
-    missing (a padding slot stores at row num_slots) or N mask missing, the routed weight loaded unmasked,
+    missing (a padding slot stores at row num_slots) or N mask missing, rows stored N apart instead of
+    stride_om, the routed weight loaded unmasked,
     the wrong box shape of either helper; then the GROUP_SIZE_M ordering and a second size (T = 5, TOP_K = E
     = 3, K = 40, N = 40, blocks 16 x 16 x 32, GROUP_SIZE_M = 2). On a GPU, timed as `check_capstone_up`.
     """

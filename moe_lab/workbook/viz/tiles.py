@@ -23,17 +23,14 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
 from ...align import AlignedRouting, moe_align
+from ...plan import tile_of_program
 from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
 
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
-    """(pid_m, pid_n) of program `pid` under GROUP_SIZE_M ordering (the kernel's own arithmetic)."""
-    programs_per_group = group_size_m * num_n_blocks
-    first_pid_m = (pid // programs_per_group) * group_size_m
-    group_rows = min(num_m_blocks - first_pid_m, group_size_m)
-    pid_m = first_pid_m + (pid % programs_per_group) % group_rows
-    pid_n = (pid % programs_per_group) // group_rows
-    return pid_m, pid_n
+    """(pid_m, pid_n) of program `pid` under GROUP_SIZE_M ordering (the kernel's own arithmetic,
+    `moe_lab.plan.tile_of_program`)."""
+    return tile_of_program(pid, num_m_blocks, num_n_blocks, group_size_m)
 
 
 def tile_order(num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> np.ndarray:

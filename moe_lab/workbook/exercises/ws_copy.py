@@ -1,0 +1,573 @@
+"""Notebook 10's exercise: the producer of a warp-specialized TMA copy, in Gluon.
+
+    @gluon.jit
+    def copy_load_partition(src_desc, bufs, ready, empty, M, N):
+
+the load partition of `ws_copy_kernels.ws_copy_kernel` (one warp): for each tile of its program, in the order
+t = program_id, program_id + num_programs, ..., wait until stage `step % STAGES` of the ring is empty (the
+consumer has read what was there), make that stage's `ready` barrier expect one box's bytes
+(`src_desc.block_type.nbytes`) and issue the TMA load of the tile's box into `bufs.index(stage)`, signalling
+`ready.index(stage)`; `step` counts the program's loads from 0. The waits on `empty` are for parity
+((step // STAGES) & 1) ^ 1: a fresh barrier counts as having completed the phase before phase 0, so the first
+round passes at once, and round r waits for the consumer's r-th release of the stage.
+
+Gluon has no interpreter, so the check has three parts:
+1. a model of the protocol in Python, on any machine: the producer's own Python body runs with stand-ins for
+   `mbarrier`, `tma`/`tma_load` and `gl.program_id`/`gl.num_programs`/`gl.cdiv`, which record every wait,
+   expect and load; its record is compared with the protocol step by step (each classic slip is named), then
+   played against the consumer's protocol with real mbarrier semantics (phases, arrivals, transaction bytes):
+   a deadlock or a box overwritten before it was read shows there;
+2. the kernel compiled for sm_90 (no GPU needed), in a process of its own: it compiles, its TTGIR holds a
+   `ttg.warp_specialize` region, its PTX mbarrier waits and TMA copies;
+3. on a Hopper GPU, the copy run in a process of its own with a time limit (a wrong protocol hangs a GPU
+   kernel, and the process is then stopped, not the notebook), compared bit for bit at three sizes.
+The producer is recompiled alone in that process, with `gluon`, `gl`, `mbarrier`, `tma` and `tma_load` (the
+names the notebook imports) and nothing else from the notebook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import types
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..guarded import KernelMismatch
+from ._grade import Verdict, report
+
+EXERCISE = "copy_load_partition"
+# The model's sizes: 2 programs over 4 x 3 tiles of 16 x 32 float32, a ring of 3 stages: 6 loads per program,
+# two rounds of the ring.
+MODEL_M, MODEL_N, MODEL_BLOCK_M, MODEL_BLOCK_N, MODEL_STAGES, MODEL_PROGRAMS = 60, 84, 16, 32, 3, 2
+GPU_SECONDS = 120  # the GPU run's limit, compile included
+COMPILE_SECONDS = 300
+PRODUCER_HEADER = """\
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+"""
+
+
+class ModelError(Exception):
+    """The producer did something the protocol has no place for (a stage out of range, a wrong argument)."""
+
+
+@dataclass(frozen=True)
+class Bar:
+    ring: str  # "ready" or "empty"
+    stage: int
+
+    def __str__(self) -> str:
+        return f"{self.ring}[{self.stage}]"
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "wait", "expect", "arrive", "load"
+    bar: Bar
+    value: object = None  # wait: parity; expect: bytes; arrive: count; load: (coordinates, buffer stage)
+
+
+# --- stand-ins for what the producer's Python body calls ------------------------------------------------
+
+
+class _Rings:
+    def __init__(self, name: str, stages: int):
+        self.name, self.stages = name, stages
+
+    def index(self, stage):
+        stage = int(stage)
+        if not 0 <= stage < self.stages:
+            raise ModelError(
+                f"{self.name}.index({stage}): the ring has STAGES = {self.stages} stages, 0 to "
+                f"{self.stages - 1} (stage = step % STAGES)"
+            )
+        return Bar(self.name, stage)
+
+
+@dataclass(frozen=True)
+class _Box:
+    stage: int
+
+
+class _Bufs:
+    def __init__(self, stages: int, block_m: int, block_n: int):
+        self.type = types.SimpleNamespace(shape=[stages, block_m, block_n])
+        self.stages = stages
+
+    def index(self, stage):
+        stage = int(stage)
+        if not 0 <= stage < self.stages:
+            raise ModelError(f"bufs.index({stage}): the ring has STAGES = {self.stages} stages, 0 to {self.stages - 1}")
+        return _Box(stage)
+
+
+class _Recorder:
+    def __init__(self, desc):
+        self.desc = desc
+        self.ops: List[Op] = []
+
+    @staticmethod
+    def _bar(bar, what: str) -> Bar:
+        if isinstance(bar, _Rings):
+            raise ModelError(f"{what} takes one barrier, {bar.name}.index(stage), not the whole ring {bar.name}")
+        if not isinstance(bar, Bar):
+            raise ModelError(f"{what} takes a barrier (ready.index(stage) or empty.index(stage)), got {bar!r}")
+        return bar
+
+    def wait(self, bar, phase, pred=True, deps=()):
+        self.ops.append(Op("wait", self._bar(bar, "mbarrier.wait"), int(phase)))
+
+    def expect(self, bar, bytes_per_cta=None, pred=True):
+        self.ops.append(Op("expect", self._bar(bar, "mbarrier.expect"), int(bytes_per_cta)))
+
+    def arrive(self, bar, *, count=1, pred=True):
+        self.ops.append(Op("arrive", self._bar(bar, "mbarrier.arrive"), int(count)))
+
+    def load(self, desc, coord, barrier, result, pred=True, **_):
+        if desc is not self.desc:
+            raise ModelError("the TMA load must read src_desc")
+        if not isinstance(result, _Box):
+            raise ModelError(f"the TMA load's destination is a stage of the ring, bufs.index(stage), got {result!r}")
+        coord = tuple(int(c) for c in coord)
+        self.ops.append(Op("load", self._bar(barrier, "the TMA load's barrier"), (coord, result.stage)))
+
+
+def _stand_ins(recorder: _Recorder, program: int, programs: int):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    fake_mbarrier = types.SimpleNamespace(
+        wait=recorder.wait, expect=recorder.expect, arrive=recorder.arrive, MBarrierLayout=mbarrier.MBarrierLayout
+    )
+    fake_tma = types.SimpleNamespace(async_copy_global_to_shared=recorder.load, async_load=recorder.load)
+
+    class FakeGl:
+        def __getattr__(self, name):
+            return getattr(gl, name)
+
+        program_id = staticmethod(lambda axis=0: program)
+        num_programs = staticmethod(lambda axis=0: programs)
+        cdiv = staticmethod(lambda a, b: -(-int(a) // int(b)))
+        static_range = staticmethod(range)
+
+    real_loads = {getattr(tma, name, None) for name in ("async_load", "async_copy_global_to_shared")} - {None}
+    return {id(gl): FakeGl(), id(mbarrier): fake_mbarrier, id(tma): fake_tma}, real_loads
+
+
+def record(kernel, program: int, programs: int = MODEL_PROGRAMS) -> List[Op]:
+    """Run the producer's Python body for one program of the model with the stand-ins: its waits, expects,
+    arrives and loads in order. Raises ModelError for a call the protocol has no place for."""
+    fn = kernel.fn
+    desc = types.SimpleNamespace(
+        block_type=types.SimpleNamespace(
+            shape=[MODEL_BLOCK_M, MODEL_BLOCK_N], nbytes=MODEL_BLOCK_M * MODEL_BLOCK_N * 4
+        ),
+        dtype=torch.float32,
+    )
+    recorder = _Recorder(desc)
+    by_id, real_loads = _stand_ins(recorder, program, programs)
+    scope = {}
+    for name, value in fn.__globals__.items():
+        if id(value) in by_id:
+            value = by_id[id(value)]
+        elif any(value is load for load in real_loads):
+            value = recorder.load
+        scope[name] = value
+    body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    ready, empty = _Rings("ready", MODEL_STAGES), _Rings("empty", MODEL_STAGES)
+    body(desc, _Bufs(MODEL_STAGES, MODEL_BLOCK_M, MODEL_BLOCK_N), ready, empty, MODEL_M, MODEL_N)
+    return recorder.ops
+
+
+def _tiles(program: int, programs: int = MODEL_PROGRAMS) -> List[Tuple[int, int]]:
+    """The box coordinates of one program's tiles, in its order."""
+    num_n = -(-MODEL_N // MODEL_BLOCK_N)
+    tiles = range(program, -(-MODEL_M // MODEL_BLOCK_M) * num_n, programs)
+    return [((t // num_n) * MODEL_BLOCK_M, (t % num_n) * MODEL_BLOCK_N) for t in tiles]
+
+
+# --- the protocol, step by step ---------------------------------------------------------------------------
+
+
+def _steps(ops: List[Op]) -> List[List[Op]]:
+    """The ops cut after each load: one list per load, what led to it (what follows the last load is left out)."""
+    steps, current = [], []
+    for op in ops:
+        current.append(op)
+        if op.kind == "load":
+            steps.append(current)
+            current = []
+    return steps
+
+
+def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
+    """The first slip in one program's record against the protocol, named, or None."""
+    S, nbytes = MODEL_STAGES, MODEL_BLOCK_M * MODEL_BLOCK_N * 4
+    tiles = _tiles(program)
+    steps = _steps(ops)
+    loads = [step[-1] for step in steps]
+    load_at = [j for j, op in enumerate(ops) if op.kind == "load"]
+    where = f"program {program} of {MODEL_PROGRAMS}"
+    if not loads:
+        return "the producer issues no TMA load: tma_load(src_desc, [row, col], ready.index(stage), bufs.index(stage))"
+    arrivals = [op for op in ops if op.kind == "arrive"]
+    if arrivals:
+        return (
+            f"the producer arrives on {arrivals[0].bar} itself: only the consumer arrives (on empty, when it "
+            "has read a stage); ready's phase completes by the expect and the TMA load's bytes"
+        )
+    if len(loads) != len(tiles):
+        return (
+            f"{where} issues {len(loads)} TMA loads for its {len(tiles)} tiles: one load per tile, in the loop over t"
+        )
+    for i, load in enumerate(loads):
+        box = load.value[1]
+        if load.bar.ring != "ready":
+            return (
+                f"the TMA load signals {load.bar}: it must signal ready[{box}], the barrier the consumer "
+                "waits on before it reads the stage"
+            )
+        if load.bar.stage != box:
+            return (
+                f"step {i} loads into bufs[{box}] but signals ready[{load.bar.stage}]: the box and its barrier "
+                "are the same stage"
+            )
+    stages = [load.value[1] for load in loads]
+    want = [i % S for i in range(len(loads))]
+    if stages != want:
+        tile_ids = range(program, program + MODEL_PROGRAMS * len(loads), MODEL_PROGRAMS)
+        if stages == [(i + 1) % S for i in range(len(loads))]:
+            return (
+                "off by one in the ring: the first load goes to stage 1, but the consumer reads stage 0 first. "
+                "stage = step % STAGES with step counting from 0: increment step after the load, not before"
+            )
+        if len(set(stages)) == 1:
+            return (
+                f"every load goes to stage {stages[0]}: step never advances (step += 1 after each load), so the "
+                "ring has one stage in use"
+            )
+        if stages == [t % S for t in tile_ids]:
+            return (
+                "the stage comes from the tile index t, not from the program's step count: with "
+                f"{MODEL_PROGRAMS} programs, t steps by {MODEL_PROGRAMS}, so the stages are used out of order "
+                "(the consumer reads stage step % STAGES). Count the loads: stage = step % STAGES, step += 1"
+            )
+        return (
+            f"{where} loads into stages {stages}; the protocol's are {want}: stage = step % STAGES, step "
+            "counting the program's loads from 0"
+        )
+    for i, (step, load) in enumerate(zip(steps, loads)):
+        stage, parity = i % S, ((i // S) & 1) ^ 1
+        coord, box = load.value
+        if coord != tiles[i]:
+            return (
+                f"step {i} of {where} loads the box at {list(coord)}; its tile is at {list(tiles[i])} "
+                "([row, col] in elements)"
+            )
+        waits = [op for op in step if op.kind == "wait"]
+        on_empty = [op for op in waits if op.bar.ring == "empty"]
+        if not on_empty:
+            later = any(op.kind == "wait" and op.bar == Bar("empty", stage) for op in ops[ops.index(load) :])
+            if [op for op in waits if op.bar.ring == "ready"]:
+                return (
+                    f"the producer waits on ready[{stage}], the consumer's barrier: it waits on empty[stage] "
+                    "until the consumer has read the stage, then loads"
+                )
+            if later:
+                return (
+                    f"the wait on empty[{stage}] comes after the load into it: the load may overwrite a box the "
+                    "consumer has not read yet. Wait first, then expect, then load"
+                )
+            return (
+                f"the producer does not wait for stage {stage} to be empty before loading into it: from the "
+                "second round on it overwrites boxes the consumer has not read. "
+                "mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1) first"
+            )
+        if on_empty[-1].bar.stage != stage:
+            return f"step {i} waits on {on_empty[-1].bar} and loads into stage {stage}: wait on empty[{stage}]"
+        got = on_empty[-1].value
+        if got != parity:
+            parities = [[op for op in s if op.kind == "wait" and op.bar.ring == "empty"][-1:] for s in steps]
+            seen = [p[0].value if p else None for p in parities]
+            if seen == [(j // S) & 1 for j in range(len(steps))]:
+                return (
+                    "the parity of the wait on empty is not flipped: the first wait is for parity 0, a phase a "
+                    "fresh barrier has not completed, so the producer waits forever (deadlock) while the consumer "
+                    "waits for a box. A fresh barrier counts as having completed the phase before phase 0: "
+                    "wait on ((step // STAGES) & 1) ^ 1, so round 0 passes at once"
+                )
+            if len(set(seen)) == 1:
+                return (
+                    f"the wait on empty always uses parity {seen[0]}: the parity must alternate with each round "
+                    f"of the ring, ((step // STAGES) & 1) ^ 1; step {i} (round {i // S}) waits for parity {got}, "
+                    + (
+                        "which has passed already, so it refills the stage before the consumer read it"
+                        if got == 1
+                        else "which never completes: deadlock"
+                    )
+                )
+            return (
+                f"step {i} (round {i // S} of the ring) waits on empty[{stage}] for parity {got}, the protocol "
+                f"for {parity}: ((step // STAGES) & 1) ^ 1"
+            )
+        # this step's expects: after its wait, before its load; or, if the load came first, right after it
+        waits_at = [j for j, op in enumerate(step) if op.kind == "wait"]
+        expects = [op for op in step[waits_at[-1] + 1 if waits_at else 0 :] if op.kind == "expect"]
+        if not expects:
+            for op in ops[load_at[i] + 1 :]:
+                if op.kind in ("wait", "load"):
+                    break
+                expects += [op] if op.kind == "expect" else []
+        if not expects:
+            return (
+                f"no expect on ready[{stage}]: ready's one arrival comes from mbarrier.expect(ready.index(stage), "
+                "src_desc.block_type.nbytes), so without it the stage never becomes ready and the consumer waits "
+                "forever (deadlock)"
+            )
+        if expects[0].bar.ring != "ready":
+            return (
+                f"the expect is on {expects[0].bar}: the bytes are expected on ready[{stage}], the barrier the "
+                "TMA load signals"
+            )
+        if len(expects) > 1:
+            return f"step {i} expects on ready[{stage}] {len(expects)} times: once per load"
+        if expects[0].value != nbytes:
+            return (
+                f"the expect counts {expects[0].value} bytes; one box is {nbytes} bytes "
+                f"({MODEL_BLOCK_M} x {MODEL_BLOCK_N} float32): src_desc.block_type.nbytes. "
+                + (
+                    "Too many: the phase never completes (deadlock)"
+                    if expects[0].value > nbytes
+                    else "Too few: the phase cannot complete as the bytes arrive"
+                )
+            )
+    return None
+
+
+# --- the protocol, played against the consumer --------------------------------------------------------------
+
+
+@dataclass
+class MBarrier:
+    """A Hopper mbarrier as the model plays it (initialized with count 1): `arrive` counts an arrival, `bytes`
+    adds (expect_tx) or removes (a TMA copy landing) transaction bytes; the current phase completes when no
+    arrival and no byte is pending, and the next one starts. `passes(parity)`: a wait for `parity` returns,
+    i.e. the last completed phase has that parity; a fresh barrier passes parity 1 (the phase before phase 0)."""
+
+    phase: int = 0  # phases completed
+    pending: int = 1  # arrivals still expected in the current phase (init count 1)
+    tx: int = 0  # transaction bytes still expected
+
+    def arrive(self, count: int = 1):
+        self.pending -= count
+        self._complete()
+
+    def bytes(self, n: int):
+        self.tx += n
+        self._complete()
+
+    def _complete(self):
+        if self.pending == 0 and self.tx == 0:
+            self.phase += 1
+            self.pending = 1
+
+    def passes(self, parity: int) -> bool:
+        return (self.phase & 1) != parity
+
+
+@dataclass
+class Play:
+    """What happened when one program's producer record met the consumer's protocol."""
+
+    reads: List[Tuple[int, int]] = field(default_factory=list)  # the box the consumer read at each step
+    overwritten: Optional[str] = None  # the first box overwritten before it was read
+    deadlock: Optional[str] = None
+
+
+def play(ops: List[Op], program: int) -> Play:
+    """Run the producer's record against the consumer (wait ready[s] on (step // STAGES) & 1, read, arrive on
+    empty[s]), the producer first whenever it can go on (the order that shows an early refill)."""
+    S, nbytes = MODEL_STAGES, MODEL_BLOCK_M * MODEL_BLOCK_N * 4
+    tiles = _tiles(program)
+    bars = {Bar(ring, s): MBarrier() for ring in ("ready", "empty") for s in range(S)}
+    boxes: List[Optional[Tuple[int, int]]] = [None] * S
+    unread = [False] * S
+    out = Play()
+    p = c = 0  # next producer op, next consumer step
+    while p < len(ops) or c < len(tiles):
+        if p < len(ops):
+            op = ops[p]
+            if op.kind != "wait" or bars[op.bar].passes(op.value):
+                if op.kind == "expect":
+                    bars[op.bar].bytes(op.value)  # arrive.expect_tx: the bytes first, then the arrival
+                    bars[op.bar].arrive()
+                elif op.kind == "arrive":
+                    bars[op.bar].arrive(op.value)
+                elif op.kind == "load":
+                    coord, stage = op.value
+                    if unread[stage] and out.overwritten is None:
+                        out.overwritten = (
+                            f"box {list(boxes[stage])} in stage {stage} was overwritten by box "
+                            f"{list(coord)} before the consumer read it"
+                        )
+                    boxes[stage], unread[stage] = coord, True
+                    bars[op.bar].bytes(-nbytes)
+                p += 1
+                continue
+        if c < len(tiles):
+            stage = c % S
+            if bars[Bar("ready", stage)].passes((c // S) & 1):
+                out.reads.append(boxes[stage])
+                unread[stage] = False
+                bars[Bar("empty", stage)].arrive()
+                c += 1
+                continue
+        blocked = []
+        if p < len(ops):
+            blocked.append(f"the producer waits on {ops[p].bar} for parity {ops[p].value}")
+        if c < len(tiles):
+            blocked.append(f"the consumer, at step {c}, waits on ready[{c % S}] for parity {(c // S) & 1}")
+        out.deadlock = " and ".join(blocked) + ", and neither can go on"
+        return out
+    return out
+
+
+def model_problem(kernel) -> Optional[str]:
+    """The model's verdict on the producer: None, or the slip (named) and what it does to the copy."""
+    for program in range(MODEL_PROGRAMS):
+        try:
+            ops = record(kernel, program)
+        except ModelError as exc:
+            return str(exc)
+        except Exception as exc:  # noqa: BLE001 - the learner's Python body may raise anything
+            return (
+                f"the model could not run the producer's body: {type(exc).__name__}: {exc}. The load loop needs "
+                "only range, gl.program_id, gl.num_programs, gl.cdiv, mbarrier.wait, mbarrier.expect and "
+                "tma_load"
+            )
+        named = protocol_problem(ops, program)
+        outcome = play(ops, program)
+        effects = []
+        if outcome.overwritten:
+            effects.append(f"race in the model: {outcome.overwritten}")
+        if outcome.deadlock:
+            effects.append(f"deadlock in the model: {outcome.deadlock}")
+        elif outcome.reads != _tiles(program):
+            step = next(i for i, (a, b) in enumerate(zip(outcome.reads, _tiles(program))) if a != b)
+            effects.append(
+                f"in the model the consumer's step {step} reads box {list(outcome.reads[step] or [])}, "
+                f"not {list(_tiles(program)[step])}"
+            )
+        if named or effects:
+            return "; ".join([named] * bool(named) + effects) + (
+                f" (model: {MODEL_PROGRAMS} programs, STAGES = {MODEL_STAGES}, {len(_tiles(program))} tiles each)"
+            )
+    return None
+
+
+# --- compiled for sm_90, run on a GPU: in a child process ----------------------------------------------------
+
+
+def _child(kernel, mode: str, seconds: float) -> dict:
+    """Compile (mode "compile") or run ("run") ws_copy_kernel with this producer in a process of its own."""
+    source = PRODUCER_HEADER + "\n@gluon.jit\n" + textwrap.dedent(kernel.src)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "producer.py")
+        with open(path, "w") as f:
+            f.write(source)
+        env = dict(os.environ, TRITON_INTERPRET="0")
+        command = [sys.executable, "-m", "moe_lab.workbook.exercises.ws_copy_kernels", mode, path, kernel.__name__]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=seconds, env=env)
+        except subprocess.TimeoutExpired:
+            return {"timeout": seconds}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
+        return {"error": f"the child process ended with code {proc.returncode}: {tail[-800:]}"}
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _error_problem(error: str) -> str:
+    if "NameError" in error or "is not defined" in error:
+        return (
+            f"compiling the producer failed: {error}. The checker compiles the producer alone, with gluon, gl, "
+            "mbarrier, tma and tma_load: keep everything else it needs inside it"
+        )
+    return f"compiling the producer for sm_90 failed: {error}"
+
+
+def _is_gluon(kernel) -> bool:
+    return type(kernel).__name__ == "GluonJITFunction"
+
+
+def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> Verdict:
+    """Grade the producer `copy_load_partition(src_desc, bufs, ready, empty, M, N)` (a `@gluon.jit` function) of
+    `ws_copy_kernels.ws_copy_kernel`: the protocol model (2 programs over 4 x 3 boxes of 16 x 32 float32, 3
+    stages), then the kernel compiled for sm_90 in a child process (TTGIR: a warp_specialize region; PTX:
+    mbarrier waits, TMA copies), then, on a Hopper GPU (`gpu`, default: an sm_90 device is present), the copy
+    run in a child process with a limit of GPU_SECONDS and compared bit for bit at the three sizes of
+    `ws_copy_kernels.CASES`. Named slips: no wait on empty, a wait on ready, the wait after the load, the
+    parity not flipped (deadlock), a constant parity, no expect (deadlock), the expect on empty, the wrong byte
+    count, the box and its barrier in different stages, the load signalling empty, the stage from the tile
+    index, step never advancing, step off by one, a stage out of the ring, the producer arriving itself, one
+    load per tile. Anything else the model finds is reported as the deadlock or race it causes."""
+    if not _is_gluon(kernel):
+        got = "None" if kernel is None else getattr(kernel, "__name__", type(kernel).__name__)
+        raise KernelMismatch(
+            f"expected a @gluon.jit function (the producer partition), got {got}: decorate it "
+            "with @gluon.jit (from triton.experimental import gluon)"
+        )
+    label = kernel.__name__
+    problem = model_problem(kernel)
+    if problem:
+        return report(label, problem, "", strict)
+    compiled = _child(kernel, "compile", COMPILE_SECONDS)
+    if compiled.get("timeout"):
+        return report(label, f"compiling for sm_90 took more than {COMPILE_SECONDS} s", "", strict)
+    if compiled.get("error"):
+        return report(label, _error_problem(compiled["error"]), "", strict)
+    if not (compiled["warp_specialize"] and compiled["mbarrier_waits"] and compiled["tma_loads"]):
+        return report(label, f"compiled for sm_90, but its code lacks a piece of the protocol: {compiled}", "", strict)
+    passed = (
+        f"the protocol is right in the model ({MODEL_PROGRAMS} programs, {MODEL_STAGES} stages, two rounds of the "
+        "ring), and the kernel compiles for sm_90: a warp_specialize region in its TTGIR; in its PTX "
+        f"mbarrier.try_wait x {compiled['mbarrier_waits']}, cp.async.bulk.tensor x {compiled['tma_loads']}"
+    )
+    if gpu is None:
+        gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    if not gpu:
+        return report(label, None, passed + " (no Hopper GPU here: not run)", strict)
+    ran = _child(kernel, "run", GPU_SECONDS)
+    if ran.get("timeout"):
+        return report(
+            label,
+            f"on the GPU the copy did not finish within {GPU_SECONDS} s and was stopped: a wait "
+            "that never passes (a deadlock) the model did not see",
+            "",
+            strict,
+        )
+    if ran.get("error"):
+        return report(label, f"on the GPU: {ran['error']}", "", strict)
+    if ran["wrong"]:
+        m, n, bm, bn, stages, programs = ran["case"]
+        return report(
+            label,
+            f"on the GPU the copy of {m} x {n} (boxes {bm} x {bn}, {stages} stages, {programs} "
+            f"programs) has {ran['wrong']} wrong values ({ran['unwritten']} unwritten), the first at "
+            f"{ran['first']}",
+            "",
+            strict,
+        )
+    return report(label, None, passed + "; on the GPU the copy is bitwise right at three sizes", strict)

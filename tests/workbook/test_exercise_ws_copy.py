@@ -1,0 +1,147 @@
+"""Exercise 10 (copy_load_partition, Gluon): the notebook's solution passes the protocol model and compiles for
+sm_90 in a child process (no GPU); the stub and every named slip get NOT YET with their diagnosis (from the model,
+no compile), and FAIL with strict=True; on a Hopper GPU the solution copies bit for bit and a hanging producer is
+stopped."""
+
+import pytest
+import torch
+
+from moe_lab import capability
+from moe_lab.workbook import exercises
+from moe_lab.workbook.exercises import ws_copy
+from tests.notebook_source import assert_not_yet, notebook_kernel
+
+pytestmark = [
+    pytest.mark.kernels,  # the kernel subset, run under every supported Triton (make test-matrix)
+    pytest.mark.skipif(capability._gluon_problem() is not None, reason="this Triton has no Gluon for Hopper"),
+]
+
+
+def _notebook(name):
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+
+    tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    return notebook_kernel(
+        "10_warp_specialization", name, gluon=gluon, gl=gl, mbarrier=mbarrier, tma=tma, tma_load=tma_load
+    )
+
+
+def _slip(body: str):
+    """The solution with its loop body replaced: a @gluon.jit function of the same signature."""
+    source = f"""
+@gluon.jit
+def copy_load_partition(src_desc, bufs, ready, empty, M, N):
+    BLOCK_M: gl.constexpr = src_desc.block_type.shape[0]
+    BLOCK_N: gl.constexpr = src_desc.block_type.shape[1]
+    STAGES: gl.constexpr = bufs.type.shape[0]
+    num_n = gl.cdiv(N, BLOCK_N)
+    step = 0
+    for t in range(gl.program_id(0), gl.cdiv(M, BLOCK_M) * num_n, gl.num_programs(0)):
+        row = (t // num_n) * BLOCK_M
+        col = (t % num_n) * BLOCK_N
+{body}
+"""
+    return source
+
+
+WAIT = "        mbarrier.wait(empty.index(step % STAGES), ((step // STAGES) & 1) ^ 1)\n"
+EXPECT = "        mbarrier.expect(ready.index(step % STAGES), src_desc.block_type.nbytes)\n"
+LOAD = "        tma_load(src_desc, [row, col], ready.index(step % STAGES), bufs.index(step % STAGES))\n"
+STEP = "        step += 1\n"
+
+SLIPS = {
+    "no_wait": (EXPECT + LOAD + STEP, "does not wait for stage"),
+    "wait_on_ready": (WAIT.replace("empty", "ready") + EXPECT + LOAD + STEP, "waits on ready[0], the consumer's"),
+    "wait_after_load": (EXPECT + LOAD + WAIT + STEP, "comes after the load"),
+    "parity_not_flipped": (
+        WAIT.replace(" ^ 1", "") + EXPECT + LOAD + STEP,
+        "parity of the wait on empty is not flipped",
+    ),
+    "constant_parity": (WAIT.replace("((step // STAGES) & 1) ^ 1", "1") + EXPECT + LOAD + STEP, "always uses parity 1"),
+    "no_expect": (WAIT + LOAD + STEP, "no expect on ready[0]"),
+    "expect_on_empty": (WAIT + EXPECT.replace("ready", "empty") + LOAD + STEP, "the expect is on empty[0]"),
+    "expect_wrong_bytes": (
+        WAIT + EXPECT.replace("src_desc.block_type.nbytes", "BLOCK_M * BLOCK_N") + LOAD + STEP,
+        "the expect counts 512 bytes; one box is 2048 bytes",
+    ),
+    "load_signals_empty": (
+        WAIT + EXPECT + LOAD.replace("ready.index", "empty.index") + STEP,
+        "the TMA load signals empty[0]",
+    ),
+    "stage_from_tile": (
+        (WAIT + EXPECT + LOAD).replace("step % STAGES", "t % STAGES").replace("step // STAGES", "t // STAGES") + STEP,
+        "the stage comes from the tile index t",
+    ),
+    "step_never_advances": (WAIT + EXPECT + LOAD, "step never advances"),
+    "off_by_one": (STEP + WAIT + EXPECT + LOAD, "off by one in the ring"),
+    "box_and_barrier_apart": (
+        WAIT + EXPECT + LOAD.replace("bufs.index(step % STAGES)", "bufs.index((step + 1) % STAGES)") + STEP,
+        "loads into bufs[1] but signals ready[0]",
+    ),
+    "ring_overflow": (
+        WAIT + EXPECT + LOAD.replace("bufs.index(step % STAGES)", "bufs.index(step)") + STEP,
+        "the ring has STAGES = 3 stages",
+    ),
+    "producer_arrives": (
+        WAIT + EXPECT + LOAD + "        mbarrier.arrive(ready.index(step % STAGES), count=1)\n" + STEP,
+        "the producer arrives on ready[0] itself",
+    ),
+}
+
+
+def _define(source, tmp_path, name):
+    """Define a producer from source in a module file (Gluon reads a function's source from its file)."""
+    import importlib.util
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(ws_copy.PRODUCER_HEADER + source)
+    spec = importlib.util.spec_from_file_location(f"ws_copy_slip_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.copy_load_partition
+
+
+@pytest.mark.parametrize("slip", sorted(SLIPS))
+def test_each_slip_is_named(slip, tmp_path):
+    body, words = SLIPS[slip]
+    kernel = _define(_slip(body), tmp_path, slip)
+    verdict = exercises.check_ws_copy(kernel)
+    assert verdict.status == "NOT YET" and words in verdict.message, verdict.message
+
+
+def test_slips_that_hang_say_deadlock(tmp_path):
+    for slip in ("parity_not_flipped", "no_expect"):
+        message = ws_copy.model_problem(_define(_slip(SLIPS[slip][0]), tmp_path, slip))
+        assert "deadlock in the model" in message, message
+    message = ws_copy.model_problem(_define(_slip(SLIPS["no_wait"][0]), tmp_path, "no_wait"))
+    assert "race in the model" in message and "overwritten" in message, message
+
+
+def test_the_stub_is_not_yet(capsys):
+    words = ["the producer issues no TMA load", "deadlock in the model"]
+    assert_not_yet(exercises.check_ws_copy, _notebook("copy_load_partition"), words, "copy_load_partition", capsys)
+
+
+def test_the_solution_passes_the_model_and_compiles_for_sm90():
+    solution = _notebook("copy_load_partition_solution")
+    assert ws_copy.model_problem(solution) is None
+    verdict = exercises.check_ws_copy(solution, strict=True, gpu=False)
+    assert verdict.passed and "warp_specialize" in verdict.message
+
+
+def test_not_a_gluon_kernel_is_named():
+    verdict = exercises.check_ws_copy(None)
+    assert verdict.status == "NOT YET" and "@gluon.jit" in verdict.message
+    with pytest.raises(AssertionError, match="FAIL"):
+        exercises.check_ws_copy(lambda: None, strict=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="Hopper")
+def test_the_solution_copies_bitwise_on_hopper_and_a_hang_is_stopped(tmp_path):
+    verdict = exercises.check_ws_copy(_notebook("copy_load_partition_solution"), strict=True)
+    assert "bitwise right at three sizes" in verdict.message
+    hang = _define(_slip(SLIPS["parity_not_flipped"][0]), tmp_path, "hang")
+    assert ws_copy._child(hang, "run", 60) == {"timeout": 60}  # a deadlocked kernel is stopped, not waited on

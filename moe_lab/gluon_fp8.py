@@ -10,8 +10,13 @@ Hopper's TMA copies boxes and cannot gather rows, so with gather_a (the up GEMM)
 scales are first copied into the routing's padded expert order (`permute_tokens`: [rows, K] float8 and
 [rows, K/128] float32, zero padding rows), and the kernel reads that copy through a descriptor.
 
-Not wired into `fused_moe`: `moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with
-Gluon's `warp_specialize`, an sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.
+With `activation` (the up projection of a gated expert) the kernel computes the activation [rows, I] from w1
+[E, 2I, K] (gate rows, then up rows) in its epilogue, and with `out_scale` writes it as float8 with one float32
+scale per row per 128 columns: the input of the down GEMM, in the format `fused_moe`'s Triton up GEMM writes.
+
+`fused_moe` runs it for block-scaled float8 layers where `moe_lab.plan.gluon_applies` says so;
+`moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with Gluon's `warp_specialize`, an
+sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.
 The compile check builds it for sm_90 under Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0; it has run on an H200 under 3.6.0.
 """
 
@@ -25,6 +30,7 @@ from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check
 from .align import AlignedRouting
 from .capability import descriptor_problem, gluon_fp8_support
 from .configs import GemmConfig
+from .expert_kind import Activation, check_activation
 from .gemm import check_fp8_scales, check_gemm_rows
 from .permute import permute_tokens
 from .plan import GluonFp8Plan, plan_gluon_fp8
@@ -47,6 +53,8 @@ def grouped_matmul_fp8_gluon(
     block_shape=(128, 128),
     out: Optional[torch.Tensor] = None,
     out_dtype: Optional[torch.dtype] = None,
+    activation=None,
+    out_scale: Optional[torch.Tensor] = None,
     return_plan: bool = False,
 ):
     """Every expert's block-scaled float8 GEMM of one projection, warp-specialized Gluon kernel (Hopper).
@@ -66,6 +74,11 @@ def grouped_matmul_fp8_gluon(
         block_shape: [block_n, block_k] of the weight scales; block_k must be 128.
         out: optional output [rows_sorted, N] (or [T*k, N] with scatter), last stride 1; out_dtype: bfloat16
             (default), float16 or float32. Rows of blocks past num_tokens_post_padded are left as they were.
+        activation: None (the plain GEMM), or the SwiGLU epilogue's `moe_lab.Activation` ("silu" or
+            "swigluoai" with gate and up as halves; interleaved rows raise ValueError) for the up projection
+            (gather_a=True): w [E, 2I, K], out [rows_sorted, I], I a multiple of BLOCK_SIZE_N.
+        out_scale: with activation, an optional float32 [rows_sorted, I/128] buffer: the output is then float8_e4m3fn
+            (out_dtype), each row's 128-column group quantized with scale max(amax, 1e-10)/448 written here.
         return_plan: also return the GluonFp8Plan launched.
     Returns:
         out, or (out, GluonFp8Plan) with return_plan.
@@ -76,6 +89,12 @@ def grouped_matmul_fp8_gluon(
     check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type(config).__name__}")
+    if activation is not None:
+        activation = check_activation(activation)
+        if not gather_a:
+            raise ValueError("activation needs gather_a=True: the SwiGLU epilogue belongs to the up projection")
+    elif out_scale is not None:
+        raise ValueError("out_scale needs activation: only the SwiGLU epilogue quantizes its output")
     check_tensor("w", w, ndim=3, dtypes=(FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]")
     num_experts, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
@@ -85,11 +104,26 @@ def grouped_matmul_fp8_gluon(
         raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
     scales = check_fp8_scales(a, w, a_scale, w_scale, block_shape, rows)
     a_scale, w_scale, block_shape = scales.a_scale, scales.w_scale, (scales.group_n, scales.group_k)
-    out_dtype = out.dtype if out_dtype is None and isinstance(out, torch.Tensor) else out_dtype or torch.bfloat16
-    if out_dtype not in FLOAT_DTYPES:
+    if activation is not None and n % 2:
+        raise ValueError(f"w must have shape [E, 2I, K] with activation, got an odd {n} rows per expert")
+    n_out = n // 2 if activation is not None else n
+    out_dtype = out.dtype if out_dtype is None and isinstance(out, torch.Tensor) else out_dtype
+    out_dtype = out_dtype or (FP8_DTYPE if out_scale is not None else torch.bfloat16)
+    if out_scale is not None:
+        if out_dtype != FP8_DTYPE:
+            raise TypeError(f"out must be float8_e4m3fn with out_scale, got {out_dtype}")
+        check_tensor(
+            "out_scale",
+            out_scale,
+            ndim=2,
+            dtypes=(torch.float32,),
+            shape=(routing.max_num_tokens_padded, -(-n_out // 128)),
+            layout="[max_num_tokens_padded, I/128]",
+        )
+    elif out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded
-    out = output_buffer(out, (out_rows, n), out_dtype, a.device, "[rows, N]")
+    out = output_buffer(out, (out_rows, n_out), out_dtype, a.device, "[rows, N]")
     check_same_device(
         a=a,
         w=w,
@@ -98,8 +132,9 @@ def grouped_matmul_fp8_gluon(
         topk_weights=topk_weights,
         sorted_token_ids=routing.sorted_token_ids,
         out=out,
+        out_scale=out_scale,
     )
-    check_not_aliased(out, a=a, w=w, a_scale=a_scale, w_scale=w_scale, topk_weights=topk_weights)
+    check_not_aliased(out, a=a, w=w, a_scale=a_scale, w_scale=w_scale, topk_weights=topk_weights, out_scale=out_scale)
     if w.stride(2) != 1 or (num_experts > 1 and w.stride(0) != n * w.stride(1)):
         raise ValueError(
             f"w must view as one [E * N, K] matrix for the Gluon kernel's descriptor (last stride 1, stride(0) "
@@ -108,14 +143,27 @@ def grouped_matmul_fp8_gluon(
     reason = gluon_fp8_support(a.device)
     if reason is not None:
         raise RuntimeError(f"the Gluon FP8 grouped GEMM cannot run here: {reason}")
-    plan = plan_gluon_fp8(routing, n, k, block_shape, a.device, config, out.element_size())
+    plan = plan_gluon_fp8(routing, n, k, block_shape, a.device, config, out.element_size(), activation)
     if routing.max_num_tokens_padded and n and k:
-        _launch(plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter)
+        run_gluon_fp8(plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter, out_scale)
     return (out, plan) if return_plan else out
 
 
-def _launch(plan: GluonFp8Plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter):
-    """Build the descriptors (A permuted first with gather_a) and launch; operands checked by the caller."""
+def run_gluon_fp8(
+    plan: GluonFp8Plan,
+    a,
+    w,
+    routing,
+    out,
+    a_scale,
+    w_scale,
+    topk_weights=None,
+    gather_a=False,
+    scatter=False,
+    out_scale=None,
+):
+    """Build the descriptors (A permuted first with gather_a) and launch `plan`; operands checked by the
+    caller (`grouped_matmul_fp8_gluon`, or `fused_moe` for a planned layer)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -136,11 +184,15 @@ def _launch(plan: GluonFp8Plan, a, w, routing, out, a_scale, w_scale, topk_weigh
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():
         weights = weights.contiguous()
+    scale_strides = out_scale.stride() if out_scale is not None else (0, 0)
+    activation = plan.activation if plan.activation is not None else Activation()
     fp8_grouped_matmul_ws_kernel[(plan.grid,)](
         a_desc,
         w_desc,
         out,
         out.stride(0),
+        out_scale,
+        *scale_strides,
         a_scale,
         *a_scale.stride(),
         w_scale,
@@ -149,7 +201,9 @@ def _launch(plan: GluonFp8Plan, a, w, routing, out, a_scale, w_scale, topk_weigh
         routing.sorted_token_ids,
         routing.expert_ids,
         routing.num_tokens_post_padded,
-        n,
+        activation.alpha,
+        activation.limit,
+        out.shape[1],
         k,
         routing.num_slots,
         SCATTER=scatter,

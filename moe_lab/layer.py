@@ -37,6 +37,7 @@ from .configs import ConfigLike, GemmConfig, MoEConfig
 from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, input_descriptor, kernel_scales, run_gemm
 from .plan import (
     ChunkPlan,
+    GluonLayerPlan,
     LaunchPlan,
     LayerPlan,
     LoadPath,
@@ -66,7 +67,10 @@ class FusedMoEInfo:
     whose expert_ids is topk_ids' own view). `config` is the config chosen;
     `up_plan` / `down_plan` are what each GEMM launched
     (`moe_lab.gemm.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
-    memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0."""
+    memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0.
+    `gemm_kernel`: "triton", or "gluon" where the warp-specialized Gluon FP8 GEMMs ran instead
+    (`moe_lab.plan.gluon_applies`; `gluon_plan` is then what they launched, and up_plan / down_plan the
+    Triton plans not launched); `gemm_reason` says why."""
 
     config: MoEConfig
     up_path: Optional[LoadPath]
@@ -75,6 +79,9 @@ class FusedMoEInfo:
     config_source: str = ""
     up_plan: Optional[LaunchPlan] = None
     down_plan: Optional[LaunchPlan] = None
+    gemm_kernel: str = "triton"
+    gemm_reason: str = ""
+    gluon_plan: Optional[GluonLayerPlan] = None
 
 
 def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, prefix=""):
@@ -475,7 +482,18 @@ def fused_moe(
             chunk = plan.chunks[index][2]
         if return_info:
             path = (up.path, down.path) if up is not None else (None, None)
-            info = FusedMoEInfo(chunk.choice.config, *path, routing, chunk.choice.source, up, down)
+            kernel = "gluon" if chunk.gluon is not None else "triton"
+            info = FusedMoEInfo(
+                chunk.choice.config,
+                *path,
+                routing,
+                chunk.choice.source,
+                up,
+                down,
+                kernel,
+                chunk.gemm_reason,
+                chunk.gluon,
+            )
     if shared is not None:
         out.add_(shared)
     return (out, info) if return_info else out
@@ -491,7 +509,7 @@ class _Workspace:
     def __init__(self, chunk: ChunkPlan, w1, hidden_states, topk_ids):
         num_tokens, hidden = hidden_states.shape
         num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
-        block_size_m = chunk.choice.config.block_size_m
+        block_size_m = chunk.block_size_m
         self.align = None if chunk.slot_order else align_buffers(device, num_tokens * top_k, num_experts, block_size_m)
         self.act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
         self.out_scale = None
@@ -541,13 +559,18 @@ def _run_chunk(
         return None, None, None
     num_tokens, hidden = hidden_states.shape
     num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
-    block_size_m = chunk.choice.config.block_size_m
+    block_size_m = chunk.block_size_m
     routing = chunk.slot_order and run_slot_order(topk_ids, num_experts, block_size_m)
     # The GEMMs' sites by schedule: slot order's and the align's differ in the schedule tensors they read.
     schedule = "slot order" if routing else "aligned"
     if not routing:  # (slot order's rows cannot be made while a CUDA graph is being captured)
         buffers = workspace.align if workspace is not None else None
         routing = run_align(topk_ids, num_experts, block_size_m, expert_map, plan.site(index, "align"), buffers)
+    if chunk.gluon is not None:
+        out_k = workspace.out_k if workspace is not None else None
+        args = (hidden_states, topk_weights, topk_ids, out, w1, w2, expert_map, fp8, routing, out_k)
+        _run_gluon_gemms(chunk.gluon, *args)
+        return routing, chunk.up, chunk.down
     x, up_scales, out_scale, down_scales = hidden_states, None, None, None
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale, site=plan.site(index, "quantize x"))
@@ -602,6 +625,38 @@ def _run_chunk(
     )
     run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out, plan.site(index, "reduce"))
     return routing, up, down
+
+
+def _run_gluon_gemms(
+    gluon: GluonLayerPlan,
+    hidden_states,
+    topk_weights,
+    topk_ids,
+    out,
+    w1,
+    w2,
+    expert_map,
+    fp8: Fp8Weights,
+    routing,
+    out_k=None,
+) -> None:
+    """A chunk's GEMMs on the warp-specialized Gluon FP8 kernel (`moe_lab.plan.gluon_applies` chose it): the
+    up GEMM writes the activation as float8 with its per-row 128-column scales (the Triton up GEMM's format),
+    the down GEMM reads it and scatters the routed rows (into out_k, the kept [T*k, H] buffer, or a new one);
+    then the top-k reduce."""
+    from .gluon_fp8 import run_gluon_fp8
+
+    num_tokens, hidden = hidden_states.shape
+    num_experts, two_inter, _ = w1.shape
+    rows, device = routing.max_num_tokens_padded, hidden_states.device
+    x, x_scale = fp8.quantize(hidden_states, None)
+    act = torch.empty((rows, two_inter // 2), dtype=FP8_DTYPE, device=device)
+    act_scale = torch.empty((rows, act.shape[1] // 128), dtype=torch.float32, device=device)
+    run_gluon_fp8(gluon.up, x, w1, routing, act, x_scale, fp8.w1_scale, gather_a=True, out_scale=act_scale)
+    if out_k is None:
+        out_k = torch.empty((num_tokens * topk_ids.shape[1], hidden), dtype=hidden_states.dtype, device=device)
+    run_gluon_fp8(gluon.down, act, w2, routing, out_k, act_scale, fp8.w2_scale, topk_weights, scatter=True)
+    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---

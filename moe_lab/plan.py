@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
@@ -31,7 +32,7 @@ from ._ints import cdiv
 from ._kernels.grouped_matmul import _tile_coords
 from ._launch import LaunchSite, current_stream
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
-from .capability import descriptor_problem, multiprocessor_count, shared_memory_limit, tma_support
+from .capability import descriptor_problem, gluon_fp8_support, multiprocessor_count, shared_memory_limit, tma_support
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
 from .expert_kind import SILU, Activation
 from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
@@ -465,7 +466,9 @@ class ChunkPlan:
         [rows, act_cols] (I with the SwiGLU epilogue, else 2I; float8 where its epilogue quantizes, float32
         for float8 weights otherwise).
     out_scale_cols: where the up GEMM's epilogue quantizes its output to float8, its scales per row
-        (ceil(I / block_k)); 0 otherwise."""
+        (ceil(I / block_k)); 0 otherwise.
+    gluon: where `gluon_applies` says so, the warp-specialized Gluon GEMMs that run instead of up and down
+        (up and down are then the Triton plans, not launched); gemm_reason: why Gluon runs or does not."""
 
     num_tokens: int
     choice: ConfigChoice
@@ -476,6 +479,13 @@ class ChunkPlan:
     act_cols: int = 0
     act_dtype: Optional[torch.dtype] = None
     out_scale_cols: int = 0
+    gluon: Optional["GluonLayerPlan"] = None
+    gemm_reason: str = ""
+
+    @property
+    def block_size_m(self) -> int:
+        """The schedule's BLOCK_SIZE_M: the Gluon GEMMs' where they run, else the config's."""
+        return self.gluon.block_size_m if self.gluon is not None else self.choice.config.block_size_m
 
 
 @dataclass(frozen=True)
@@ -538,8 +548,10 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
             act = torch.empty((cfg.block_size_m, inter), dtype=w2.dtype, device="meta")
             select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True)
         return ChunkPlan(num_tokens, choice, False, None, None)
+    gluon, gemm_reason = plan_gluon_layer(key, num_tokens, w1, w2)
     ids_shape, ids_stride, ids_dtype = (num_tokens, top_k), key.topk_ids[1], key.topk_ids[2]
-    slot_order = slot_order_applies(ids_shape, ids_stride, ids_dtype, key.expert_map is not None)
+    # The Gluon GEMMs read an aligned schedule (expert-sorted M-blocks of their own BLOCK_SIZE_M).
+    slot_order = gluon is None and slot_order_applies(ids_shape, ids_stride, ids_dtype, key.expert_map is not None)
     bm = cfg.block_size_m
     if slot_order:
         schedule = ScheduleShape(False, top_k)
@@ -567,8 +579,9 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
     act = torch.empty((rows, inter), dtype=w2.dtype, device="meta")  # a new buffer, contiguous, aligned
     down = plan_gemm(act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales)
     out_scale_cols = -(-inter // key.block_shape[1]) if fused_quant else 0
+    act_cols = inter if swiglu else two_inter
     return ChunkPlan(
-        num_tokens, choice, slot_order, up, down, rows, inter if swiglu else two_inter, act_dtype, out_scale_cols
+        num_tokens, choice, slot_order, up, down, rows, act_cols, act_dtype, out_scale_cols, gluon, gemm_reason
     )
 
 
@@ -678,12 +691,14 @@ class GluonFp8Plan:
     config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N, BLOCK_SIZE_K (= the scale blocks' K), GROUP_SIZE_M,
         num_stages (the shared-memory ring, lowered to fit) and num_warps (one warpgroup per 64 rows).
     grid: programs (one per SM at most; each walks tiles). maxnreg: the register limit per thread that lets
-    every warp of the MMA and load partitions fit one SM's 64K registers."""
+    every warp of the MMA and load partitions fit one SM's 64K registers. activation: the SwiGLU epilogue's
+    (gate and up as halves of w), or None for the plain GEMM."""
 
     config: GemmConfig
     grid: int
     maxnreg: int
     scale_group_n: int
+    activation: Optional[Activation] = None
 
     @functools.cached_property
     def constexprs(self) -> dict:
@@ -692,29 +707,43 @@ class GluonFp8Plan:
             GROUP_SIZE_M=self.config.GROUP_SIZE_M,
             GROUP_N=self.scale_group_n,
             STAGES=self.config.num_stages,
+            SWIGLU=self.activation.kernel_name if self.activation is not None else "none",
             LOAD_REGS=GLUON_LOAD_REGS,
             num_warps=self.config.num_warps,
             maxnreg=self.maxnreg,
         )
 
 
+class BlockSchedule(NamedTuple):
+    """What `plan_gluon_fp8` reads of a schedule (an `AlignedRouting` has both) where it is not made yet."""
+
+    block_size_m: int
+    max_num_m_blocks: int
+
+
 def plan_gluon_fp8(
-    routing: AlignedRouting,
+    routing,
     n: int,
     k: int,
     block_shape: Tuple[int, int],
     device: torch.device,
     config: Optional[GemmConfig] = None,
     out_itemsize: int = 2,
+    activation: Optional[Activation] = None,
 ) -> GluonFp8Plan:
-    """The launch of the Gluon FP8 grouped GEMM for a routing and a weight [E, n, k] with `block_shape`
-    scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages, GROUP_SIZE_M = 8)
-    fitted to the device's shared memory, the grid and the register limit. Raises ValueError for a config or
-    block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64 rows), BLOCK_SIZE_K
-    = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one weight scale per tile
-    and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows)."""
+    """The launch of the Gluon FP8 grouped GEMM for a routing (or its `BlockSchedule`) and a weight [E, n, k]
+    with `block_shape` scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages,
+    GROUP_SIZE_M = 8) fitted to the device's shared memory, the grid and the register limit. Raises ValueError
+    for a config or block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64
+    rows), BLOCK_SIZE_K = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one
+    weight scale per tile and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows).
+    With `activation` (the SwiGLU epilogue; out [rows, n / 2]): gate and up rows as halves only (interleaved
+    rows refused), n / 2 a multiple of BLOCK_SIZE_N (each up box in one expert's up rows and one scale
+    block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
+    tile)."""
     block_n, block_k = block_shape
-    config = config if config is not None else GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128)
+    if config is None:
+        config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128, num_stages=4)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
             f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
@@ -734,9 +763,16 @@ def plan_gluon_fp8(
         raise ValueError(
             f"the Gluon FP8 kernel needs K a multiple of 16 (TMA strides of float8 rows are 16-byte aligned), got K={k}"
         )
+    parts, n_out = 1, n
+    if activation is not None:
+        problem = gluon_swiglu_problem(activation, n // 2, config.BLOCK_SIZE_N, block_k, out_itemsize == 1)
+        if problem:
+            raise ValueError(f"the Gluon FP8 kernel's SwiGLU epilogue cannot run here: {problem}")
+        parts, n_out = 2, n // 2
     num_warps = config.BLOCK_SIZE_M // 16
-    per_stage = (config.BLOCK_SIZE_M + config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
-    epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * out_itemsize  # the layout change before the store
+    per_stage = (config.BLOCK_SIZE_M + parts * config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
+    # The layout change before the store: float32 sums, or the float8 output.
+    epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * (1 if out_itemsize == 1 else 4)
     budget = shared_memory_budget(device)
     stages = config.num_stages
     if budget is not None:
@@ -744,8 +780,126 @@ def plan_gluon_fp8(
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
-    tiles = tile_grid(routing.max_num_m_blocks, n, config.BLOCK_SIZE_N)
+    tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = num_warps + _WARPGROUP
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
-    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n)
+    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n, activation)
+
+
+def gluon_swiglu_problem(
+    activation: Activation, inter: int, block_n: int = 128, group_k: int = 128, quantized: bool = True
+) -> Optional[str]:
+    """None if the Gluon FP8 kernel's SwiGLU epilogue can compute `activation` for I = `inter` with tiles of
+    `block_n` output columns (a float8 output quantized per `group_k` columns where `quantized`), else why not."""
+    if activation.interleaved:
+        return (
+            "gate and up rows interleaved (gpt-oss's layout) are not built: the tile would hold gate and up in "
+            "one accumulator's even and odd columns, split by the activation; the kernel reads halves"
+        )
+    if inter % block_n:
+        return f"I={inter} is not a multiple of BLOCK_SIZE_N={block_n} (each tile's up rows in one scale block)"
+    if quantized and block_n != group_k:
+        return f"BLOCK_SIZE_N={block_n} must equal the output's scale group {group_k} (one scale per row and tile)"
+    return None
+
+
+# --- The Gluon GEMMs in `fused_moe`: where they run instead of the Triton ones, decided here. ---
+
+# The rule for "faster" (`gluon_applies`), from the GEMM pair's measurements on an H200
+# (benchmarks/results/gluon_fp8): the Gluon pair gains where each expert gets at least this many rows
+# (T * k / E) and I is at least this large; change them after measuring the layer (benchmarks/fp8_layer.py).
+GLUON_MIN_ROWS_PER_EXPERT = 128
+GLUON_MIN_INTERMEDIATE = 1024
+# The Gluon GEMMs' BLOCK_SIZE_M: 128 (two warpgroups) where experts get that many rows, else 64.
+GLUON_WIDE_ROWS_PER_EXPERT = 128
+# Whether `fused_moe` runs the Gluon GEMMs: "auto" (where `gluon_applies`' rule says they are faster), "1"
+# (wherever they can run), "0" (never). Read when a layer plan is made: `clear_layer_plans()` after a change.
+GLUON_ENV_VAR = "MOE_LAB_GLUON"
+
+
+def gluon_setting() -> str:
+    """The `MOE_LAB_GLUON` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
+    value = os.environ.get(GLUON_ENV_VAR, "auto").strip().lower()
+    if value not in ("0", "1", "auto"):
+        raise ValueError(f"{GLUON_ENV_VAR} must be 0, 1 or auto, got {value!r}")
+    return value
+
+
+def gluon_applies(
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    num_tokens: int,
+    top_k: int,
+    block_shape: Optional[tuple],
+    activation: Activation = SILU,
+    has_bias: bool = False,
+    setting: Optional[str] = None,
+) -> Tuple[bool, str]:
+    """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel for a chunk of
+    `num_tokens` tokens, and why (or why not), in words. It runs where it can (`moe_lab.capability.
+    gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU, no interpreter; float8_e4m3fn w1 [E, 2I, H]
+    and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of `activation` on gate and up halves; no
+    biases; I a multiple of 128; H a multiple of 16; each weight viewable as one [E * N, K] matrix) and, with
+    `setting` "auto" (default: `gluon_setting()`), where it is faster: rows per expert T * k / E >=
+    GLUON_MIN_ROWS_PER_EXPERT and I >= GLUON_MIN_INTERMEDIATE. "1" runs it wherever it can, "0" never."""
+    setting = gluon_setting() if setting is None else setting
+    if setting == "0":
+        return False, f"{GLUON_ENV_VAR}=0"
+    if w1.dtype != FP8_DTYPE or block_shape is None:
+        return False, "not block-scaled float8 weights"
+    problem = gluon_fp8_support(w1.device)
+    if problem:
+        return False, problem
+    num_experts, two_inter, hidden = w1.shape
+    inter = two_inter // 2
+    if block_shape[1] != 128 or block_shape[0] % 128:
+        return False, f"block_shape {list(block_shape)}: the Gluon kernel takes [128 n, 128]"
+    problem = gluon_swiglu_problem(activation, inter)
+    if problem:
+        return False, problem
+    if has_bias:
+        return False, "w1_bias or w2_bias given: the Gluon kernel adds no bias"
+    if hidden % 16:
+        return False, f"H={hidden} is not a multiple of 16 (TMA strides of float8 rows)"
+    for name, w in (("w1", w1), ("w2", w2)):
+        if w.stride(2) != 1 or w.stride(0) != w.shape[1] * w.stride(1) or (w.stride(1) % 16) or w.data_ptr() % 16:
+            return False, f"{name} strides {tuple(w.stride())} do not view as one [E * N, K] TMA matrix"
+    if setting == "1":
+        return True, f"{GLUON_ENV_VAR}=1"
+    rows_per_expert = num_tokens * top_k / num_experts
+    if rows_per_expert < GLUON_MIN_ROWS_PER_EXPERT or inter < GLUON_MIN_INTERMEDIATE:
+        return False, (
+            f"rows per expert {rows_per_expert:g} < {GLUON_MIN_ROWS_PER_EXPERT} or I={inter} < "
+            f"{GLUON_MIN_INTERMEDIATE}: the Triton GEMMs are faster there"
+        )
+    return True, f"rows per expert {rows_per_expert:g} >= {GLUON_MIN_ROWS_PER_EXPERT}, I={inter}"
+
+
+@dataclass(frozen=True)
+class GluonLayerPlan:
+    """The Gluon GEMMs of a `fused_moe` chunk: the aligned schedule's BLOCK_SIZE_M, the up GEMM (token rows
+    permuted, SwiGLU and float8 quantization in its epilogue) and the down GEMM (routed weights, scattered),
+    each a GluonFp8Plan."""
+
+    block_size_m: int
+    up: GluonFp8Plan
+    down: GluonFp8Plan
+
+
+def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor):
+    """(the GluonLayerPlan of a chunk of `num_tokens` tokens, or None; why) for the call whose key is `key`
+    (`gluon_applies` decides)."""
+    top_k = key.topk_ids[0][1]
+    has_bias = any(t is not None for t in key.expert_tensors[:2])
+    applies, reason = gluon_applies(w1, w2, num_tokens, top_k, key.block_shape, key.activation, has_bias)
+    if not applies:
+        return None, f"triton GEMMs: {reason}"
+    num_experts, two_inter, hidden = w1.shape
+    wide = num_tokens * top_k / num_experts >= GLUON_WIDE_ROWS_PER_EXPERT
+    block_m = 128 if wide else 64
+    schedule = BlockSchedule(block_m, max_num_tokens_padded(num_tokens * top_k, num_experts, block_m) // block_m)
+    up = plan_gluon_fp8(schedule, two_inter, hidden, key.block_shape, w1.device, None, 1, key.activation)
+    out_itemsize = key.hidden_states[2].itemsize
+    down = plan_gluon_fp8(schedule, hidden, two_inter // 2, key.block_shape, w1.device, None, out_itemsize)
+    return GluonLayerPlan(block_m, up, down), f"gluon GEMMs: {reason}"

@@ -1,15 +1,19 @@
 """The warp-specialized Gluon FP8 grouped GEMM (moe_lab.gluon_fp8): where it may run and what it refuses (here),
-and its results against the dequantized float32 product (on an H200: `pytest -m gpu tests/test_gluon_fp8.py`)."""
+where `fused_moe` runs it (`moe_lab.plan.gluon_applies`), and its results against the dequantized float32
+product and the fused layer against its reference and the Triton FP8 layer (on an H200:
+`pytest -m gpu tests/test_gluon_fp8.py`)."""
 
 import pytest
 import torch
 
 import moe_lab
-from moe_lab import moe_align, quantize_activations_fp8, quantize_weights_fp8
+from moe_lab import GPT_OSS, fused_moe, moe_align, quantize_activations_fp8, quantize_weights_fp8
+from moe_lab import plan as plan_module
 from moe_lab.capability import gluon_fp8_support
 from moe_lab.configs import GemmConfig
+from moe_lab.expert_kind import SILU
 from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
-from moe_lab.plan import plan_gluon_fp8
+from moe_lab.plan import BlockSchedule, gluon_applies, plan_gluon_fp8
 from moe_lab.runtime import interpreter_active
 
 pytestmark = pytest.mark.kernels
@@ -93,6 +97,95 @@ def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
         plan_gluon_fp8(small, 256, 256, (128, 128), cpu)
 
 
+def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_run():
+    cpu = torch.device("cpu")
+    schedule = BlockSchedule(128, 40)
+    plan = plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, GemmConfig(128, 128), 1, SILU)
+    assert plan.constexprs["SWIGLU"] == "silu" and plan.grid == 1 and plan.config.num_warps == 8
+    assert plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu).constexprs["SWIGLU"] == "none"
+    oai = plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, None, 1, moe_lab.Activation("swigluoai"))
+    assert oai.constexprs["SWIGLU"] == "swigluoai"
+    with pytest.raises(ValueError, match="interleaved"):
+        plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, None, 1, GPT_OSS)
+    with pytest.raises(ValueError, match="I=192 is not a multiple of BLOCK_SIZE_N=128"):
+        plan_gluon_fp8(schedule, 384, 256, (128, 128), cpu, None, 1, SILU)
+    with pytest.raises(ValueError, match="must equal the output's scale group"):
+        plan_gluon_fp8(schedule, 512, 256, (128, 128), cpu, GemmConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=64), 1, SILU)
+    a, a_s, w, w_s, routing = _operands(t=6, e=4, n=512, kk=256)
+    with pytest.raises(ValueError, match="activation needs gather_a=True"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=False, a_scale=a_s, w_scale=w_s, activation="silu")
+    with pytest.raises(ValueError, match="out_scale needs activation"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s, w_scale=w_s, out_scale=torch.ones(1, 1))
+    with pytest.raises(ValueError, match=r"out_scale must have shape"):
+        grouped_matmul_fp8_gluon(
+            a,
+            w,
+            routing,
+            gather_a=True,
+            a_scale=a_s,
+            w_scale=w_s,
+            activation="silu",
+            out_scale=torch.ones(routing.max_num_tokens_padded, 3),
+        )
+
+
+def _fp8_layer(t=4, e=4, k=2, h=256, i=256, device="cpu", seed=0):
+    gen = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(t, h, device=device, generator=gen).bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device=device, generator=gen) * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device=device, generator=gen) * i**-0.5)
+    logits = torch.randn(t, e, device=device, generator=gen)
+    topk_weights, topk_ids = moe_lab.topk_routing(logits, k)
+    scales = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
+    return x, w1_q, w2_q, topk_weights, topk_ids, scales
+
+
+@pytest.mark.skipif(gluon_fp8_support() is None, reason="the Gluon kernel runs here")
+def test_fused_moe_falls_back_to_the_triton_gemms_and_says_why():
+    x, w1, w2, tw, ids, scales = _fp8_layer()
+    _, info = fused_moe(x, w1, w2, tw, ids, **scales, return_info=True)
+    assert info.gemm_kernel == "triton" and info.gluon_plan is None
+    assert info.gemm_reason == f"triton GEMMs: {gluon_fp8_support()}"
+    _, info = fused_moe(x.float(), w1.float() * 0.01, w2.float() * 0.01, tw, ids, return_info=True)
+    assert info.gemm_reason == "triton GEMMs: not block-scaled float8 weights"
+
+
+def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypatch):
+    monkeypatch.setattr(plan_module, "gluon_fp8_support", lambda device=None: None)  # as on an H200
+    meta = dict(device="meta", dtype=FP8)
+    w1, w2 = torch.empty(8, 2 * 2048, 1024, **meta), torch.empty(8, 1024, 2048, **meta)
+    block = (128, 128)
+    assert gluon_applies(w1, w2, 512, 2, block, setting="auto") == (True, "rows per expert 128 >= 128, I=2048")
+    applies, why = gluon_applies(w1, w2, 64, 2, block, setting="auto")
+    assert not applies and "rows per expert 16 < 128" in why
+    assert gluon_applies(w1, w2, 64, 2, block, setting="1") == (True, "MOE_LAB_GLUON=1")
+    assert gluon_applies(w1, w2, 512, 2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
+    assert "interleaved" in gluon_applies(w1, w2, 512, 2, block, GPT_OSS, setting="1")[1]
+    assert "no bias" in gluon_applies(w1, w2, 512, 2, block, has_bias=True, setting="1")[1]
+    assert "[128 n, 128]" in gluon_applies(w1, w2, 512, 2, (128, 64), setting="1")[1]
+    odd = torch.empty(8, 2 * 192, 1024, **meta), torch.empty(8, 1024, 192, **meta)
+    assert "I=192 is not a multiple" in gluon_applies(*odd, 512, 2, block, setting="1")[1]
+    strided = torch.empty(2 * 2048, 8, 1024, **meta).transpose(0, 1)
+    assert "do not view as one" in gluon_applies(strided, w2, 512, 2, block, setting="1")[1]
+    monkeypatch.setenv("MOE_LAB_GLUON", "yes")
+    with pytest.raises(ValueError, match="MOE_LAB_GLUON must be 0, 1 or auto, got 'yes'"):
+        gluon_applies(w1, w2, 512, 2, block)
+
+
+def test_layer_plan_takes_the_gluon_gemms_with_an_aligned_schedule(monkeypatch):
+    monkeypatch.setattr(plan_module, "gluon_fp8_support", lambda device=None: None)  # as on an H200
+    monkeypatch.setenv("MOE_LAB_GLUON", "1")
+    x, w1, w2, tw, ids, scales = _fp8_layer(t=1)
+    key = plan_module.layer_key(
+        x, w1, w2, tw, ids, scales=(scales["w1_scale"], scales["w2_scale"], None, None), block_shape=(128, 128)
+    )
+    ((_, _, chunk),) = plan_module.plan_layer(key, w1, w2).chunks
+    assert chunk.gluon is not None and not chunk.slot_order  # T = 1 would take slot order otherwise
+    assert chunk.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=1"
+    assert chunk.gluon.block_size_m == 64 and chunk.gluon.up.constexprs["SWIGLU"] == "silu"
+    assert chunk.gluon.down.constexprs["SWIGLU"] == "none"
+
+
 def test_permute_tokens_copies_float8_rows():
     a, _, _, _, routing = _operands(t=9, kk=48, block_m=16)
     rows = moe_lab.permute_tokens(a, routing)
@@ -172,3 +265,129 @@ def test_gluon_down_gemm_is_bitwise_the_same_in_any_batch():
         )
 
     assert torch.equal(down(3), down(200)[: 3 * k])
+
+
+GPU_GLUON = pytest.mark.skipif(
+    not torch.cuda.is_available() or gluon_fp8_support() is not None, reason="needs sm_90 + Gluon"
+)
+
+
+def _activation_reference(gate_up: torch.Tensor, activation) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return torch.nn.functional.silu(gate) * up
+    gate, up = gate.clamp(max=7.0), up.clamp(-7.0, 7.0)
+    return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+@pytest.mark.parametrize("activation", ["silu", "swigluoai"])
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, block_m):
+    from moe_lab.quantize import dequantize_fp8
+    from moe_lab.reference import relative_error
+
+    torch.manual_seed(0)
+    t, e, k, h, i = 200, 6, 2, 1024, 384
+    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    ids = torch.randint(0, e - 2, (t, k), device="cuda", dtype=torch.int32)  # two experts empty
+    routing = moe_align(ids, e, block_m)
+    rows = routing.max_num_tokens_padded
+    act = torch.full((rows, i), float("nan"), device="cuda").to(FP8)
+    act_s = torch.full((rows, i // 128), float("nan"), device="cuda")
+    grouped_matmul_fp8_gluon(
+        x_q, w1_q, routing, gather_a=True, a_scale=x_s, w_scale=w1_s, activation=activation, out=act, out_scale=act_s
+    )
+    used, _, gate_up = _reference(
+        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
+    )
+    want_q, want_s = quantize_activations_fp8(_activation_reference(gate_up, activation), group_size=128)
+    assert relative_error(act_s[used], want_s) < 1e-3  # the same amax/448 rule on the same sums
+    got = dequantize_fp8(act[used], act_s[used], (1, 128))
+    assert relative_error(got, dequantize_fp8(want_q, want_s, (1, 128))) < 1e-2
+    padded = int(routing.num_tokens_post_padded)
+    assert not act_s[:padded].isnan().any() and not act[:padded].float().isnan().any()  # padding rows too
+
+
+def _layer_both_ways(monkeypatch, x, w1, w2, tw, ids, **kw):
+    """fused_moe with the Gluon GEMMs forced on, then off: (out, info) each; outputs poisoned with NaN first."""
+    results = []
+    for setting in ("1", "0"):
+        monkeypatch.setenv("MOE_LAB_GLUON", setting)
+        plan_module.clear_layer_plans()
+        out = torch.full_like(x, float("nan"))
+        results.append(fused_moe(x, w1, w2, tw, ids, out=out, return_info=True, **kw))
+    plan_module.clear_layer_plans()
+    return results
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+@pytest.mark.parametrize(
+    "t, e, k, h, i, empty, activation",
+    [
+        (1, 8, 2, 512, 256, 0, "silu"),
+        (300, 6, 4, 1024, 384, 2, "silu"),  # E not a power of two, two experts empty
+        (77, 16, 2, 208, 256, 8, "silu"),  # H not a multiple of 128
+        (513, 8, 2, 2048, 1024, 3, "swigluoai"),
+    ],
+)
+def test_fused_layer_with_gluon_matches_the_reference_and_the_triton_layer(
+    monkeypatch, t, e, k, h, i, empty, activation
+):
+    from moe_lab.reference import fused_moe_reference, relative_error
+
+    torch.manual_seed(0)
+    x = torch.randn(t, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    logits = torch.randn(t, e, device="cuda")
+    logits[:, e - empty :] = -1e9
+    tw, ids = moe_lab.topk_routing(logits, k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128), activation=activation)
+    (gluon, info), (triton_out, triton_info) = _layer_both_ways(monkeypatch, x, w1_q, w2_q, tw, ids, **kw)
+    assert info.gemm_kernel == "gluon" and triton_info.gemm_kernel == "triton", (info.gemm_reason, triton_info)
+    ref = fused_moe_reference(x, w1_q, w2_q, tw, ids, **kw)
+    assert not gluon.isnan().any()
+    assert relative_error(gluon.float(), ref) < 1e-2
+    assert relative_error(gluon.float(), triton_out.float()) < 1e-2
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+def test_fused_layer_with_gluon_is_bitwise_the_same_in_any_batch(monkeypatch):
+    torch.manual_seed(0)
+    e, k, h, i = 8, 2, 1024, 512
+    x = torch.randn(600, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    tw, ids = moe_lab.topk_routing(torch.randn(600, e, device="cuda"), k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128), return_info=True)
+    monkeypatch.setenv("MOE_LAB_GLUON", "1")
+    plan_module.clear_layer_plans()
+    small, info_small = fused_moe(x[:3], w1_q, w2_q, tw[:3], ids[:3], **kw)
+    large, info_large = fused_moe(x, w1_q, w2_q, tw, ids, **kw)  # BLOCK_SIZE_M 128 here, 64 above
+    plan_module.clear_layer_plans()
+    assert info_small.gemm_kernel == info_large.gemm_kernel == "gluon"
+    assert info_small.gluon_plan.block_size_m == 64 and info_large.gluon_plan.block_size_m == 128
+    assert torch.equal(small, large[:3])
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+def test_gluon_and_triton_layers_agree_bitwise(monkeypatch):
+    """MOE_LAB_GLUON=auto switches kernels by T: a token's output stays the same across the switch only if
+    both give the same bits (the same 128-deep wgmma per scale block, scaled and added in the same order, the
+    same activation, quantization and rounding). Fails where they differ: batch invariance then holds on each
+    side of the rule's threshold only."""
+    torch.manual_seed(0)
+    e, k, h, i = 8, 2, 1024, 1024
+    x = torch.randn(600, h, device="cuda").bfloat16()
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    tw, ids = moe_lab.topk_routing(torch.randn(600, e, device="cuda"), k)
+    kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
+    (gluon, _), (triton_out, _) = _layer_both_ways(monkeypatch, x, w1_q, w2_q, tw, ids, **kw)
+    assert torch.equal(gluon, triton_out)

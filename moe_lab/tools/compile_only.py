@@ -183,7 +183,7 @@ def patch_moe_lab() -> None:
 
     from .. import gluon_fp8
 
-    for module in (capability, gluon_fp8):
+    for module in (capability, gluon_fp8, gm):  # gm: plan.gluon_applies asks it whether fused_moe may use Gluon
         if not hasattr(module, "gluon_fp8_support"):
             raise RuntimeError(f"{module.__name__}.gluon_fp8_support is gone: update moe_lab/tools/compile_only.py")
         module.gluon_fp8_support = fake_gluon_fp8_support

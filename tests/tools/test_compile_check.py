@@ -223,7 +223,8 @@ def test_fp8_tiles_of_16_rows_run_mma_sync_and_of_64_rows_wgmma():
 
 def test_gluon_fp8_gemm_is_warp_specialized_on_sm90():
     """The Gluon FP8 grouped GEMM (moe_lab.gluon_fp8) compiles for sm_90 under this Triton, where its Gluon has
-    warp_specialize: registers handed between partitions (setmaxnreg), TMA copies and wgmma in its PTX. Where
+    warp_specialize: registers handed between partitions (setmaxnreg), TMA copies and wgmma in its PTX; so do
+    its SwiGLU variants (silu, swigluoai) with the float8 output, whose PTX converts to e4m3. Where
     the Triton has no such Gluon, the launcher refuses with the reason instead."""
     code = textwrap.dedent("""
         import json, torch
@@ -242,16 +243,26 @@ def test_gluon_fp8_gemm_is_warp_specialized_on_sm90():
                 grouped_matmul_fp8_gluon(meta(ROWS, K, dtype=FP8), meta(E, N, K, dtype=FP8), routing, gather_a=False,
                                          a_scale=meta(ROWS, K // 128, dtype=F32),
                                          w_scale=meta(E, N // 128, K // 128, dtype=F32))
+                # The up projection with the SwiGLU epilogue (both kinds), float8 out with its scales.
+                for kind in ("silu", "swigluoai"):
+                    grouped_matmul_fp8_gluon(meta(256, K, dtype=FP8), meta(E, N, K, dtype=FP8), routing, gather_a=True,
+                                             a_scale=meta(256, K // 128, dtype=F32),
+                                             w_scale=meta(E, N // 128, K // 128, dtype=F32), activation=kind,
+                                             out_scale=meta(ROWS, N // 256, dtype=F32))
             except RuntimeError as exc:
                 out["refused"] = str(exc)
         if out["gluon"] is None:
-            (kernel,) = [k for k in session.kernels.values() if k.name == "fp8_grouped_matmul_ws_kernel"]
-            ptx = kernel.asm["ptx"]
-            out["ptx"] = [w in ptx for w in ("setmaxnreg", "cp.async.bulk.tensor", "wgmma.mma_async")]
+            kernels = [k for k in session.kernels.values() if k.name == "fp8_grouped_matmul_ws_kernel"]
+            out["variants"] = len(kernels)
+            out["ptx"] = [[w in k.asm["ptx"] for w in ("setmaxnreg", "cp.async.bulk.tensor", "wgmma.mma_async",
+                                                       "cvt.rn.satfinite.e4m3x2.f32")] for k in kernels]
         print("RESULT", json.dumps(out))
     """)
     result = run_child(code)
     if result["gluon"] is not None:
         assert result["gluon"] in result["refused"]
     else:
-        assert result["ptx"] == [True, True, True] and "refused" not in result
+        assert "refused" not in result and result["variants"] == 3
+        # every variant warp-specialized with TMA and wgmma; the SwiGLU ones also convert to float8 e4m3
+        assert [ptx[:3] for ptx in result["ptx"]] == [[True, True, True]] * 3
+        assert sorted(ptx[3] for ptx in result["ptx"]) == [False, True, True]

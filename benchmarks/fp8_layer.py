@@ -10,9 +10,8 @@ scattered with routed weights) and with MOE_LAB_GLUON=0 (the Triton FP8 GEMMs), 
 the input, align, both GEMMs, top-k reduce). CUDA-graph medians with L2 flushed (`moe_lab.tools.timing.
 graph_ms`), the two in alternating order over three rounds, the least median kept. Correctness of each point:
 the Gluon layer's output (poisoned with NaN first) against the Triton layer's, relative Frobenius error < 1e-2,
-and FusedMoEInfo.gemm_kernel checked. The table also says what MOE_LAB_GLUON=auto picks there (the rule of
-`moe_lab.plan.gluon_applies`, whose thresholds GLUON_MIN_ROWS_PER_EXPERT and GLUON_MIN_INTERMEDIATE are
-the ones to change after reading it).
+and FusedMoEInfo.gemm_kernel checked. The table also says what MOE_LAB_GLUON=auto picks there
+(`moe_lab.plan.gluon_applies`: the Triton GEMMs, since the two differ in the last bits).
 Prints a markdown table and writes DIR/fp8_layer.json and DIR/fp8_layer.md. Every failure prints a FAIL line
 and the run goes on. --quick: Mixtral-8x7B at T = 512 and DeepSeek-V3 at T = 64 and 4096 only.
 Needs an sm_90 GPU and a Triton with Gluon's warp_specialize (Triton 3.6.0 with torch 2.11).
@@ -173,9 +172,6 @@ def main(argv=None) -> int:
     table = "\n".join([HEADER] + [_row(r) for r in rows])
     print("\n" + table)
     meta = dict(device=device, torch=torch.__version__, triton=TRITON_VERSION, failures=FAILURES)
-    meta.update(
-        min_rows_per_expert=plan_module.GLUON_MIN_ROWS_PER_EXPERT, min_intermediate=plan_module.GLUON_MIN_INTERMEDIATE
-    )
     with open(os.path.join(args.out, "fp8_layer.json"), "w") as fh:
         json.dump(dict(meta, rows=rows), fh, indent=1)
     with open(os.path.join(args.out, "fp8_layer.md"), "w") as fh:

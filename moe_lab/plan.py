@@ -806,15 +806,14 @@ def gluon_swiglu_problem(
 
 # --- The Gluon GEMMs in `fused_moe`: where they run instead of the Triton ones, decided here. ---
 
-# The rule for "faster" (`gluon_applies`), from the GEMM pair's measurements on an H200
-# (benchmarks/results/gluon_fp8): the Gluon pair gains where each expert gets at least this many rows
-# (T * k / E) and I is at least this large; change them after measuring the layer (benchmarks/fp8_layer.py).
-GLUON_MIN_ROWS_PER_EXPERT = 128
-GLUON_MIN_INTERMEDIATE = 1024
 # The Gluon GEMMs' BLOCK_SIZE_M: 128 (two warpgroups) where experts get that many rows, else 64.
 GLUON_WIDE_ROWS_PER_EXPERT = 128
-# Whether `fused_moe` runs the Gluon GEMMs: "auto" (where `gluon_applies`' rule says they are faster), "1"
-# (wherever they can run), "0" (never). Read when a layer plan is made: `clear_layer_plans()` after a change.
+# Whether `fused_moe` runs the Gluon GEMMs: "auto" (the default: the Triton ones), "1" (wherever they can
+# run, at every T), "0" (never). The Gluon layer is not bit for bit the Triton layer (2e-5 to 6e-3 relative
+# apart on an H200, each within the FP8 error of the float32 reference), so "auto" does not switch by T: a
+# token's output would depend on its batch's size. On an H200 it is faster at Mixtral-8x7B T >= 4096 and
+# Qwen3-30B-A3B T = 16384 only (docs/experiments.md). Read when a layer plan is made: `clear_layer_plans()`
+# after a change.
 GLUON_ENV_VAR = "MOE_LAB_GLUON"
 
 
@@ -840,9 +839,8 @@ def gluon_applies(
     `num_tokens` tokens, and why (or why not), in words. It runs where it can (`moe_lab.capability.
     gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU, no interpreter; float8_e4m3fn w1 [E, 2I, H]
     and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of `activation` on gate and up halves; no
-    biases; I a multiple of 128; H a multiple of 16; each weight viewable as one [E * N, K] matrix) and, with
-    `setting` "auto" (default: `gluon_setting()`), where it is faster: rows per expert T * k / E >=
-    GLUON_MIN_ROWS_PER_EXPERT and I >= GLUON_MIN_INTERMEDIATE. "1" runs it wherever it can, "0" never."""
+    biases; I a multiple of 128; H a multiple of 16; each weight viewable as one [E * N, K] matrix) and only with
+    `setting` "1" (default: `gluon_setting()`): "auto" and "0" run the Triton GEMMs (see GLUON_ENV_VAR)."""
     setting = gluon_setting() if setting is None else setting
     if setting == "0":
         return False, f"{GLUON_ENV_VAR}=0"
@@ -867,13 +865,10 @@ def gluon_applies(
             return False, f"{name} strides {tuple(w.stride())} do not view as one [E * N, K] TMA matrix"
     if setting == "1":
         return True, f"{GLUON_ENV_VAR}=1"
-    rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert < GLUON_MIN_ROWS_PER_EXPERT or inter < GLUON_MIN_INTERMEDIATE:
-        return False, (
-            f"rows per expert {rows_per_expert:g} < {GLUON_MIN_ROWS_PER_EXPERT} or I={inter} < "
-            f"{GLUON_MIN_INTERMEDIATE}: the Triton GEMMs are faster there"
-        )
-    return True, f"rows per expert {rows_per_expert:g} >= {GLUON_MIN_ROWS_PER_EXPERT}, I={inter}"
+    return False, (
+        f"{GLUON_ENV_VAR}=auto runs the Triton GEMMs: the Gluon ones differ in the last bits, and switching by T "
+        f"would make a token's output depend on its batch ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
+    )
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from moe_lab.configs import GemmConfig
 from moe_lab.expert_kind import SILU
 from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
 from moe_lab.plan import BlockSchedule, gluon_applies, plan_gluon_fp8
+from moe_lab.reference import relative_error
 from moe_lab.runtime import interpreter_active
 
 pytestmark = pytest.mark.kernels
@@ -155,9 +156,9 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     meta = dict(device="meta", dtype=FP8)
     w1, w2 = torch.empty(8, 2 * 2048, 1024, **meta), torch.empty(8, 1024, 2048, **meta)
     block = (128, 128)
-    assert gluon_applies(w1, w2, 512, 2, block, setting="auto") == (True, "rows per expert 128 >= 128, I=2048")
-    applies, why = gluon_applies(w1, w2, 64, 2, block, setting="auto")
-    assert not applies and "rows per expert 16 < 128" in why
+    for num_tokens in (64, 512, 16384):  # auto never switches by T (the kernels differ in the last bits)
+        applies, why = gluon_applies(w1, w2, num_tokens, 2, block, setting="auto")
+        assert not applies and "depend on its batch" in why
     assert gluon_applies(w1, w2, 64, 2, block, setting="1") == (True, "MOE_LAB_GLUON=1")
     assert gluon_applies(w1, w2, 512, 2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
     assert "interleaved" in gluon_applies(w1, w2, 512, 2, block, GPT_OSS, setting="1")[1]
@@ -377,11 +378,9 @@ def test_fused_layer_with_gluon_is_bitwise_the_same_in_any_batch(monkeypatch):
 
 @pytest.mark.gpu
 @GPU_GLUON
-def test_gluon_and_triton_layers_agree_bitwise(monkeypatch):
-    """MOE_LAB_GLUON=auto switches kernels by T: a token's output stays the same across the switch only if
-    both give the same bits (the same 128-deep wgmma per scale block, scaled and added in the same order, the
-    same activation, quantization and rounding). Fails where they differ: batch invariance then holds on each
-    side of the rule's threshold only."""
+def test_gluon_and_triton_layers_agree_closely(monkeypatch):
+    """The Gluon layer against the Triton layer: within 1e-2, as each is of the float32 reference (not bit for
+    bit, which is why MOE_LAB_GLUON=auto does not switch between them by T)."""
     torch.manual_seed(0)
     e, k, h, i = 8, 2, 1024, 1024
     x = torch.randn(600, h, device="cuda").bfloat16()
@@ -390,4 +389,4 @@ def test_gluon_and_triton_layers_agree_bitwise(monkeypatch):
     tw, ids = moe_lab.topk_routing(torch.randn(600, e, device="cuda"), k)
     kw = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
     (gluon, _), (triton_out, _) = _layer_both_ways(monkeypatch, x, w1_q, w2_q, tw, ids, **kw)
-    assert torch.equal(gluon, triton_out)
+    assert relative_error(gluon, triton_out) < 1e-2

@@ -7,6 +7,9 @@ For each model preset (full size, bfloat16) and token count T it measures, in mi
     of 100 calls), the GPU idle before each call (`torch.cuda.synchronize()` outside the timed region), so the
     time is the host's alone:
     checks, planning and enqueueing the kernels (through their compiled handles, `moe_lab._launch`);
+  - host_busy_ms: the same while the GPU is busy with the calls before it (bursts of 16 calls back to back, each
+    timed alone, the first of a burst left out; the least of 5 medians): what each call of an eager decode loop
+    costs the host, its launches queued behind running kernels rather than onto an idle GPU;
   - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
     plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where
     the package has no handles;
@@ -73,6 +76,23 @@ def host_ms(call, calls: int, rounds: int = 3) -> float:
             call()
             times.append(time.perf_counter() - start)
         medians.append(statistics.median(times))
+    torch.cuda.synchronize()
+    return 1e3 * min(medians)
+
+
+def host_busy_ms(call, rounds: int = 5, burst: int = 16) -> float:
+    """Wall time (ms) of `call()` while the GPU works through the calls before it: bursts of `burst` calls back to
+    back (their launches queue up), each call timed alone, the first of a burst (onto an idle GPU) left out; the
+    least of `rounds` medians."""
+    medians = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(burst):
+            start = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - start)
+        medians.append(statistics.median(times[1:]))
     torch.cuda.synchronize()
     return 1e3 * min(medians)
 
@@ -153,6 +173,7 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
 
     call()  # compile, and keep the compiled handles
     row = dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i, host_ms=host_ms(call, calls))
+    row["host_busy_ms"] = host_busy_ms(call)
     if _launch is not None:
         with triton_launcher():
             call()
@@ -178,15 +199,16 @@ def markdown(rows, env) -> str:
         f"Host time and GPU time of one `fused_moe` call, bf16, ms per call: {env['device']}, torch {env['torch']}, "
         f"Triton {env['triton']}, {env['date']}.",
         "",
-        "| model | T | host | host, Triton's launcher | host, no plan cache | host, no launch | GPU (graph replay) "
-        "| eager | host / GPU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | T | host | host, GPU busy | host, Triton's launcher | host, no plan cache | host, no launch "
+        "| GPU (graph replay) | eager | host / GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         triton_launch = f"{r['host_triton_launch_ms']:.3f}" if "host_triton_launch_ms" in r else "-"
         uncached = f"{r['host_uncached_ms']:.3f}" if "host_uncached_ms" in r else "-"
         lines.append(
-            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {triton_launch} | {uncached} | "
+            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {r['host_busy_ms']:.3f} | {triton_launch} | "
+            f"{uncached} | "
             f"{r['host_no_launch_ms']:.3f} | {r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | "
             f"{r['host_ms'] / r['gpu_ms']:.2f} |"
         )

@@ -203,8 +203,7 @@ print(inspect.getsource(gluon_kernels._load_partition.fn))
 
 # %%
 print(inspect.getsource(gluon_kernels._issue.fn))
-mma = inspect.getsource(gluon_kernels._mma_partition.fn)
-print(mma[mma.index("            acc = zero"):mma.index("            rows = ")])
+print(inspect.getsource(gluon_kernels._k_loop.fn))
 
 # %% [markdown]
 # Then the epilogue, in the same warps: the routed weight (with `topk_weights_ptr`), the conversion to bf16, and

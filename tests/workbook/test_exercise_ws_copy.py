@@ -150,6 +150,16 @@ def test_a_signature_of_other_than_six_parameters_is_named(tmp_path):
     assert verdict.status == "NOT YET" and "the producer takes (src_desc, bufs, ready, empty, M);" in verdict.message
 
 
+def test_a_call_with_wrong_arguments_names_the_gluon_call(tmp_path):
+    kernel = _define(
+        _slip(WAIT + EXPECT.replace("src_desc.block_type", "bytes=src_desc.block_type") + LOAD + STEP),
+        tmp_path,
+        "keyword",
+    )
+    verdict = exercises.check_ws_copy(kernel)
+    assert "mbarrier.expect() got an unexpected keyword argument 'bytes'" in verdict.message, verdict.message
+
+
 def test_a_loop_that_never_ends_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(ws_copy, "MODEL_SECONDS", 0.5)
     spin = _define(_slip("        while True:\n            pass\n"), tmp_path, "spin")

@@ -155,6 +155,10 @@ class _Recorder:
         coord = tuple(int(c) for c in coord)
         self._add(Op("load", self._bar(barrier, "the TMA load's barrier"), (coord, result.stage)))
 
+    # named as the learner calls them, for a call with wrong arguments ("mbarrier.expect() got an unexpected ...")
+    wait.__qualname__, expect.__qualname__, arrive.__qualname__ = "mbarrier.wait", "mbarrier.expect", "mbarrier.arrive"
+    load.__qualname__ = "tma_load"
+
 
 def _stand_ins(recorder: _Recorder, program: int, programs: int):
     from triton.experimental.gluon import language as gl

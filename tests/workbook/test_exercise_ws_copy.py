@@ -158,6 +158,13 @@ def test_a_call_with_wrong_arguments_names_the_gluon_call(tmp_path):
     )
     verdict = exercises.check_ws_copy(kernel)
     assert "mbarrier.expect() got an unexpected keyword argument 'bytes'" in verdict.message, verdict.message
+    kernel = _define(
+        _slip(WAIT + EXPECT + LOAD.replace("ready.index(step % STAGES)", "ready[step % STAGES]") + STEP),
+        tmp_path,
+        "subscript",
+    )
+    verdict = exercises.check_ws_copy(kernel)
+    assert "ready[...]: a stage of the ring is ready.index(stage)" in verdict.message, verdict.message
 
 
 def test_a_loop_that_never_ends_is_stopped(tmp_path, monkeypatch):

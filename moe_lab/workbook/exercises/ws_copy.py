@@ -98,6 +98,9 @@ class _Rings:
             )
         return Bar(self.name, stage)
 
+    def __getitem__(self, stage):
+        raise ModelError(f"{self.name}[...]: a stage of the ring is {self.name}.index(stage)")
+
 
 @dataclass(frozen=True)
 class _Box:
@@ -114,6 +117,9 @@ class _Bufs:
         if not 0 <= stage < self.stages:
             raise ModelError(f"bufs.index({stage}): the ring has STAGES = {self.stages} stages, 0 to {self.stages - 1}")
         return _Box(stage)
+
+    def __getitem__(self, stage):
+        raise ModelError("bufs[...]: a stage of the ring is bufs.index(stage)")
 
 
 class _Recorder:

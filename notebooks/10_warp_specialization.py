@@ -7,7 +7,8 @@
 # program: a **producer** warp that only issues TMA loads, and **consumer** warpgroups that only multiply and
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
-# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`. This notebook takes it apart.
+# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers when
+# `MOE_LAB_GLUON=1` (section 7 says why it is not the default). This notebook takes it apart.
 #
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
@@ -32,8 +33,6 @@ if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clo
 elif importlib.util.find_spec("moe_lab") is None:
     raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
 # %matplotlib inline
-
-# %%
 
 # %%
 import moe_lab  # first: picks GPU or interpreter before any kernel below is defined
@@ -188,27 +187,32 @@ entry = inspect.getsource(gluon_kernels.fp8_grouped_matmul_ws_kernel.fn)
 print(entry[entry.index("    a_bufs ="):])
 
 # %% [markdown]
-# **The producer.** One warp walks the same persistent tile sequence as the MMA partition (skipping M-blocks of
-# no expert, -1), and for each K block: the stage and its round from `step`, the wait on `empty` with the flipped
-# parity, the expect of both boxes' bytes on `ready`, and two TMA loads (the A rows, the expert's W rows) that
-# signal `ready`. Nothing else: no address arithmetic per element, no registers for tiles.
+# **The producer.** One warp walks the same persistent tile sequence as the MMA partition (skipping M-blocks of no
+# expert, -1), and for each K block: the stage and its round from `step`, the wait on `empty` with the flipped
+# parity, the expect of all the stage's bytes on `ready`, and the TMA loads that signal `ready`: the A rows and the
+# expert's W rows (with SwiGLU, the up projection of `fused_moe`, two W boxes: the gate's rows and the up's).
+# Nothing else: no address arithmetic per element, no registers for tiles.
 
 # %%
 print(inspect.getsource(gluon_kernels._load_partition.fn))
 
 # %% [markdown]
 # **The consumer.** `_issue` waits for a stage and issues its wgmma asynchronously, returning at once; the K loop
-# takes K blocks in pairs: both wgmmas issued, then `warpgroup_mma_wait(num_outstanding=1)` waits for the first
-# only, its stage is released (`arrive` on `empty`), and the first product is scaled while the second runs.
+# (`_k_loop`, run by `_mma_partition` for each tile) takes K blocks in pairs: both wgmmas issued, then
+# `warpgroup_mma_wait(num_outstanding=1)` waits for the first only, its stage is released (`arrive` on `empty`),
+# and the first product is scaled while the second runs. (`_k_loop_swiglu`, for SwiGLU, does the same with the
+# gate and up products, each in two half-width accumulators.)
 
 # %%
 print(inspect.getsource(gluon_kernels._issue.fn))
 print(inspect.getsource(gluon_kernels._k_loop.fn))
 
 # %% [markdown]
-# Then the epilogue, in the same warps: the routed weight (with `topk_weights_ptr`), the conversion to bf16, and
-# a sorted or scattered store. While the MMA warpgroups run it, the load warp is already filling the ring with
-# the next tile's first stages: the one overlap of epilogue and loads that warp specialization gives for free.
+# Then the epilogue, in the same warps: the routed weight (with `topk_weights_ptr`), the conversion to bf16, and a
+# sorted or scattered store; with SwiGLU, the activation instead, written as float8 with one scale per row per 128
+# columns (the down GEMM's input, as `fused_moe`'s Triton up GEMM writes it). While the MMA warpgroups run it, the
+# load warp is already filling the ring with the next tile's first stages: the one overlap of epilogue and loads
+# that warp specialization gives for free.
 #
 # **Compiled for sm_90, here.** `look_inside.compile_gluon_fp8` compiles the kernel in a child process for an
 # H200 that is not there (moe_lab.tools.compile_only) and returns its PTX. What shows warp specialization:
@@ -379,6 +383,12 @@ print(ws_viz.steps_table(results, tokens=512))
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
 #   one program's scaling with another's MMAs.
+# - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
+#   epilogue) the gain is smaller: faster than the Triton layer only at Mixtral T >= 4096 and Qwen3 T = 16384,
+#   slower at DeepSeek-V3 and at small T (benchmarks/results/gluon_fp8/fp8_layer.md). And the two layers differ
+#   in the last bits (each within FP8's error of the float32 reference), so choosing by T would make a token's
+#   output depend on its batch: `fused_moe` keeps the Triton GEMMs by default and runs Gluon's at every T with
+#   `MOE_LAB_GLUON=1` (docs/experiments.md, "The Gluon FP8 GEMMs in the layer").
 #
 # ## Summary
 #
@@ -389,5 +399,7 @@ print(ws_viz.steps_table(results, tokens=512))
 #   load completes it) and `empty` (the consumer arrives). Waits alternate parity with each round of the ring;
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
-#   warpgroups it beats the Triton FP8 kernel at prefill on an H200, short of the dense FP8 ceiling.
+#   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
+#   `fused_moe` runs them only with `MOE_LAB_GLUON=1` (not bit for bit the Triton layer, faster only at the
+#   widest prefills).
 # - Ping-pong, two warpgroups on different tiles taking turns at the tensor cores, is the next step.

@@ -131,11 +131,50 @@ def test_the_solution_passes_the_model_and_compiles_for_sm90():
     assert verdict.passed and "warp_specialize" in verdict.message
 
 
-def test_not_a_gluon_kernel_is_named():
+def test_not_a_gluon_kernel_is_named(tmp_path):
     verdict = exercises.check_ws_copy(None)
     assert verdict.status == "NOT YET" and "@gluon.jit" in verdict.message
     with pytest.raises(AssertionError, match="FAIL"):
         exercises.check_ws_copy(lambda: None, strict=True)
+    solution = _define(_slip(WAIT + EXPECT + LOAD + STEP), tmp_path, "launch")
+    assert "copy_load_partition[grid], a launch" in exercises.check_ws_copy(solution[(2,)]).message
+    triton_kernel = _define(_slip(STEP).replace("@gluon.jit", "import triton\n\n\n@triton.jit"), tmp_path, "triton_jit")
+    assert "a @triton.jit function" in exercises.check_ws_copy(triton_kernel).message
+    plain = _define(_slip(STEP).replace("@gluon.jit", ""), tmp_path, "plain")
+    assert "a plain Python function" in exercises.check_ws_copy(plain).message
+
+
+def test_a_signature_of_other_than_six_parameters_is_named(tmp_path):
+    kernel = _define(_slip(STEP).replace("empty, M, N)", "empty, M)"), tmp_path, "five")
+    verdict = exercises.check_ws_copy(kernel)
+    assert verdict.status == "NOT YET" and "the producer takes (src_desc, bufs, ready, empty, M);" in verdict.message
+
+
+def test_a_call_with_wrong_arguments_names_the_gluon_call(tmp_path):
+    kernel = _define(
+        _slip(WAIT + EXPECT.replace("src_desc.block_type", "bytes=src_desc.block_type") + LOAD + STEP),
+        tmp_path,
+        "keyword",
+    )
+    verdict = exercises.check_ws_copy(kernel)
+    assert "mbarrier.expect() got an unexpected keyword argument 'bytes'" in verdict.message, verdict.message
+    kernel = _define(
+        _slip(WAIT + EXPECT + LOAD.replace("ready.index(step % STAGES)", "ready[step % STAGES]") + STEP),
+        tmp_path,
+        "subscript",
+    )
+    verdict = exercises.check_ws_copy(kernel)
+    assert "ready[...]: a stage of the ring is ready.index(stage)" in verdict.message, verdict.message
+
+
+def test_a_loop_that_never_ends_is_stopped(tmp_path, monkeypatch):
+    monkeypatch.setattr(ws_copy, "MODEL_SECONDS", 0.5)
+    spin = _define(_slip("        while True:\n            pass\n"), tmp_path, "spin")
+    verdict = exercises.check_ws_copy(spin)
+    assert verdict.status == "NOT YET" and "ran for more than 0.5 s in the model" in verdict.message, verdict.message
+    waits = _define(_slip("        while step >= 0:\n    " + WAIT), tmp_path, "waits")
+    verdict = exercises.check_ws_copy(waits)
+    assert verdict.status == "NOT YET" and "more than 1000 mbarrier and TMA calls" in verdict.message, verdict.message
 
 
 @pytest.mark.gpu

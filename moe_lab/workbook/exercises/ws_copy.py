@@ -16,7 +16,8 @@ Gluon has no interpreter, so the check has three parts:
    `mbarrier`, `tma`/`tma_load` and `gl.program_id`/`gl.num_programs`/`gl.cdiv`, which record every wait,
    expect and load; its record is compared with the protocol step by step (each classic slip is named), then
    played against the consumer's protocol with real mbarrier semantics (phases, arrivals, transaction bytes):
-   a deadlock or a box overwritten before it was read shows there;
+   a deadlock or a box overwritten before it was read shows there (the body is stopped after MODEL_SECONDS
+   or MODEL_OPS calls: a loop that never ends is reported, not waited on);
 2. the kernel compiled for sm_90 (no GPU needed), in a process of its own: it compiles, its TTGIR holds a
    `ttg.warp_specialize` region, its PTX mbarrier waits and TMA copies;
 3. on a Hopper GPU, the copy run in a process of its own with a time limit (a wrong protocol hangs a GPU
@@ -39,7 +40,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..guarded import KernelMismatch
+from ..guarded import KernelMismatch, NeverEnds, _deadline, _launched_kernel
 from ._grade import Verdict, report
 
 EXERCISE = "copy_load_partition"
@@ -47,6 +48,9 @@ EXERCISE = "copy_load_partition"
 # two rounds of the ring.
 MODEL_M, MODEL_N, MODEL_BLOCK_M, MODEL_BLOCK_N, MODEL_STAGES, MODEL_PROGRAMS = 60, 84, 16, 32, 3, 2
 GPU_SECONDS = 120  # the GPU run's limit, compile included
+MODEL_SECONDS = 5.0  # the model's limit on the producer's Python body (it takes milliseconds)
+MODEL_OPS = 1000  # the most waits, expects, arrives and loads one program's body may record (the protocol: 18)
+PARAMETERS = ("src_desc", "bufs", "ready", "empty", "M", "N")
 COMPILE_SECONDS = 300
 PRODUCER_HEADER = """\
 from triton.experimental import gluon
@@ -94,6 +98,9 @@ class _Rings:
             )
         return Bar(self.name, stage)
 
+    def __getitem__(self, stage):
+        raise ModelError(f"{self.name}[...]: a stage of the ring is {self.name}.index(stage)")
+
 
 @dataclass(frozen=True)
 class _Box:
@@ -111,11 +118,23 @@ class _Bufs:
             raise ModelError(f"bufs.index({stage}): the ring has STAGES = {self.stages} stages, 0 to {self.stages - 1}")
         return _Box(stage)
 
+    def __getitem__(self, stage):
+        raise ModelError("bufs[...]: a stage of the ring is bufs.index(stage)")
+
 
 class _Recorder:
     def __init__(self, desc):
         self.desc = desc
         self.ops: List[Op] = []
+
+    def _add(self, op: Op):
+        if len(self.ops) >= MODEL_OPS:
+            raise ModelError(
+                f"the producer's body made more than {MODEL_OPS} mbarrier and TMA calls for its "
+                f"{len(_tiles(0))} tiles (the protocol makes 3 per tile): a loop that never ends? One pass of the "
+                "loop over t per tile, no loop inside it"
+            )
+        self.ops.append(op)
 
     @staticmethod
     def _bar(bar, what: str) -> Bar:
@@ -126,13 +145,13 @@ class _Recorder:
         return bar
 
     def wait(self, bar, phase, pred=True, deps=()):
-        self.ops.append(Op("wait", self._bar(bar, "mbarrier.wait"), int(phase)))
+        self._add(Op("wait", self._bar(bar, "mbarrier.wait"), int(phase)))
 
     def expect(self, bar, bytes_per_cta=None, pred=True):
-        self.ops.append(Op("expect", self._bar(bar, "mbarrier.expect"), int(bytes_per_cta)))
+        self._add(Op("expect", self._bar(bar, "mbarrier.expect"), int(bytes_per_cta)))
 
     def arrive(self, bar, *, count=1, pred=True):
-        self.ops.append(Op("arrive", self._bar(bar, "mbarrier.arrive"), int(count)))
+        self._add(Op("arrive", self._bar(bar, "mbarrier.arrive"), int(count)))
 
     def load(self, desc, coord, barrier, result, pred=True, **_):
         if desc is not self.desc:
@@ -140,7 +159,11 @@ class _Recorder:
         if not isinstance(result, _Box):
             raise ModelError(f"the TMA load's destination is a stage of the ring, bufs.index(stage), got {result!r}")
         coord = tuple(int(c) for c in coord)
-        self.ops.append(Op("load", self._bar(barrier, "the TMA load's barrier"), (coord, result.stage)))
+        self._add(Op("load", self._bar(barrier, "the TMA load's barrier"), (coord, result.stage)))
+
+    # named as the learner calls them, for a call with wrong arguments ("mbarrier.expect() got an unexpected ...")
+    wait.__qualname__, expect.__qualname__, arrive.__qualname__ = "mbarrier.wait", "mbarrier.expect", "mbarrier.arrive"
+    load.__qualname__ = "tma_load"
 
 
 def _stand_ins(recorder: _Recorder, program: int, programs: int):
@@ -186,7 +209,15 @@ def record(kernel, program: int, programs: int = MODEL_PROGRAMS) -> List[Op]:
         scope[name] = value
     body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     ready, empty = _Rings("ready", MODEL_STAGES), _Rings("empty", MODEL_STAGES)
-    body(desc, _Bufs(MODEL_STAGES, MODEL_BLOCK_M, MODEL_BLOCK_N), ready, empty, MODEL_M, MODEL_N)
+    try:
+        with _deadline(MODEL_SECONDS):  # a `while` loop that never ends stops here, not the notebook
+            body(desc, _Bufs(MODEL_STAGES, MODEL_BLOCK_M, MODEL_BLOCK_N), ready, empty, MODEL_M, MODEL_N)
+    except NeverEnds:
+        raise ModelError(
+            f"the producer's body ran for more than {MODEL_SECONDS:g} s in the model (it takes milliseconds) "
+            f"after {len(recorder.ops)} mbarrier and TMA calls, and was stopped: a loop that never ends? A "
+            "`while` loop whose condition never changes, or a range far too large"
+        ) from None
     return recorder.ops
 
 
@@ -512,24 +543,52 @@ def _is_gluon(kernel) -> bool:
     return type(kernel).__name__ == "GluonJITFunction"
 
 
+def _not_gluon(kernel) -> str:
+    """What was handed over instead of a @gluon.jit function, and what to do."""
+    launched = _launched_kernel(kernel)
+    if kernel is None:
+        got = "None: run the cell that defines the producer first"
+    elif launched is not None:
+        name = getattr(launched, "__name__", "kernel")
+        got = f"{name}[grid], a launch: pass the function itself ({name}); the entry kernel runs it"
+    elif hasattr(kernel, "arg_names"):  # a @triton.jit function
+        got = f"{getattr(kernel, '__name__', 'a kernel')}, a @triton.jit function, which Gluon cannot call"
+    elif getattr(kernel, "__name__", "") == "<lambda>":
+        got = "a lambda: write the producer as a function under @gluon.jit"
+    elif callable(kernel):
+        got = f"{getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: decorate it"
+    else:
+        got = f"a {type(kernel).__name__}"
+    return (
+        f"expected a @gluon.jit function (the producer partition), got {got} "
+        "(from triton.experimental import gluon; @gluon.jit)"
+    )
+
+
 def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> Verdict:
     """Grade the producer `copy_load_partition(src_desc, bufs, ready, empty, M, N)` (a `@gluon.jit` function) of
-    `ws_copy_kernels.ws_copy_kernel`: the protocol model (2 programs over 4 x 3 boxes of 16 x 32 float32, 3
-    stages), then the kernel compiled for sm_90 in a child process (TTGIR: a warp_specialize region; PTX:
-    mbarrier waits, TMA copies), then, on a Hopper GPU (`gpu`, default: an sm_90 device is present), the copy
-    run in a child process with a limit of GPU_SECONDS and compared bit for bit at the three sizes of
-    `ws_copy_kernels.CASES`. Named slips: no wait on empty, a wait on ready, the wait after the load, the
-    parity not flipped (deadlock), a constant parity, no expect (deadlock), the expect on empty, the wrong byte
-    count, the box and its barrier in different stages, the load signalling empty, the stage from the tile
-    index, step never advancing, step off by one, a stage out of the ring, the producer arriving itself, one
-    load per tile. Anything else the model finds is reported as the deadlock or race it causes."""
+    `ws_copy_kernels.ws_copy_kernel`: the protocol model (2 programs over 4 x 3 boxes of 16 x 32 float32, 3 stages; the
+    producer's Python body stopped after MODEL_SECONDS or MODEL_OPS calls), then the kernel compiled for sm_90 in a
+    child process (TTGIR: a warp_specialize region; PTX: mbarrier waits, TMA copies), then, on a Hopper GPU (`gpu`,
+    default: an sm_90 device is present), the copy run in a child process with a limit of GPU_SECONDS and compared bit
+    for bit at the three sizes of `ws_copy_kernels.CASES`. Named slips: no wait on empty, a wait on ready, the wait
+    after the load, the parity not flipped (deadlock), a constant parity, no expect (deadlock), the expect on empty, the
+    wrong byte count, the box and its barrier in different stages, the load signalling empty, the stage from the tile
+    index, step never advancing, step off by one, a stage out of the ring, the producer arriving itself, one load per
+    tile, a loop that never ends, a signature of other than six parameters, something other than a @gluon.jit function
+    (None, a @triton.jit kernel, kernel[grid], a plain function). Anything else the model finds is reported as the
+    deadlock or race it causes."""
     if not _is_gluon(kernel):
-        got = "None" if kernel is None else getattr(kernel, "__name__", type(kernel).__name__)
-        raise KernelMismatch(
-            f"expected a @gluon.jit function (the producer partition), got {got}: decorate it "
-            "with @gluon.jit (from triton.experimental import gluon)"
-        )
+        raise KernelMismatch(_not_gluon(kernel))
     label = kernel.__name__
+    if len(kernel.arg_names) != len(PARAMETERS):
+        return report(
+            label,
+            f"the producer takes ({', '.join(kernel.arg_names)}); the entry kernel passes it "
+            f"({', '.join(PARAMETERS)}), in that order",
+            "",
+            strict,
+        )
     problem = model_problem(kernel)
     if problem:
         return report(label, problem, "", strict)

@@ -20,6 +20,7 @@ Needs an sm_90 GPU and a Triton with Gluon's warp_specialize (Triton 3.6.0 with 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -37,7 +38,7 @@ from moe_lab.reference import relative_error
 from moe_lab.routing import uniform_routing
 from moe_lab.tools.timing import graph_ms
 
-TRITON_VERSION = sys.modules["triton"].__version__  # imported by moe_lab, after its interpreter choice
+TRITON_VERSION = importlib.metadata.version("triton")
 BLOCK = (128, 128)
 QUICK = {"mixtral-8x7b": [512], "deepseek-v3": [64, 4096]}
 FAILURES: list = []

@@ -30,13 +30,26 @@ Contract of `launch(kernel, grid, args, constexprs, site)`:
   (TRITON_DEBUG, instrumentation) and the check that the kernel's global constants have not changed.
 - Under the interpreter `kernel[grid]` returns no `CompiledKernel`: nothing is kept, every launch goes through
   `kernel[grid]`.
+
+Under Triton 3.6 and 3.7 a handle also skips the Python of `compiled.run` (Triton's `CudaLauncher.__call__`:
+scratch checks, then a loop that expands each tensor descriptor argument, encoding its CUtensorMap, on every
+launch): `_Direct` calls the C launcher underneath with the arguments that `CudaLauncher.__call__` passes it,
+each descriptor expanded by Triton's own `make_tensordesc_arg` once per descriptor object (a kept buffer's or a
+weight's descriptor lives across calls; the CUtensorMap it encodes holds the descriptor's address, shape,
+strides and box, all fixed for the object's life). Only where no launch hook is registered, the kernel needs
+no scratch memory and every descriptor has its metadata; Triton 3.8 and later changed the launcher (the
+expansion moved into C), so their handles call `compiled.run` as above. tests/test_launch.py checks, under
+each Triton, that `_Direct` hands the C launcher what `CudaLauncher.__call__` does.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Dict, Optional, Tuple
 
-_triton_runtime = None  # (triton.knobs.runtime, current device, current stream, HookChain), once a GPU launch ran
+# (triton.knobs.runtime, current device, current stream, HookChain, whether one device is visible), once a GPU
+# launch ran
+_triton_runtime = None
 
 
 class LaunchSite:
@@ -46,13 +59,13 @@ class LaunchSite:
     __slots__ = ("handles",)
 
     def __init__(self):
-        self.handles: Dict[object, _Handle] = {}
+        self.handles: Dict[int, _Handle] = {}  # by id(kernel): a JITFunction's hash takes a lock
 
 
 class _Handle:
     """A kernel as compiled for one site: what `launch` passes to `compiled.run`."""
 
-    __slots__ = ("compiled", "device", "run", "function", "packed_metadata", "constexpr_values")
+    __slots__ = ("compiled", "device", "run", "function", "packed_metadata", "constexpr_values", "direct")
 
     def __init__(self, compiled, device: int, constexpr_values: tuple):
         self.compiled = compiled
@@ -61,19 +74,24 @@ class _Handle:
         self.function = compiled.function
         self.packed_metadata = compiled.packed_metadata
         self.constexpr_values = constexpr_values
+        self.direct = _Direct.of(self.run, compiled, constexpr_values)
 
 
 def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: Optional[LaunchSite] = None) -> None:
     """Launch `kernel` over `grid` (one or two dimensions): through its compiled handle at `site` where it has
     one for the current device, else through `kernel[grid]` (keeping the handle at `site`). See the module's
     docstring for the contract."""
-    handle = site.handles.get(kernel) if site is not None else None
+    handle = site.handles.get(id(kernel)) if site is not None else None
     if handle is not None:
-        knobs, current_device, current_stream, hook_chain = _triton_runtime
-        if current_device() == handle.device:
+        knobs, current_device, current_stream, hook_chain, one_device = _triton_runtime
+        if one_device or current_device() == handle.device:
             stream = current_stream(handle.device)
             enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
             if _idle(enter, hook_chain) and _idle(leave, hook_chain):
+                if handle.direct is not None:
+                    grid_y = grid[1] if len(grid) > 1 else 1
+                    handle.direct(grid[0], grid_y, stream, handle.function, handle.packed_metadata, args)
+                    return
                 metadata = enter = leave = None
             else:
                 metadata = handle.compiled.launch_metadata(grid, stream, *args, *handle.constexpr_values)
@@ -93,7 +111,7 @@ def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: O
             return
     compiled = kernel[grid](*args, **constexprs)
     if site is not None and _is_compiled(compiled):
-        site.handles[kernel] = _Handle(compiled, _triton_runtime[1](), _constexpr_values(kernel, args, constexprs))
+        site.handles[id(kernel)] = _Handle(compiled, _triton_runtime[1](), _constexpr_values(kernel, args, constexprs))
 
 
 def current_stream(device_index: int) -> int:
@@ -134,5 +152,86 @@ def _is_compiled(result) -> bool:
         except ImportError:  # (every supported Triton has it; an older one passes its hooks as they are)
             HookChain = None
         active = driver.active
-        _triton_runtime = (knobs.runtime, active.get_current_device, active.get_current_stream, HookChain)
+        import torch
+
+        one_device = torch.cuda.device_count() == 1  # (fixed once CUDA is initialized)
+        _triton_runtime = (knobs.runtime, active.get_current_device, active.get_current_stream, HookChain, one_device)
     return True
+
+
+class _Direct:
+    """The C launcher under one compiled kernel's `CudaLauncher` (Triton 3.6 and 3.7), called with what
+    `CudaLauncher.__call__` passes it on a launch without hooks and scratch memory; tensor descriptor
+    arguments expanded once per descriptor object (see the module's docstring)."""
+
+    __slots__ = ("c_launch", "flat", "cooperative", "pdl", "annotations", "kernel_signature", "descriptors", "tail")
+
+    @classmethod
+    def of(cls, launcher, compiled, constexpr_values: tuple) -> Optional["_Direct"]:
+        """The direct launcher of `launcher` (`compiled.run`), or None where this module does not know how
+        Triton calls its C launcher (another Triton or backend, scratch memory, a descriptor without metadata).
+        `constexpr_values`: what `compiled.run` gets after the runtime arguments (the launcher skips them)."""
+        import triton
+
+        if type(launcher).__name__ != "CudaLauncher" or not triton.__version__.startswith(("3.6.", "3.7.")):
+            return None
+        if launcher.global_scratch_size or launcher.profile_scratch_size or getattr(launcher, "gsan_enabled", False):
+            return None
+        signature = list(compiled.src.signature.values())
+        positions = [i for i, kind in enumerate(signature) if isinstance(kind, str) and kind.startswith("tensordesc")]
+        metadata = getattr(compiled.metadata, "tensordesc_meta", None) or [None] * len(positions)
+        if len(metadata) != len(positions) or any(meta is None for meta in metadata):
+            return None
+        c_launch = launcher.launch
+        if positions:  # Triton's wrapper that expands the descriptors closes over the C launcher
+            code = getattr(c_launch, "__code__", None)
+            if code is None or "launcher" not in code.co_freevars:
+                return None
+            c_launch = c_launch.__closure__[code.co_freevars.index("launcher")].cell_contents
+        direct = cls()
+        direct.c_launch = c_launch
+        direct.flat = triton.__version__.startswith("3.6.")  # 3.6: flat; 3.7: annotations, then a sequence
+        direct.cooperative, direct.pdl = launcher.launch_cooperative_grid, launcher.launch_pdl
+        direct.annotations = getattr(launcher, "arg_annotations", None)
+        direct.kernel_signature = getattr(launcher, "kernel_signature", None)
+        direct.descriptors = tuple(zip(positions, metadata))[::-1]  # from the last: a splice shifts what follows
+        direct.tail = tuple(constexpr_values)
+        return direct
+
+    def __call__(self, grid_x: int, grid_y: int, stream: int, function, packed_metadata, args: tuple) -> None:
+        if self.descriptors:  # (as Triton's wrapper passes them: a list)
+            args = [*args, *self.tail]
+            for position, meta in self.descriptors:
+                args[position : position + 1] = _expanded(args[position], meta)
+        else:
+            args = (*args, *self.tail)
+        if self.flat:
+            self.c_launch(
+                grid_x, grid_y, 1, stream, function, self.cooperative, self.pdl, None, None,
+                packed_metadata, None, None, None, *args,
+            )  # fmt: skip
+        else:
+            self.c_launch(
+                grid_x, grid_y, 1, stream, function, self.cooperative, self.pdl, packed_metadata, None, None, None,
+                None, None, self.annotations, self.kernel_signature, args,
+            )  # fmt: skip
+
+
+# Each tensor descriptor's expansion (Triton's make_tensordesc_arg: its CUtensorMap, shape, strides), by id while
+# the descriptor lives; the expansion holds no tensor, so an entry does not keep memory alive.
+_EXPANSIONS: Dict[int, tuple] = {}
+
+
+def _expanded(descriptor, meta) -> list:
+    entry = _EXPANSIONS.get(id(descriptor))
+    if entry is None or entry[0]() is not descriptor:
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        key = id(descriptor)
+        ref = weakref.ref(descriptor, lambda _, key=key: _EXPANSIONS.pop(key, None))
+        entry = _EXPANSIONS[key] = (ref, meta, make_tensordesc_arg(descriptor, meta))
+    if entry[1] is not meta and entry[1] != meta:  # another kernel's, for the same descriptor: not kept
+        from triton.backends.nvidia.driver import make_tensordesc_arg
+
+        return make_tensordesc_arg(descriptor, meta)
+    return entry[2]

@@ -67,7 +67,8 @@ def stand_in(monkeypatch):
     device = [0]
     runtime = _Runtime()
     monkeypatch.setattr(_launch, "_is_compiled", lambda result: isinstance(result, _Compiled))
-    monkeypatch.setattr(_launch, "_triton_runtime", (runtime, lambda: device[0], lambda d: 100 + d, HookChain))
+    runtime_tuple = (runtime, lambda: device[0], lambda d: 100 + d, HookChain, False)
+    monkeypatch.setattr(_launch, "_triton_runtime", runtime_tuple)
     return _Kernel(), device, runtime
 
 
@@ -92,7 +93,7 @@ def test_no_site_and_another_device_go_through_triton(stand_in):
     _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
     device[0] = 1  # another current device: Triton's launcher again, and the handle is now that device's
     _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
-    assert len(kernel.jit) == 4 and site.handles[kernel].device == 1
+    assert len(kernel.jit) == 4 and site.handles[id(kernel)].device == 1
     _launch.launch(kernel, (1,), ("x", 7), dict(BLOCK=64), site)
     assert len(kernel.jit) == 4 and kernel.compiled.runs[0][3] == 101
 
@@ -118,6 +119,87 @@ def test_the_interpreter_takes_no_handle():
         fused_moe(hs, w1, w2, tw, ti)
     plan = cached_layer_plan(layer_key(hs, w1, w2, tw, ti))
     assert plan.sites and not any(site.handles for site in plan.sites.values())
+
+
+# --- The direct launcher (Triton 3.6, 3.7): what the C launcher gets, against CudaLauncher.__call__. ---
+
+
+class _Metadata:
+    def __init__(self, tensordesc_meta):
+        self.tensordesc_meta = tensordesc_meta
+
+
+class _Source:
+    def __init__(self, signature):
+        self.signature = signature
+
+
+class _CompiledForLauncher:
+    def __init__(self, signature, tensordesc_meta):
+        self.src, self.metadata = _Source(signature), _Metadata(tensordesc_meta)
+
+
+class _Descriptor:  # a stand-in for a TensorDescriptor (weak-referenceable, as Triton's is)
+    def __init__(self, name):
+        self.name = name
+
+
+def _cuda_launcher(monkeypatch, signature, tensordesc_meta, scratch=0):
+    """Triton's CudaLauncher of this Triton without its compiled module: its C launcher records its
+    arguments, descriptors expand to a stand-in CUtensorMap."""
+    from triton.backends.nvidia import driver
+
+    calls = []
+    expansions = []
+
+    def make_tensordesc_arg(arg, meta):
+        expansions.append(arg.name)
+        return [("cu_tensor_map", arg.name, meta["swizzle"]), 64, 1]
+
+    monkeypatch.setattr(driver, "make_tensordesc_arg", make_tensordesc_arg)
+    launcher = driver.CudaLauncher.__new__(driver.CudaLauncher)
+    launcher.launch = driver.wrap_handle_tensordesc(lambda *a: calls.append(a), signature, tensordesc_meta)
+    launcher.num_ctas, launcher.launch_cooperative_grid, launcher.launch_pdl = 1, False, True
+    launcher.global_scratch_size = launcher.profile_scratch_size = scratch
+    launcher.global_scratch_align = launcher.profile_scratch_align = 1
+    launcher.arg_annotations, launcher.kernel_signature = "annotations", "kernel signature"
+    return launcher, calls, expansions
+
+
+@pytest.mark.parametrize("descriptors", [False, True])
+def test_the_direct_launcher_passes_what_triton_passes(monkeypatch, descriptors):
+    """Under each Triton: where `_Direct` applies (3.6, 3.7), its C launcher gets what CudaLauncher.__call__
+    gives it, each descriptor expanded once per object; elsewhere there is none (Triton's launcher runs)."""
+    import triton
+    from triton.backends.nvidia.driver import CudaLauncher
+
+    kinds = ["*bf16", "tensordesc<bf16[64, 64]>", ("i32", "i32"), "tensordesc<bf16[64, 64]>", "i32", "constexpr"]
+    if not descriptors:
+        kinds = [kind if not kind.startswith("tensordesc") else "*bf16" for kind in kinds if isinstance(kind, str)]
+    signature = dict(zip(map(str, range(len(kinds))), kinds))
+    meta = [dict(swizzle=128), dict(swizzle=64)] if descriptors else None
+    launcher, calls, expansions = _cuda_launcher(monkeypatch, signature, meta)
+    direct = _launch._Direct.of(launcher, _CompiledForLauncher(signature, meta), (64,))
+    if not triton.__version__.startswith(("3.6.", "3.7.")):
+        assert direct is None
+        return
+    a, b = _Descriptor("a"), _Descriptor("b")
+    args = ("x", a, (3, 4), b, 7) if descriptors else ("x", (3, 4), 7)
+    for _ in range(3):
+        CudaLauncher.__call__(launcher, 5, 2, 1, 100, "function", "packed", None, None, None, *args, 64)
+        direct(5, 2, 100, "function", "packed", args)
+    assert len(calls) == 6 and all(call == calls[0] for call in calls)
+    assert calls[0][:5] == (5, 2, 1, 100, "function")
+    if descriptors:  # Triton's launcher expands both per launch, the direct one once each
+        assert sorted(expansions) == ["a"] * 4 + ["b"] * 4
+
+
+def test_no_direct_launcher_where_scratch_or_metadata_is_needed(monkeypatch):
+    signature = {"0": "tensordesc<bf16[64, 64]>", "1": "i32"}
+    launcher, _, _ = _cuda_launcher(monkeypatch, signature, [dict(swizzle=128)], scratch=256)
+    assert _launch._Direct.of(launcher, _CompiledForLauncher(signature, [dict(swizzle=128)]), ()) is None
+    launcher, _, _ = _cuda_launcher(monkeypatch, signature, None)
+    assert _launch._Direct.of(launcher, _CompiledForLauncher(signature, None), ()) is None
 
 
 # --- On a GPU: the handles against Triton's own launcher. ---

@@ -95,7 +95,7 @@ def measure(model: str, tokens) -> list:
         x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
         tw, ids = uniform_routing(t, e, k, seed=t)
         row = dict(model=model, T=t, rows_per_expert=t * k / e)
-        auto, why = plan_module.gluon_applies(w1, w2, t, k, BLOCK, setting="auto")
+        auto, why = plan_module.gluon_applies(w1, w2, BLOCK, setting="auto")
         row.update(auto="gluon" if auto else "triton", auto_reason=why)
         try:
             outs = {}

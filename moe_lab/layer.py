@@ -507,18 +507,24 @@ class _Workspace:
     __slots__ = ("align", "act", "out_scale", "out_k", "act_desc", "nbytes")
 
     def __init__(self, chunk: ChunkPlan, w1, hidden_states, topk_ids):
-        num_tokens, hidden = hidden_states.shape
-        num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
-        block_size_m = chunk.block_size_m
-        self.align = None if chunk.slot_order else align_buffers(device, num_tokens * top_k, num_experts, block_size_m)
-        self.act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
-        self.out_scale = None
-        if chunk.out_scale_cols:
-            self.out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
-        self.out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
+        num_slots, device = topk_ids.numel(), hidden_states.device
+        self.align = None if chunk.slot_order else align_buffers(device, num_slots, w1.shape[0], chunk.block_size_m)
+        self.act, self.out_scale, self.out_k = _chunk_buffers(chunk, hidden_states, num_slots)
         self.act_desc = None
         buffers = (*(self.align[:1] if self.align else ()), self.act, self.out_scale, self.out_k)
         self.nbytes = sum(t.untyped_storage().nbytes() for t in buffers if t is not None)
+
+
+def _chunk_buffers(chunk: ChunkPlan, hidden_states, num_slots: int) -> tuple:
+    """New buffers for a chunk's GEMMs: act [rows, act_cols] (the up GEMM's output), its float8 scales where the
+    up GEMM's epilogue quantizes (else None) and out_k [T*k, H] (the down GEMM's)."""
+    device = hidden_states.device
+    act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
+    out_scale = None
+    if chunk.out_scale_cols:
+        out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+    out_k = torch.empty((num_slots, hidden_states.shape[1]), dtype=hidden_states.dtype, device=device)
+    return act, out_scale, out_k
 
 
 def _workspace(plan: LayerPlan, index: int, chunk: ChunkPlan, w1, hidden_states, topk_weights, topk_ids, out):
@@ -557,8 +563,7 @@ def _run_chunk(
     kernels (`LayerPlan.site`); `workspace`: the chunk's kept buffers, or None (new ones)."""
     if chunk.up is None:  # an idle rank (T = 0), or no channels (H = 0: the output [T, 0] holds nothing)
         return None, None, None
-    num_tokens, hidden = hidden_states.shape
-    num_experts, top_k, device = w1.shape[0], topk_ids.shape[1], hidden_states.device
+    num_tokens, (num_experts, top_k) = hidden_states.shape[0], (w1.shape[0], topk_ids.shape[1])
     block_size_m = chunk.block_size_m
     routing = chunk.slot_order and run_slot_order(topk_ids, num_experts, block_size_m)
     # The GEMMs' sites by schedule: slot order's and the align's differ in the schedule tensors they read.
@@ -566,21 +571,44 @@ def _run_chunk(
     if not routing:  # (slot order's rows cannot be made while a CUDA graph is being captured)
         buffers = workspace.align if workspace is not None else None
         routing = run_align(topk_ids, num_experts, block_size_m, expert_map, plan.site(index, "align"), buffers)
+    if workspace is not None:
+        buffers = workspace.act, workspace.out_scale, workspace.out_k
+    else:
+        buffers = _chunk_buffers(chunk, hidden_states, num_tokens * top_k)
     if chunk.gluon is not None:
-        out_k = workspace.out_k if workspace is not None else None
-        args = (hidden_states, topk_weights, topk_ids, out, w1, w2, expert_map, fp8, routing, out_k)
-        _run_gluon_gemms(chunk.gluon, *args)
-        return routing, chunk.up, chunk.down
-    x, up_scales, out_scale, down_scales = hidden_states, None, None, None
+        _run_gluon_gemms(chunk.gluon, hidden_states, topk_weights, w1, w2, fp8, routing, *buffers)
+        up, down = chunk.up, chunk.down
+    else:
+        gemms = (chunk, hidden_states, topk_weights, w1, w2, fp8, kind, routing, *buffers)
+        up, down = _run_triton_gemms(*gemms, plan, index, schedule, workspace)
+    run_topk_reduce(buffers[2], topk_ids, num_experts, expert_map, out, plan.site(index, "reduce"))
+    return routing, up, down
+
+
+def _run_triton_gemms(
+    chunk: ChunkPlan,
+    hidden_states,
+    topk_weights,
+    w1,
+    w2,
+    fp8: Optional[Fp8Weights],
+    kind: ExpertKind,
+    routing: AlignedRouting,
+    act,
+    out_scale,
+    out_k,
+    plan: LayerPlan,
+    index: int,
+    schedule: str,
+    workspace: Optional[_Workspace],
+) -> Tuple[LaunchPlan, LaunchPlan]:
+    """A chunk's GEMMs on the Triton kernels: the up GEMM into act (and its float8 scales into out_scale where
+    its epilogue quantizes), the activation and quantization its epilogue leaves, the down GEMM into out_k.
+    Returns each GEMM's plan as launched."""
+    x, up_scales, down_scales = hidden_states, None, None
     if fp8 is not None:  # float8 inputs for both GEMMs, float32 sums, outputs in hidden_states' dtype
         x, a1_scale = fp8.quantize(hidden_states, fp8.a1_scale, site=plan.site(index, "quantize x"))
-        up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, num_tokens)
-    if workspace is not None:
-        act, out_scale = workspace.act, workspace.out_scale
-    else:
-        act = torch.empty((chunk.rows, chunk.act_cols), dtype=chunk.act_dtype, device=device)
-        if chunk.out_scale_cols:
-            out_scale = torch.empty((chunk.rows, chunk.out_scale_cols), dtype=torch.float32, device=device)
+        up_scales = kernel_scales(a1_scale, fp8.w1_scale, w1, fp8.block_shape, hidden_states.shape[0])
     up_out = act
     up = run_gemm(
         chunk.up,
@@ -603,14 +631,10 @@ def _run_chunk(
             act, a2_scale = fp8.quantize(act, fp8.a2_scale, routing.num_tokens_post_padded, site)
         down_scales = kernel_scales(a2_scale, fp8.w2_scale, w2, fp8.block_shape, chunk.rows)
     act_desc = None
-    if workspace is not None:
-        out_k = workspace.out_k
-        if act is up_out and chunk.down.path.a_tma:  # the down GEMM reads the kept act: its descriptor is kept
-            if workspace.act_desc is None:
-                workspace.act_desc = input_descriptor(chunk.down, act)
-            act_desc = workspace.act_desc
-    else:
-        out_k = torch.empty((num_tokens * top_k, hidden), dtype=hidden_states.dtype, device=device)
+    if workspace is not None and act is up_out and chunk.down.path.a_tma:  # reads the kept act: descriptor kept
+        if workspace.act_desc is None:
+            workspace.act_desc = input_descriptor(chunk.down, act)
+        act_desc = workspace.act_desc
     down = run_gemm(
         chunk.down,
         act,
@@ -623,40 +647,30 @@ def _run_chunk(
         site=plan.site(index, "down " + schedule),
         a_desc=act_desc,
     )
-    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out, plan.site(index, "reduce"))
-    return routing, up, down
+    return up, down
 
 
 def _run_gluon_gemms(
     gluon: GluonLayerPlan,
     hidden_states,
     topk_weights,
-    topk_ids,
-    out,
     w1,
     w2,
-    expert_map,
     fp8: Fp8Weights,
-    routing,
-    out_k=None,
+    routing: AlignedRouting,
+    act,
+    act_scale,
+    out_k,
 ) -> None:
     """A chunk's GEMMs on the warp-specialized Gluon FP8 kernel (`moe_lab.plan.gluon_applies` chose it): the
-    up GEMM writes the activation as float8 with its per-row 128-column scales (the Triton up GEMM's format),
-    the down GEMM reads it and scatters the routed rows (into out_k, the kept [T*k, H] buffer, or a new one);
-    then the top-k reduce."""
+    up GEMM writes the activation as float8 into act [rows, I] with its per-row 128-column scales into
+    act_scale (the Triton up GEMM's format; `ChunkPlan` sizes both), the down GEMM reads it and scatters the
+    routed rows into out_k [T*k, H]."""
     from .gluon_fp8 import run_gluon_fp8
 
-    num_tokens, hidden = hidden_states.shape
-    num_experts, two_inter, _ = w1.shape
-    rows, device = routing.max_num_tokens_padded, hidden_states.device
     x, x_scale = fp8.quantize(hidden_states, None)
-    act = torch.empty((rows, two_inter // 2), dtype=FP8_DTYPE, device=device)
-    act_scale = torch.empty((rows, act.shape[1] // 128), dtype=torch.float32, device=device)
     run_gluon_fp8(gluon.up, x, w1, routing, act, x_scale, fp8.w1_scale, gather_a=True, out_scale=act_scale)
-    if out_k is None:
-        out_k = torch.empty((num_tokens * topk_ids.shape[1], hidden), dtype=hidden_states.dtype, device=device)
     run_gluon_fp8(gluon.down, act, w2, routing, out_k, act_scale, fp8.w2_scale, topk_weights, scatter=True)
-    run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
 
 
 # --- The torch face: a custom op (so torch.compile sees one opaque node) and an nn.Module. ---

@@ -464,7 +464,7 @@ class ChunkPlan:
     up, down: each GEMM's LaunchPlan (`plan_gemm`); None where there is nothing to launch (T = 0, H = 0).
     rows: the schedule's padded rows (max_num_tokens_padded), act_cols and act_dtype: the up GEMM's output
         [rows, act_cols] (I with the SwiGLU epilogue, else 2I; float8 where its epilogue quantizes, float32
-        for float8 weights otherwise).
+        for float8 weights otherwise), the Gluon up GEMM's where it runs.
     out_scale_cols: where the up GEMM's epilogue quantizes its output to float8, its scales per row
         (ceil(I / block_k)); 0 otherwise.
     gluon: where `gluon_applies` says so, the warp-specialized Gluon GEMMs that run instead of up and down
@@ -580,6 +580,10 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
     down = plan_gemm(act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales)
     out_scale_cols = -(-inter // key.block_shape[1]) if fused_quant else 0
     act_cols = inter if swiglu else two_inter
+    if gluon is not None:  # the Gluon up GEMM writes float8 [rows, I] and a scale per row per 128 columns
+        bm = gluon.block_size_m
+        rows = max_num_tokens_padded(num_tokens * top_k, num_experts, bm)
+        act_dtype, act_cols, out_scale_cols = FP8_DTYPE, inter, inter // 128
     return ChunkPlan(
         num_tokens, choice, slot_order, up, down, rows, act_cols, act_dtype, out_scale_cols, gluon, gemm_reason
     )
@@ -828,15 +832,13 @@ def gluon_setting() -> str:
 def gluon_applies(
     w1: torch.Tensor,
     w2: torch.Tensor,
-    num_tokens: int,
-    top_k: int,
     block_shape: Optional[tuple],
     activation: Activation = SILU,
     has_bias: bool = False,
     setting: Optional[str] = None,
 ) -> Tuple[bool, str]:
-    """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel for a chunk of
-    `num_tokens` tokens, and why (or why not), in words. It runs where it can (`moe_lab.capability.
+    """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel (at every T alike), and
+    why (or why not), in words. It runs where it can (`moe_lab.capability.
     gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU, no interpreter; float8_e4m3fn w1 [E, 2I, H]
     and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of `activation` on gate and up halves; no
     biases; I a multiple of 128; H a multiple of 16; each weight viewable as one [E * N, K] matrix) and only with
@@ -887,7 +889,7 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     (`gluon_applies` decides)."""
     top_k = key.topk_ids[0][1]
     has_bias = any(t is not None for t in key.expert_tensors[:2])
-    applies, reason = gluon_applies(w1, w2, num_tokens, top_k, key.block_shape, key.activation, has_bias)
+    applies, reason = gluon_applies(w1, w2, key.block_shape, key.activation, has_bias)
     if not applies:
         return None, f"triton GEMMs: {reason}"
     num_experts, two_inter, hidden = w1.shape

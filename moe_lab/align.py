@@ -183,7 +183,7 @@ def run_align(
         buffers = align_buffers(topk_ids.device, num_slots, num_experts, block_size_m)
     sorted_token_ids, expert_ids, counts, num_tokens_post_padded = buffers[:4]
 
-    flat_ids = topk_ids.reshape(-1).contiguous()
+    flat_ids = topk_ids.contiguous()  # read flat, by slot
     num_ids = expert_map.numel() if expert_map is not None else num_experts
     num_bins = next_power_of_2(num_experts + 1)  # bin E collects padding lanes and dropped slots
     has_map = expert_map is not None

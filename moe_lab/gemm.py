@@ -422,9 +422,7 @@ def run_gemm(
     if plan.path.a_tma and a_desc is None:
         a_desc = input_descriptor(plan, a)
     w_desc = _weight_descriptor(w, plan) if plan.path.w_tma else None
-    weights = topk_weights.reshape(-1) if topk_weights is not None else None
-    if weights is not None and not weights.is_contiguous():
-        weights = weights.contiguous()
+    weights = topk_weights.contiguous() if topk_weights is not None else None  # read flat, by slot
     while True:
         try:
             _launch(plan, a, a_desc, w, w_desc, out, weights, routing, scales, out_scale, w_bias, site)

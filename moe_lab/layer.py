@@ -294,6 +294,7 @@ def _check_expert_kind(hidden_states, w1, w2, expert_map, kind: ExpertKind) -> N
 
 
 _EXPERT_TENSORS = ("w1_bias", "w2_bias", "shared_w1", "shared_w2", "shared_weights")
+_PLAIN = ExpertKind(check_activation(None))  # the plain call's kind, made once
 
 
 def _shared_experts(hidden_states, kind: ExpertKind, config, use_tma, chunk_size) -> torch.Tensor:
@@ -422,7 +423,10 @@ def fused_moe(
     if chunk_size is not None:
         chunk_size = check_positive_int("chunk_size", chunk_size)
     block_shape = check_gemm_block_shape(block_shape)
-    kind = ExpertKind(check_activation(activation), w1_bias, w2_bias, shared_w1, shared_w2, shared_weights)
+    if activation is w1_bias is w2_bias is shared_w1 is shared_w2 is shared_weights is None:
+        kind = _PLAIN
+    else:
+        kind = ExpertKind(check_activation(activation), w1_bias, w2_bias, shared_w1, shared_w2, shared_weights)
     scales = (w1_scale, w2_scale, a1_scale, a2_scale)
     key = layer_key(
         hidden_states,

@@ -16,7 +16,8 @@ What an experts module computes is told by its traits (`TRAITS`): biases, interl
 gpt-oss's clamped SwiGLU, a gate of its own, an activation other than SiLU, ... Each trait either has the
 fused_moe arguments that run it or is refused with NotImplementedError naming the experts class and the
 trait. The verdict is made once per module and dtype and kept on the module, so a call costs a dictionary
-lookup on top of fused_moe.
+lookup on top of fused_moe. Under torch.compile (transformers compiles `generate`'s decoding steps with a static
+cache) the experts run as the custom op `torch.ops.moe_lab.fused_moe`, which dynamo keeps as one node.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ try:
 except ImportError:  # pragma: no cover - a transformers without its FP8 experts
     FP8Experts = FP8ExpertsInterface = None
 
-from ..expert_kind import Activation
+from ..expert_kind import SILU, Activation
 from ..layer import fused_moe
 from ..quantize import FP8_DTYPE
 
@@ -220,10 +221,30 @@ def experts_forward(
     for read in judged.arguments:
         arguments.update(read(self))
     compute_dtype = hidden_states.dtype if judged.dtype == FP8_DTYPE else judged.dtype
-    out = fused_moe(
-        hidden_states.to(compute_dtype), topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments
-    )
+    x = hidden_states.to(compute_dtype)
+    if torch.compiler.is_compiling():  # torch.compile traces the custom op, one opaque node, not fused_moe's Python
+        out = _fused_moe_op(x, top_k_weights, top_k_index, **arguments)
+    else:
+        out = fused_moe(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)
     return out.to(hidden_states.dtype)
+
+
+def _fused_moe_op(x, topk_weights, topk_ids, *, w1, w2, activation=SILU, block_shape=None, **tensors):
+    """`torch.ops.moe_lab.fused_moe` with `experts_forward`'s arguments (the op takes the Activation's fields and
+    block_shape as a list; its ids check is fused_moe's default: on CPU tensors only)."""
+    return torch.ops.moe_lab.fused_moe(
+        x,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        block_shape=None if block_shape is None else list(block_shape),
+        activation=activation.kind,
+        gate_up_layout=activation.gate_up_layout,
+        swiglu_alpha=activation.alpha,
+        swiglu_limit=activation.limit,
+        **tensors,
+    )
 
 
 def register(name: str = DEFAULT_NAME) -> str:

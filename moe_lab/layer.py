@@ -89,6 +89,11 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
     names shared experts' (shared_w1, shared_w2) in messages."""
     n1, n2 = prefix + "w1", prefix + "w2"
     e, i = ("S", "I_s") if prefix else ("E", "I")  # shared experts: S of width I_s
+    if _stored_transposed(w1, w2, hidden):
+        raise ValueError(
+            f"{n1} must have shape [{e}, 2{i}, H], got {tuple(w1.shape)}: stored [{e}, H, 2{i}]? Pass "
+            f"{n1}.transpose(1, 2) (a view; any strides are read as they are)"
+        )
     check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout=f"[{e}, 2{i}, H]", dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
     if num_experts == 0:
@@ -111,6 +116,16 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
         layout=f"[{e}, H, {i}]",
         dtype_of=n1,
     )
+
+
+def _stored_transposed(w1, w2, hidden) -> bool:
+    """Whether w1 looks stored as [E, H, 2I] (transformers' is_transposed layout): its last size is not H but its
+    middle one is (H from hidden_states, or from w2 [E, H, I] with 2I = 2 * I). Where H = 2I nothing tells."""
+    if not (isinstance(w1, torch.Tensor) and w1.dim() == 3) or w1.shape[1] == w1.shape[2]:
+        return False
+    if hidden is not None:
+        return w1.shape[2] != hidden and w1.shape[1] == hidden
+    return isinstance(w2, torch.Tensor) and tuple(w2.shape) == (w1.shape[0], w1.shape[1], w1.shape[2] // 2)
 
 
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
@@ -158,7 +173,8 @@ def _check_ids(
     if topk_ids.numel():
         low, high = int(topk_ids.min()), int(topk_ids.max())
         if low < 0 or high >= num_global:
-            raise ValueError(f"topk_ids must hold experts in [0, {num_global}), got values from {low} to {high}")
+            where = " (E_global: expert_map's length)" if expert_map is not None else ""
+            raise ValueError(f"topk_ids must hold experts in [0, {num_global}){where}, got values from {low} to {high}")
     if expert_map is not None and expert_map.numel():
         low, high = int(expert_map.min()), int(expert_map.max())
         if low < -1 or high >= num_experts:

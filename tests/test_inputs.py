@@ -242,3 +242,21 @@ def test_the_reference_names_bad_weights_as_fused_moe_does():
             fused_moe(hs, bad_w1, bad_w2, weights, ids)
     with pytest.raises(ValueError, match=r"shared_w2 must have shape \[S, H, I_s\]"):
         fused_moe_reference(hs, w1, w2, weights, ids, shared_w1=w1[:1], shared_w2=w2[:1, :, :4])
+
+
+def test_weights_stored_transposed_are_named_with_the_view_to_pass():
+    """w1 stored [E, H, 2I] (transformers' is_transposed layout): w1 is blamed, not w2, with the view to pass,
+    in fused_moe (H from hidden_states) and in FusedMoE (H from w2)."""
+    hs, w1, w2, tw, ti = random_layer(3, 4, 2, 16, 4, torch.float32)  # H = 16, 2I = 8 (2I = H tells nothing)
+    stored = w1.transpose(1, 2).contiguous()  # [E, H, 2I]
+    with pytest.raises(ValueError, match=r"w1 must have shape \[E, 2I, H\], got \(4, 16, 8\): stored \[E, H, 2I\]"):
+        fused_moe(hs, stored, w2, tw, ti)
+    with pytest.raises(ValueError, match=r"Pass w1.transpose\(1, 2\)"):
+        FusedMoE(stored, w2)
+    fused_moe(hs, stored.transpose(1, 2), w2, tw, ti)  # the view runs
+
+
+def test_ids_past_an_expert_map_name_its_length():
+    hs, w1, w2, tw, ti = random_layer(3, 4, 2, 16, 8, torch.float32)
+    with pytest.raises(ValueError, match=r"in \[0, 3\) \(E_global: expert_map's length\), got values from"):
+        fused_moe(hs, w1, w2, tw, torch.full_like(ti, 3), expert_map=torch.tensor([0, 1, 2], dtype=torch.int32))

@@ -44,7 +44,7 @@ from ..expert_kind import SILU, Activation
 from ..layer import fused_moe
 from ..quantize import FP8_DTYPE
 
-__all__ = ["TRAITS", "Trait", "experts_forward", "register"]
+__all__ = ["TRAITS", "Trait", "experts_forward", "experts_modules", "register"]
 
 DEFAULT_NAME = "moe_lab"
 RUNS = (torch.bfloat16, torch.float16, torch.float32, FP8_DTYPE)  # the weight dtypes fused_moe takes
@@ -270,6 +270,20 @@ def register(name: str = DEFAULT_NAME) -> str:
     for registry in registries:
         registry.register(name, experts_forward)
     return name
+
+
+def experts_modules(model: torch.nn.Module) -> list:
+    """The experts modules of `model` that transformers dispatches through its experts registry (classes
+    decorated with `@use_experts_implementation`), as (name, module) pairs: the modules that
+    `experts_implementation="moe_lab"` runs through moe-lab (or refuses by name). A model whose MoE layers keep
+    code of their own (transformers 5.17's Llama 4) has none: the setting then changes nothing in it."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if hasattr(module, "_is_expert_parallel") and hasattr(type(module).forward, "__wrapped__")
+    ]
 
 
 def _is_ours(function) -> bool:

@@ -442,7 +442,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     if getattr(args, "tokens", None) and any(t < 0 for t in args.tokens):
-        print("moe-lab: --tokens must be >= 0", file=sys.stderr)
+        print(f"moe-lab: --tokens must be >= 0, got {min(args.tokens)}", file=sys.stderr)
         return 2
     if getattr(args, "scale", None) is not None and args.scale < 1:
         print(f"moe-lab: --scale must be >= 1, got {args.scale}", file=sys.stderr)

@@ -66,6 +66,18 @@ def test_import_registers_moe_lab():
     assert fp8.ALL_FP8_EXPERTS_FUNCTIONS["moe_lab"] is moe_tf.experts_forward
 
 
+def test_experts_modules_lists_what_the_registry_dispatches():
+    model = tiny_model("mixtral")
+    names = [name for name, _ in moe_tf.experts_modules(model)]
+    assert len(names) == model.config.num_hidden_layers and all(name.endswith("experts") for name in names)
+    llama4 = tiny_model(
+        "Llama4TextConfig", intermediate_size=16, intermediate_size_mlp=16, num_local_experts=4, head_dim=8
+    )
+    assert moe_tf.experts_modules(llama4) == []  # its experts keep their own code: the setting changes nothing
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
+        moe_tf.experts_modules("mixtral")
+
+
 def test_register_is_idempotent_and_checks_its_name():
     assert moe_tf.register() == "moe_lab" and moe_tf.register() == "moe_lab"
     try:

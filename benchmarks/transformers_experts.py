@@ -12,8 +12,10 @@ per call, launches and host work included (eager mode, as a transformers model r
 copy of the weights per (token, slot) and is skipped where that copy would pass 6 GB. "vs eager" is the
 relative Frobenius difference from the eager experts' bf16 output (both round in bf16).
 Decode: tokens per second of `generate` (greedy, a 32-token prompt, 64 new tokens) at batch 1 and 8, the
-implementations alternating, median of 3. Needs a CUDA GPU (Triton's interpreter is refused); about 3
-minutes and at most ~30 GB on an H200.
+implementations alternating, median of 3; then at batch 1 with a static cache, which `generate` compiles
+(torch.compile, inductor, CUDA graphs; moe_lab runs as its custom op there), eager's experts left out
+(--no-compiled-decode skips it). Needs a CUDA GPU (Triton's interpreter is refused); a few minutes and at
+most ~30 GB on an H200.
 """
 
 from __future__ import annotations
@@ -155,34 +157,42 @@ def bench_experts(name: str) -> list:
     return rows  # the weights are freed with this frame
 
 
-def bench_decode(num_layers: int = 4, prompt: int = 32, new_tokens: int = 64) -> list:
+def bench_decode(num_layers: int = 4, prompt: int = 32, new_tokens: int = 64, compiled: bool = False) -> list:
+    """generate's tokens/s, eager mode (batch 1 and 8, every implementation, tokens against eager's) or
+    compiled (batch 1: a static cache, which transformers' generate compiles with torch.compile, inductor,
+    CUDA graphs; eager's experts loop is left out; tokens against grouped_mm's)."""
     config = transformers.Qwen3MoeConfig(**QWEN3_30B_A3B, num_hidden_layers=num_layers)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    implementations = IMPLEMENTATIONS[:-1] if compiled else IMPLEMENTATIONS
+    reference = "grouped_mm" if compiled else "eager"
+    options = dict(cache_implementation="static") if compiled else {}
     rows = []
-    for batch in (1, 8):
+    for batch in (1,) if compiled else (1, 8):
         input_ids = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
-        seconds = {impl: [] for impl in IMPLEMENTATIONS}
+        seconds = {impl: [] for impl in implementations}
         tokens = {}
+        n = len(implementations)
         for r in range(4):  # round 0 warms up (compiles, allocates); rounds 1-3 are timed
-            for impl in IMPLEMENTATIONS[r % 4 :] + IMPLEMENTATIONS[: r % 4]:
+            for impl in implementations[r % n :] + implementations[: r % n]:
                 model.set_experts_implementation(impl)
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 with torch.no_grad():
                     out = model.generate(
-                        input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False
+                        input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **options
                     )
                 torch.cuda.synchronize()
                 if r:
                     seconds[impl].append(time.perf_counter() - start)
                 tokens[impl] = out[:, prompt:]
         row = dict(
-            model=f"qwen3-30b-a3b, {num_layers} layers",
+            model=f"qwen3-30b-a3b, {num_layers} layers" + (", static cache, torch.compile" if compiled else ""),
             batch=batch,
             tokens_per_s={impl: batch * new_tokens / statistics.median(s) for impl, s in seconds.items()},
-            same_tokens_as_eager={impl: bool(torch.equal(t, tokens["eager"])) for impl, t in tokens.items()},
+            same_tokens_as=reference,
+            same_tokens_as_eager={impl: bool(torch.equal(t, tokens[reference])) for impl, t in tokens.items()},
         )
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -231,7 +241,9 @@ def markdown(result: dict) -> str:
             lines.append(f"- {model}, {impl}, T = {', '.join(map(str, tokens))}: {why}")
     lines += [
         "",
-        "## Decode: `generate` tokens/s (eager mode, greedy, 32-token prompt, 64 new tokens)",
+        "## Decode: `generate` tokens/s (greedy, 32-token prompt, 64 new tokens; eager mode, then with a static "
+        "cache, which generate compiles: torch.compile, inductor, CUDA graphs; tokens differ: from eager's, "
+        "compiled from grouped_mm's)",
         "",
         "| model | batch | " + " | ".join(IMPLEMENTATIONS) + " |",
         "|---|---:|" + "---:|" * len(IMPLEMENTATIONS),
@@ -239,6 +251,8 @@ def markdown(result: dict) -> str:
     for row in result["decode"]:
         cells = [
             f"{row['tokens_per_s'][impl]:.1f}" + ("" if row["same_tokens_as_eager"][impl] else " (tokens differ)")
+            if impl in row["tokens_per_s"]
+            else "-"
             for impl in IMPLEMENTATIONS
         ]
         lines.append(f"| {row['model']} | {row['batch']} | " + " | ".join(cells) + " |")
@@ -250,6 +264,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="benchmarks/results/transformers", help="folder for the .json and .md")
     parser.add_argument("--models", nargs="+", default=list(EXPERTS), choices=list(EXPERTS))
     parser.add_argument("--no-decode", action="store_true", help="skip the whole-model decode")
+    parser.add_argument("--no-compiled-decode", action="store_true", help="skip the decode under torch.compile")
     args = parser.parse_args(argv)
     require_gpu_timing("benchmarks/transformers_experts.py")
     register()
@@ -268,6 +283,8 @@ def main(argv=None) -> dict:
         result["experts"] += bench_experts(name)
         torch.cuda.empty_cache()
     result["decode"] = [] if args.no_decode else bench_decode()
+    if not args.no_decode and not args.no_compiled_decode:
+        result["decode"] += bench_decode(compiled=True)
     result["seconds"] = round(time.time() - started, 1)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from ._ints import cdiv, next_power_of_2
 from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._launch import LaunchSite, launch
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
-from .runtime import interpreter_serialized
+from .runtime import interpreter_serialized, keeps_buffers
 
 CHUNK = 128  # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
 MAX_EXPERTS = 4096  # the block map holds one row of all experts per program
@@ -320,11 +320,14 @@ def slot_order_routing(
 
 def run_slot_order(topk_ids: torch.Tensor, num_experts: int, block_size_m: int) -> Optional[AlignedRouting]:
     """`slot_order_routing` on arguments already checked, where `slot_order_applies`: no check here. None
-    only while a CUDA graph is being captured and the rows were never made."""
+    where the rows were never made and cannot be kept now: while a CUDA graph is being captured, or inside
+    `moe_lab.runtime.keeping_no_buffers()`."""
     top_k, device = topk_ids.shape[1], topk_ids.device
     key = (device, top_k, block_size_m)
     rows = _SLOT_ORDER_ROWS.get(key)
     if rows is None:
+        if not keeps_buffers():
+            return None
         if device.type == "cuda":
             with torch.cuda.device(device):
                 if torch.cuda.is_current_stream_capturing():

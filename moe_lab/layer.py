@@ -53,7 +53,7 @@ from .plan import (
 )
 from .quantize import FP8_DTYPE, check_static_scale, run_quantize_activations
 from .reduce import run_topk_reduce
-from .runtime import interpreter_serialized
+from .runtime import interpreter_serialized, keeping_no_buffers
 
 
 @dataclass(frozen=True)
@@ -722,25 +722,28 @@ def fused_moe_op(
     `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
     other values). w1_scale, w2_scale, block_shape: for float8_e4m3fn weights, as in `fused_moe`
     (activations quantized dynamically). activation, gate_up_layout, swiglu_alpha, swiglu_limit: the fields
-    of `moe_lab.Activation` (a schema has no dataclass type). The biases and shared experts as in `fused_moe`."""
-    return fused_moe(
-        hidden_states,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
-        expert_map=expert_map,
-        use_tma="auto" if use_tma is None else use_tma,
-        w1_scale=w1_scale,
-        w2_scale=w2_scale,
-        block_shape=block_shape,
-        activation=Activation(activation, gate_up_layout, swiglu_alpha, swiglu_limit),
-        w1_bias=w1_bias,
-        w2_bias=w2_bias,
-        shared_w1=shared_w1,
-        shared_w2=shared_w2,
-        shared_weights=shared_weights,
-    )
+    of `moe_lab.Activation` (a schema has no dataclass type). The biases and shared experts as in `fused_moe`.
+    It keeps no buffer past the call (`moe_lab.runtime.keeping_no_buffers`): torch.compile's CUDA graphs may run
+    it on their own memory pool."""
+    with keeping_no_buffers():
+        return fused_moe(
+            hidden_states,
+            w1,
+            w2,
+            topk_weights,
+            topk_ids,
+            expert_map=expert_map,
+            use_tma="auto" if use_tma is None else use_tma,
+            w1_scale=w1_scale,
+            w2_scale=w2_scale,
+            block_shape=block_shape,
+            activation=Activation(activation, gate_up_layout, swiglu_alpha, swiglu_limit),
+            w1_bias=w1_bias,
+            w2_bias=w2_bias,
+            shared_w1=shared_w1,
+            shared_w2=shared_w2,
+            shared_weights=shared_weights,
+        )
 
 
 @fused_moe_op.register_fake
@@ -787,7 +790,8 @@ def _(
 
 class FusedMoE(torch.nn.Module):
     """The experts of a MoE layer as a module: holds w1 [E, 2I, H] and w2 [E, H, I] as parameters and
-    calls `torch.ops.moe_lab.fused_moe`, so `torch.compile(fullgraph=True)` keeps it as one node.
+    calls `fused_moe`, and under torch.compile the custom op `torch.ops.moe_lab.fused_moe` (one node, so
+    `torch.compile(fullgraph=True)` works).
     The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k]).
     use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad).
     FP8: float8_e4m3fn w1 and w2 with w1_scale, w2_scale and block_shape as `fused_moe` takes them (kept as
@@ -842,7 +846,26 @@ class FusedMoE(torch.nn.Module):
                 f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
                 "cast them (and their float32 scales); move the module with .to(device) only"
             )
-        return torch.ops.moe_lab.fused_moe(
+        if not torch.compiler.is_compiling():  # eager: fused_moe itself, which keeps its buffers between calls
+            return fused_moe(
+                hidden_states,
+                self.w1,
+                self.w2,
+                topk_weights,
+                topk_ids,
+                expert_map=self.expert_map,
+                use_tma="auto" if self.use_tma is None else self.use_tma,
+                w1_scale=self.w1_scale,
+                w2_scale=self.w2_scale,
+                block_shape=self.block_shape,
+                activation=self.activation,
+                w1_bias=self.w1_bias,
+                w2_bias=self.w2_bias,
+                shared_w1=self.shared_w1,
+                shared_w2=self.shared_w2,
+                shared_weights=shared_weights,
+            )
+        return torch.ops.moe_lab.fused_moe(  # torch.compile: one opaque node
             hidden_states,
             self.w1,
             self.w2,

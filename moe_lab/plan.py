@@ -36,7 +36,7 @@ from .capability import descriptor_problem, gluon_fp8_support, multiprocessor_co
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
 from .expert_kind import SILU, Activation
 from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
-from .runtime import interpreter_active
+from .runtime import interpreter_active, keeps_buffers
 from .tuned import ConfigChoice, choose_config
 
 log = logging.getLogger(__name__)
@@ -645,7 +645,10 @@ _workspace_bytes = 0
 
 def workspace_slot(index: int, device: torch.device) -> Optional[tuple]:
     """Where chunk `index` of a kept plan finds its workspace (`LayerPlan.workspaces`) on this thread and
-    `device`'s current stream; None while that stream captures a CUDA graph (a graph's buffers are its own)."""
+    `device`'s current stream; None while that stream captures a CUDA graph (a graph's buffers are its own) or
+    inside `moe_lab.runtime.keeping_no_buffers()`."""
+    if not keeps_buffers():
+        return None
     if device.type != "cuda":
         return (index, None, threading.get_ident())
     if torch.cuda.is_current_stream_capturing():

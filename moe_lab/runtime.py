@@ -10,6 +10,7 @@ then (Triton's own helpers, `tl.max`, `tl.cdiv`, ..., and a learner's kernels) w
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import itertools
@@ -152,6 +153,26 @@ def require_gpu_timing(what: str = "timing") -> None:
 
 
 _INTERPRETER_LOCK = threading.RLock()
+_KEEPING = threading.local()
+
+
+@contextlib.contextmanager
+def keeping_no_buffers():
+    """Within the block (on this thread), moe_lab keeps no GPU buffer of its own past a call: no layer plan's
+    workspace, no slot-order rows. For callers whose allocations must not outlive the call: torch.compile's CUDA
+    graphs (cudagraph trees run a graph's first calls eagerly on the graph's memory pool, and refuse a tensor
+    left in it); the custom op `torch.ops.moe_lab.fused_moe` runs in it."""
+    before = getattr(_KEEPING, "off", False)
+    _KEEPING.off = True
+    try:
+        yield
+    finally:
+        _KEEPING.off = before
+
+
+def keeps_buffers() -> bool:
+    """False inside `keeping_no_buffers()` on this thread."""
+    return not getattr(_KEEPING, "off", False)
 
 
 def interpreter_serialized(fn):

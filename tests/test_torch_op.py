@@ -62,3 +62,31 @@ def test_fp8_module_and_custom_op():
     )
     with pytest.raises(ValueError, match="need w2_scale"):
         FusedMoE(w1_q, w2_q, w1_scale=s1)
+
+
+def test_custom_op_keeps_no_buffers():
+    """The op may run on a CUDA graph's memory pool (torch.compile's cudagraph trees warm a graph up eagerly on
+    it, and refuse tensors left there): its calls keep no workspace and make no slot-order rows, where fused_moe
+    called directly keeps both."""
+    from moe_lab import align as align_module
+    from moe_lab import plan as plan_module
+    from moe_lab.runtime import keeping_no_buffers, keeps_buffers
+
+    plan_module.clear_layer_plans()
+    align_module._SLOT_ORDER_ROWS.clear()
+    for num_tokens in (1, 6):  # slot order at T = 1, the align's schedule above
+        hs, w1, w2, tw, ti = random_layer(num_tokens, 4, 2, 32, 16, torch.float32)
+        ref = fused_moe_reference(hs, w1, w2, tw, ti)
+        for _ in range(3):
+            assert relative_error(torch.ops.moe_lab.fused_moe(hs, w1, w2, tw, ti), ref) < TOL[torch.float32]
+    assert not any(plan.workspaces for plan in plan_module._layer_plans.values())
+    assert not align_module._SLOT_ORDER_ROWS
+    assert keeps_buffers()
+    with keeping_no_buffers():
+        assert not keeps_buffers()
+    from moe_lab import fused_moe
+
+    for _ in range(2):
+        fused_moe(hs, w1, w2, tw, ti)
+    assert any(plan.workspaces for plan in plan_module._layer_plans.values())
+    plan_module.clear_layer_plans()

@@ -86,6 +86,7 @@ test-matrix: $(STAMP) ## the kernel tests (-m kernels) under each other supporte
 # Every variant for sm_80, sm_90 and sm_100 under .venv's Triton; under the other Tritons every variant for
 # sm_90, the target the tuned tables ship for and where Triton's lowering (TMA, wgmma) changes most between
 # releases (sm_80 and sm_100 once each: compiling all three under all four Tritons is most of CI's time).
+# The notebooks' launches are recorded (under the interpreter) by the first run and replayed by the others.
 OTHER_TARGETS ?= 90
 compile-check: $(STAMP) ## every kernel variant compiled for sm_80, sm_90, sm_100 with Triton 3.7.1, for sm_90 with 3.6.0, 3.8.0, 3.9.0 (no GPU)
 	@rc=0; echo "== compile check, Triton 3.7.1"; $(PY) .ci/compile_check.py || rc=1; \

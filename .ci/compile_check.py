@@ -25,12 +25,15 @@ Output: a line per target (Triton version, target, number of kernel variants, fa
 failure (kernel, constexprs, argument types, which launches reach it, the compiler's error), WARN lines
 for notebook kernels that could not be checked, and a timing line.
 
-Speed: launches are recorded first, without compiling (seconds). Then each distinct specialization is
-compiled once, on all cores, slowest first, into Triton's on-disk cache (TRITON_CACHE_DIR, default
-~/.triton/cache), so a second run loads instead of compiling; notebook recordings are cached beside it
-(MOE_LAB_COMPILE_CHECK_CACHE to move them). Variants differing only in constexprs that set integer
-constants of index arithmetic (TOP_K, GROUP_SIZE_M; BLOCK_SIZE_M in two align kernels, see
-compile_only.EQUIVALENT_CONSTEXPRS) compile alike: one compiles and stands for the rest (--all: all).
+Speed: the package's launches are recorded first, without compiling (seconds). Then each distinct
+specialization is compiled once, on all cores, slowest first, into Triton's on-disk cache
+(TRITON_CACHE_DIR, default ~/.triton/cache), so a second run loads instead of compiling: the package's
+while the notebooks are still being recorded, then the notebooks'. Notebook recordings are cached beside
+it (MOE_LAB_COMPILE_CHECK_CACHE to move them), keyed by content and torch version but not by Triton's, so
+the Tritons of `make compile-check` share them: the first records, the others only replay. Variants
+differing only in constexprs that set integer constants of index arithmetic (TOP_K, GROUP_SIZE_M;
+BLOCK_SIZE_M in two align kernels, see compile_only.EQUIVALENT_CONSTEXPRS) compile alike: one compiles
+and stands for the rest (--all: all).
 
 What it cannot catch: whatever happens after compiling: wrong results, out-of-bounds or misaligned
 accesses (a descriptor offset breaking the 16-byte rule compiles fine and faults on an H200), races,
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
         return 2
 
     # Notebook launches are recorded by running the scripts under the interpreter in child processes
-    # (cached by content); they run while this process records the package's launches.
+    # (cached by content); they run while this process records the package's launches and its variants compile.
     recording = nbk.start_recordings(
         [] if args.only == "package" else nbk.notebook_scripts(args.notebooks), jobs=args.jobs
     )
@@ -124,11 +127,11 @@ def main(argv=None) -> int:
     workloads = [] if args.only == "notebooks" else [w for w in package_variants.all_workloads() if args.filter in w[0]]
     errors: list = []
     run_all(co, session, args.targets, workloads, errors)
-    notebook_runs = recording.wait()
-    replays = nbk.replays(notebook_runs)
-    run_all(co, session, args.targets, replays, errors)
     record_s = time.perf_counter() - t0
     if args.list:
+        notebook_runs = recording.wait()
+        replays = nbk.replays(notebook_runs)
+        run_all(co, session, args.targets, replays, errors)
         for v in session.order:
             rep = session.representatives[v.group]
             print(
@@ -142,28 +145,27 @@ def main(argv=None) -> int:
         print(f"{len(session.order)} variants, {len(session.representatives)} to compile")
         return 1 if errors else 0
 
-    # 2. Compile one variant per group, in worker processes, slowest first. The pool is forked before
-    # this process compiles anything (the workers inherit the recorded launches); a probe per target runs
-    # first, so a target this Triton cannot compile for is skipped (or failed) once, not per variant.
+    # 2. Compile one variant per group, in worker processes, slowest first: the package's variants while the
+    # notebooks are still being recorded (no core idles while the last recordings finish), then the
+    # notebooks' (replayed from the recordings). Each pool is forked before this process compiles anything
+    # (the workers inherit the recorded launches); a probe per target runs first, so a target this Triton
+    # cannot compile for is skipped (or failed) once, not per variant.
     t1 = time.perf_counter()
-    global _VARIANTS
-    _VARIANTS = list(session.representatives.values())
     unsupported, outcomes = {}, {}
-    with multiprocessing.get_context("fork").Pool(max(1, args.jobs)) as pool:
+    with _pool(args, list(session.representatives.values())) as pool:
         for cc, problem in zip(args.targets, pool.map(co.target_supported, args.targets)):
             if problem:
                 unsupported[cc] = problem
-        todo = sorted(
-            (i for i, v in enumerate(_VARIANTS) if v.cc not in unsupported), key=lambda i: -_VARIANTS[i].cost()
-        )
-        for i, outcome in pool.imap_unordered(_compile_one, todo):
-            outcomes[_VARIANTS[i].group] = outcome
-            if args.verbose:
-                status = "ok" if not outcome["error"] else "FAILED"
-                print(
-                    f"  {outcome['seconds']:6.1f} s  sm_{_VARIANTS[i].cc} {_VARIANTS[i].describe()}  {status}",
-                    flush=True,
-                )
+        package = _compile_all(pool, unsupported)
+        notebook_runs = recording.wait()
+        notebooks_s = time.perf_counter() - wall
+        _collect(args, package, outcomes)
+    replays = nbk.replays(notebook_runs)
+    run_all(co, session, args.targets, replays, errors)
+    new = [v for g, v in session.representatives.items() if g not in outcomes]
+    if new:
+        with _pool(args, new) as pool:
+            _collect(args, _compile_all(pool, unsupported), outcomes)
     compile_s = time.perf_counter() - t1
 
     # 3. Check: run everything again, acting on the outcomes: a kernel too big for the GPU raises
@@ -180,7 +182,8 @@ def main(argv=None) -> int:
     compiled_there = sum(1 for g in check.outcomes if g not in outcomes)
     print(
         f"{version}: {'FAILED' if failed else 'ok'}, {failed} failure(s); wall {time.perf_counter() - wall:.1f} s "
-        f"(record {record_s:.1f} s, compile {compile_s:.1f} s on {args.jobs} processes, check {check_s:.1f} s"
+        f"(record {record_s:.1f} s, compile {compile_s:.1f} s on {args.jobs} processes with the notebooks' "
+        f"recordings done after {notebooks_s:.1f} s, check {check_s:.1f} s"
         f"{f', {compiled_there} compiled there' if compiled_there else ''}); Triton cache {triton.knobs.cache.dir}"
     )
     return 1 if failed else 0
@@ -242,6 +245,29 @@ def report(args, version, check, unsupported, errors) -> int:
 
 
 _VARIANTS: list = []  # the variants to compile, inherited by the forked workers
+
+
+def _pool(args, variants):
+    """Worker processes forked now, holding `variants` (their indexes are what is sent to them)."""
+    global _VARIANTS
+    _VARIANTS = variants
+    return multiprocessing.get_context("fork").Pool(max(1, args.jobs))
+
+
+def _compile_all(pool, unsupported):
+    """Start compiling every variant of the pool's list (slowest first) but those of unsupported targets;
+    an iterator of (variant, outcome) as they finish."""
+    todo = sorted((i for i, v in enumerate(_VARIANTS) if v.cc not in unsupported), key=lambda i: -_VARIANTS[i].cost())
+    variants = _VARIANTS
+    return ((variants[i], outcome) for i, outcome in pool.imap_unordered(_compile_one, todo))
+
+
+def _collect(args, finished, outcomes):
+    for variant, outcome in finished:
+        outcomes[variant.group] = outcome
+        if args.verbose:
+            status = "ok" if not outcome["error"] else "FAILED"
+            print(f"  {outcome['seconds']:6.1f} s  sm_{variant.cc} {variant.describe()}  {status}", flush=True)
 
 
 def _compile_one(i):

@@ -9,7 +9,9 @@ Arguments: each script is run once under Triton's interpreter, as `make test` ru
 child process, TRITON_INTERPRET=1, matplotlib's Agg backend), and every launch of one of its kernels is
 recorded: tensors as dtype, shape, strides and address alignment, host TensorDescriptors with their
 fields, scalars and constexprs as values, launch options (num_warps, ...). Recordings are cached by
-the content of the script, of moe_lab and of this file, and by the torch and Triton versions.
+the content of the script, of moe_lab and of this file, and by the torch version, not the Triton version:
+the launch arguments are the notebook's (its Python and torch), so the Tritons of `make compile-check`
+share one recording (the first records, the others replay it).
 The replay launches the kernel with meta tensors of the recorded layout, so Triton specializes exactly
 as for the recorded launch.
 
@@ -152,8 +154,16 @@ def encode(value):
             "align": value.data_ptr() % 16,
         }
     if TensorDescriptor and isinstance(value, TensorDescriptor):
-        names = [f.name for f in dataclasses.fields(value)] if dataclasses.is_dataclass(value) else list(vars(value))
-        return {"descriptor": {n: encode(getattr(value, n)) for n in names}}
+        if not dataclasses.is_dataclass(value):
+            return {"descriptor": {n: encode(v) for n, v in vars(value).items()}}
+        # Fields at their default are left out, so a recording replays under a Triton whose TensorDescriptor
+        # lacks a newer field (3.6 has no round_f32_to_tf32); a field set otherwise still must exist there.
+        fields = [
+            f
+            for f in dataclasses.fields(value)
+            if not (f.default is not dataclasses.MISSING and getattr(value, f.name) == f.default)
+        ]
+        return {"descriptor": {f.name: encode(getattr(value, f.name)) for f in fields}}
     if isinstance(value, tl.dtype):
         return {"tl_dtype": str(value)}
     if isinstance(value, (list, tuple)):  # torch.Size too
@@ -271,10 +281,12 @@ def cache_dir() -> str:
 
 
 def _recording_key(script: str) -> str:
+    """The script's, moe_lab's and this file's contents and torch's version; not Triton's: the arguments a
+    notebook passes its kernels come from its Python code and torch, so one recording serves every Triton
+    (each still compiles it; `make compile-check` records under the first and replays under the others)."""
     import torch
-    import triton
 
-    h = hashlib.sha256(f"{triton.__version__} {torch.__version__}".encode())
+    h = hashlib.sha256(f"torch {torch.__version__}".encode())
     files = [script, os.path.abspath(__file__)] + sorted(
         glob.glob(os.path.join(ROOT, "moe_lab", "**", "*.py"), recursive=True)
     )
@@ -306,13 +318,13 @@ class Recordings:
             script, path = self.pending.pop(0)
             tmp = f"{path}.{os.getpid()}.tmp"
             env = dict(os.environ, TRITON_INTERPRET="1", MPLBACKEND="Agg")
-            proc = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "record", script, tmp],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+            with open(f"{tmp}.err", "w") as err:  # a file, not a pipe: nobody need read it while it runs
+                proc = subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "record", script, tmp],
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                )
             self.running.append((script, path, tmp, proc))
 
     @staticmethod
@@ -323,8 +335,15 @@ class Recordings:
 
     def wait(self) -> List[NotebookRun]:
         while self.running:
-            script, path, tmp, proc = self.running.pop(0)
-            _, stderr = proc.communicate()
+            done = [r for r in self.running if r[3].poll() is not None]  # whichever finished: its slot refills now
+            if not done:
+                time.sleep(0.05)
+                continue
+            self.running.remove(done[0])
+            script, path, tmp, proc = done[0]
+            with open(f"{tmp}.err") as err:
+                stderr = err.read()
+            os.remove(f"{tmp}.err")
             if proc.returncode == 0 and os.path.exists(tmp):
                 run = self._load(script, tmp)
                 if run.error is None:

@@ -266,3 +266,27 @@ def test_gluon_fp8_gemm_is_warp_specialized_on_sm90():
         # every variant warp-specialized with TMA and wgmma; the SwiGLU ones also convert to float8 e4m3
         assert [ptx[:3] for ptx in result["ptx"]] == [[True, True, True]] * 3
         assert sorted(ptx[3] for ptx in result["ptx"]) == [False, True, True]
+
+
+DESCRIPTOR_CHILD = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, ".ci")
+    import notebook_kernels as nbk
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    x = torch.zeros(16, 32)
+    plain = nbk.encode(TensorDescriptor.from_tensor(x, [8, 8]))
+    nan = nbk.encode(TensorDescriptor.from_tensor(x, [8, 8], padding="nan"))
+    back = nbk.decode(nan)
+    print("RESULT", json.dumps({"plain": sorted(plain["descriptor"]), "nan": sorted(nan["descriptor"]),
+                                "back": [list(back.block_shape), back.padding]}))
+""")
+
+
+def test_a_recorded_descriptor_leaves_out_fields_at_their_default():
+    """So one recording replays under every Triton (3.6's TensorDescriptor has no round_f32_to_tf32)."""
+    out = run_child(DESCRIPTOR_CHILD)
+    assert out["plain"] == ["base", "block_shape", "shape", "strides"]
+    assert out["nan"] == ["base", "block_shape", "padding", "shape", "strides"]
+    assert out["back"] == [[8, 8], "nan"]

@@ -11,8 +11,9 @@ call each in a rotated order (L2 flushed before each call); the time is the medi
 per call, launches and host work included (eager mode, as a transformers model runs). batched_mm gathers a
 copy of the weights per (token, slot) and is skipped where that copy would pass 6 GB. "vs eager" is the
 relative Frobenius difference from the eager experts' bf16 output (both round in bf16).
-Decode: tokens per second of `generate` (greedy, a 32-token prompt, 64 new tokens) at batch 1 and 8, the
-implementations alternating, median of 3; then at batch 1 with a static cache, which `generate` compiles
+Decode: tokens per second of `generate` (greedy, a 32-token prompt, 64 new tokens) of Qwen3-30B-A3B and
+gpt-oss-20b cut to 4 layers at batch 1 and 8, the implementations alternating, median of 3; then Qwen3-30B-A3B
+at batch 1 with a static cache, which `generate` compiles
 (torch.compile, inductor, CUDA graphs; moe_lab runs as its custom op there), eager's experts left out
 (--no-compiled-decode skips it). Needs a CUDA GPU (Triton's interpreter is refused); a few minutes and at
 most ~30 GB on an H200.
@@ -67,6 +68,8 @@ QWEN3_30B_A3B = dict(
     hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
     num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936, norm_topk_prob=True,
 )  # fmt: skip
+# The whole models of the decode table: config class and fields (GptOssConfig's defaults are gpt-oss-20b's).
+DECODE_MODELS = {"qwen3-30b-a3b": ("Qwen3MoeConfig", QWEN3_30B_A3B), "gpt-oss-20b": ("GptOssConfig", {})}
 
 
 def build_experts(name: str) -> torch.nn.Module:
@@ -157,11 +160,15 @@ def bench_experts(name: str) -> list:
     return rows  # the weights are freed with this frame
 
 
-def bench_decode(num_layers: int = 4, prompt: int = 32, new_tokens: int = 64, compiled: bool = False) -> list:
-    """generate's tokens/s, eager mode (batch 1 and 8, every implementation, tokens against eager's) or
-    compiled (batch 1: a static cache, which transformers' generate compiles with torch.compile, inductor,
-    CUDA graphs; eager's experts loop is left out; tokens against grouped_mm's)."""
-    config = transformers.Qwen3MoeConfig(**QWEN3_30B_A3B, num_hidden_layers=num_layers)
+def bench_decode(
+    name: str = "qwen3-30b-a3b", num_layers: int = 4, prompt: int = 32, new_tokens: int = 64, compiled: bool = False
+) -> list:
+    """generate's tokens/s of model `name` cut to `num_layers` layers (random weights): eager mode (batch 1 and
+    8, every implementation, tokens against eager's) or compiled (batch 1: a static cache, which transformers'
+    generate compiles with torch.compile, inductor, CUDA graphs; eager's experts loop is left out; tokens
+    against grouped_mm's)."""
+    config_class, fields = DECODE_MODELS[name]
+    config = getattr(transformers, config_class)(**fields, num_hidden_layers=num_layers)
     torch.manual_seed(0)
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
@@ -188,7 +195,7 @@ def bench_decode(num_layers: int = 4, prompt: int = 32, new_tokens: int = 64, co
                     seconds[impl].append(time.perf_counter() - start)
                 tokens[impl] = out[:, prompt:]
         row = dict(
-            model=f"qwen3-30b-a3b, {num_layers} layers" + (", static cache, torch.compile" if compiled else ""),
+            model=f"{name}, {num_layers} layers" + (", static cache, torch.compile" if compiled else ""),
             batch=batch,
             tokens_per_s={impl: batch * new_tokens / statistics.median(s) for impl, s in seconds.items()},
             same_tokens_as=reference,
@@ -282,9 +289,11 @@ def main(argv=None) -> dict:
     for name in args.models:
         result["experts"] += bench_experts(name)
         torch.cuda.empty_cache()
-    result["decode"] = [] if args.no_decode else bench_decode()
-    if not args.no_decode and not args.no_compiled_decode:
-        result["decode"] += bench_decode(compiled=True)
+    result["decode"] = []
+    if not args.no_decode:
+        result["decode"] += bench_decode("qwen3-30b-a3b") + bench_decode("gpt-oss-20b")
+        if not args.no_compiled_decode:
+            result["decode"] += bench_decode("qwen3-30b-a3b", compiled=True)
     result["seconds"] = round(time.time() - started, 1)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

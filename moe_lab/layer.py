@@ -846,7 +846,8 @@ class FusedMoE(torch.nn.Module):
                 f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
                 "cast them (and their float32 scales); move the module with .to(device) only"
             )
-        if not torch.compiler.is_compiling():  # eager: fused_moe itself, which keeps its buffers between calls
+        # Eager: fused_moe itself, which keeps its buffers between calls; meta tensors take the op's fake
+        if not torch.compiler.is_compiling() and not hidden_states.is_meta:
             return fused_moe(
                 hidden_states,
                 self.w1,

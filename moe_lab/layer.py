@@ -424,7 +424,8 @@ def fused_moe(
         [T, H] in hidden_states' dtype (and the FusedMoEInfo if return_info).
     Memory: the second call of a key keeps its intermediate buffers (align, act, out_k: about T*k*(I + H)
     elements) for the next call of that key on the same CUDA stream and thread, at most 256 MiB over all keys
-    (`moe_lab.plan.WORKSPACE_BUDGET`); `moe_lab.plan.clear_layer_plans()` frees them.
+    (`moe_lab.plan.WORKSPACE_BUDGET`); `moe_lab.plan.clear_layer_plans()` frees them. None while a CUDA graph
+    is captured or inside `moe_lab.runtime.keeping_no_buffers()` (as the custom op calls it).
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs;
         ValueError for inputs or an `out` that require grad while grad is on (inference only).

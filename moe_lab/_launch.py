@@ -224,14 +224,13 @@ _EXPANSIONS: Dict[int, tuple] = {}
 
 def _expanded(descriptor, meta) -> list:
     entry = _EXPANSIONS.get(id(descriptor))
-    if entry is None or entry[0]() is not descriptor:
-        from triton.backends.nvidia.driver import make_tensordesc_arg
+    if entry is not None and entry[0]() is descriptor and (entry[1] is meta or entry[1] == meta):
+        return entry[2]
+    from triton.backends.nvidia.driver import make_tensordesc_arg
 
+    expansion = make_tensordesc_arg(descriptor, meta)
+    if entry is None or entry[0]() is not descriptor:  # (another kernel's metadata for a kept one: not kept)
         key = id(descriptor)
         ref = weakref.ref(descriptor, lambda _, key=key: _EXPANSIONS.pop(key, None))
-        entry = _EXPANSIONS[key] = (ref, meta, make_tensordesc_arg(descriptor, meta))
-    if entry[1] is not meta and entry[1] != meta:  # another kernel's, for the same descriptor: not kept
-        from triton.backends.nvidia.driver import make_tensordesc_arg
-
-        return make_tensordesc_arg(descriptor, meta)
-    return entry[2]
+        _EXPANSIONS[key] = (ref, meta, expansion)
+    return expansion

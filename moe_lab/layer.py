@@ -789,6 +789,30 @@ def _(
     return hidden_states.new_empty(hidden_states.shape)
 
 
+def fused_moe_through_op(
+    hidden_states, w1, w2, topk_weights, topk_ids, *, use_tma="auto", block_shape=None, activation=None, **tensors
+):
+    """`fused_moe` with its own arguments, called as the custom op `torch.ops.moe_lab.fused_moe`: what
+    torch.compile traces as one node (and meta tensors run as the op's fake). Takes the arguments the op has:
+    expert_map, use_tma, w1_scale, w2_scale, block_shape, activation, the biases and the shared experts (ids
+    checked as fused_moe's default does: on CPU tensors only)."""
+    activation = check_activation(activation)
+    return torch.ops.moe_lab.fused_moe(
+        hidden_states,
+        w1,
+        w2,
+        topk_weights,
+        topk_ids,
+        use_tma=None if use_tma == "auto" else use_tma,  # the op's spelling of "auto"
+        block_shape=None if block_shape is None else list(block_shape),
+        activation=activation.kind,
+        gate_up_layout=activation.gate_up_layout,
+        swiglu_alpha=activation.alpha,
+        swiglu_limit=activation.limit,
+        **tensors,
+    )
+
+
 class FusedMoE(torch.nn.Module):
     """The experts of a MoE layer as a module: holds w1 [E, 2I, H] and w2 [E, H, I] as parameters and
     calls `fused_moe`, and under torch.compile the custom op `torch.ops.moe_lab.fused_moe` (one node, so
@@ -839,7 +863,7 @@ class FusedMoE(torch.nn.Module):
         self.w1 = torch.nn.Parameter(w1, requires_grad=False)
         self.w2 = torch.nn.Parameter(w2, requires_grad=False)
         self.register_buffer("expert_map", expert_map)
-        self.use_tma = None if use_tma == "auto" else use_tma  # the op's spelling of "auto"
+        self.use_tma = use_tma
 
     def forward(self, hidden_states, topk_weights, topk_ids, shared_weights=None):
         if self.w1_scale is not None and self.w1.dtype != FP8_DTYPE:
@@ -847,44 +871,23 @@ class FusedMoE(torch.nn.Module):
                 f"FusedMoE holds FP8 weights, but w1 is now {str(self.w1.dtype)[6:]}: a module.to(dtype) "
                 "cast them (and their float32 scales); move the module with .to(device) only"
             )
-        # Eager: fused_moe itself, which keeps its buffers between calls; meta tensors take the op's fake
-        if not torch.compiler.is_compiling() and not hidden_states.is_meta:
-            return fused_moe(
-                hidden_states,
-                self.w1,
-                self.w2,
-                topk_weights,
-                topk_ids,
-                expert_map=self.expert_map,
-                use_tma="auto" if self.use_tma is None else self.use_tma,
-                w1_scale=self.w1_scale,
-                w2_scale=self.w2_scale,
-                block_shape=self.block_shape,
-                activation=self.activation,
-                w1_bias=self.w1_bias,
-                w2_bias=self.w2_bias,
-                shared_w1=self.shared_w1,
-                shared_w2=self.shared_w2,
-                shared_weights=shared_weights,
-            )
-        return torch.ops.moe_lab.fused_moe(  # torch.compile: one opaque node
+        # Eager: fused_moe itself, which keeps its buffers between calls; torch.compile and meta tensors: the op
+        call = fused_moe if not torch.compiler.is_compiling() and not hidden_states.is_meta else fused_moe_through_op
+        return call(
             hidden_states,
             self.w1,
             self.w2,
             topk_weights,
             topk_ids,
-            self.expert_map,
-            self.use_tma,
-            self.w1_scale,
-            self.w2_scale,
-            self.block_shape,
-            self.activation.kind,
-            self.activation.gate_up_layout,
-            self.activation.alpha,
-            self.activation.limit,
-            self.w1_bias,
-            self.w2_bias,
-            self.shared_w1,
-            self.shared_w2,
-            shared_weights,
+            expert_map=self.expert_map,
+            use_tma=self.use_tma,
+            w1_scale=self.w1_scale,
+            w2_scale=self.w2_scale,
+            block_shape=self.block_shape,
+            activation=self.activation,
+            w1_bias=self.w1_bias,
+            w2_bias=self.w2_bias,
+            shared_w1=self.shared_w1,
+            shared_w2=self.shared_w2,
+            shared_weights=shared_weights,
         )

@@ -40,8 +40,8 @@ try:
 except ImportError:  # pragma: no cover - a transformers without its FP8 experts
     FP8Experts = FP8ExpertsInterface = None
 
-from ..expert_kind import SILU, Activation
-from ..layer import fused_moe
+from ..expert_kind import Activation
+from ..layer import fused_moe, fused_moe_through_op
 from ..quantize import FP8_DTYPE
 
 __all__ = ["TRAITS", "Trait", "experts_forward", "experts_modules", "register"]
@@ -223,28 +223,10 @@ def experts_forward(
     compute_dtype = hidden_states.dtype if judged.dtype == FP8_DTYPE else judged.dtype
     x = hidden_states.to(compute_dtype)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, one opaque node, not fused_moe's Python
-        out = _fused_moe_op(x, top_k_weights, top_k_index, **arguments)
+        out = fused_moe_through_op(x, topk_weights=top_k_weights, topk_ids=top_k_index, **arguments)
     else:
         out = fused_moe(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)
     return out.to(hidden_states.dtype)
-
-
-def _fused_moe_op(x, topk_weights, topk_ids, *, w1, w2, activation=SILU, block_shape=None, **tensors):
-    """`torch.ops.moe_lab.fused_moe` with `experts_forward`'s arguments (the op takes the Activation's fields and
-    block_shape as a list; its ids check is fused_moe's default: on CPU tensors only)."""
-    return torch.ops.moe_lab.fused_moe(
-        x,
-        w1,
-        w2,
-        topk_weights,
-        topk_ids,
-        block_shape=None if block_shape is None else list(block_shape),
-        activation=activation.kind,
-        gate_up_layout=activation.gate_up_layout,
-        swiglu_alpha=activation.alpha,
-        swiglu_limit=activation.limit,
-        **tensors,
-    )
 
 
 def register(name: str = DEFAULT_NAME) -> str:

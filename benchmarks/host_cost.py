@@ -10,6 +10,9 @@ For each model preset (full size, bfloat16) and token count T it measures, in mi
   - host_busy_ms: the same while the GPU is busy with the calls before it (bursts of 16 calls back to back, each
     timed alone, the first of a burst left out; the least of 5 medians): what each call of an eager decode loop
     costs the host, its launches queued behind running kernels rather than onto an idle GPU;
+  - host_no_program_ms: host_ms without replaying a kept call's launches (`moe_lab._launch.Program.of` made to
+    make none): every call walks the plan's stages and launches through the handles; measured alternately with
+    host_ms (two rounds each, the least kept); absent where the package has no programs;
   - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
     plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where
     the package has no handles;
@@ -135,6 +138,18 @@ def no_launches():
 
 
 @contextlib.contextmanager
+def no_programs():
+    """Calls of a kept plan walk its stages: no program recorded."""
+    of = _launch.Program.of
+    _launch.Program.of = lambda *args, **kwargs: None
+    try:
+        with fresh_plans():
+            yield
+    finally:
+        _launch.Program.of = of
+
+
+@contextlib.contextmanager
 def triton_launcher():
     """Every launch through Triton's launcher, the plan cache on: no compiled handle kept."""
     is_compiled = _launch._is_compiled
@@ -173,6 +188,16 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
 
     call()  # compile, and keep the compiled handles
     row = dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i, host_ms=host_ms(call, calls))
+    if hasattr(_launch, "Program"):  # alternately: without programs, with them again, without
+        for _ in range(2):
+            with no_programs():
+                call()
+                call()
+                without = host_ms(call, calls)
+            row["host_no_program_ms"] = min(without, row.get("host_no_program_ms", without))
+            call()
+            call()
+            row["host_ms"] = min(row["host_ms"], host_ms(call, calls))
     row["host_busy_ms"] = host_busy_ms(call)
     if _launch is not None:
         with triton_launcher():
@@ -199,16 +224,17 @@ def markdown(rows, env) -> str:
         f"Host time and GPU time of one `fused_moe` call, bf16, ms per call: {env['device']}, torch {env['torch']}, "
         f"Triton {env['triton']}, {env['date']}.",
         "",
-        "| model | T | host | host, GPU busy | host, Triton's launcher | host, no plan cache | host, no launch "
-        "| GPU (graph replay) | eager | host / GPU |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| model | T | host | host, GPU busy | host, no program | host, Triton's launcher | host, no plan cache "
+        "| host, no launch | GPU (graph replay) | eager | host / GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        no_program = f"{r['host_no_program_ms']:.3f}" if "host_no_program_ms" in r else "-"
         triton_launch = f"{r['host_triton_launch_ms']:.3f}" if "host_triton_launch_ms" in r else "-"
         uncached = f"{r['host_uncached_ms']:.3f}" if "host_uncached_ms" in r else "-"
         lines.append(
-            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {r['host_busy_ms']:.3f} | {triton_launch} | "
-            f"{uncached} | "
+            f"| {r['model']} | {r['T']} | {r['host_ms']:.3f} | {r['host_busy_ms']:.3f} | {no_program} | "
+            f"{triton_launch} | {uncached} | "
             f"{r['host_no_launch_ms']:.3f} | {r['gpu_ms']:.3f} | {r['eager_ms']:.3f} | "
             f"{r['host_ms'] / r['gpu_ms']:.2f} |"
         )

@@ -40,12 +40,19 @@ strides and box, all fixed for the object's life). Only where no launch hook is 
 no scratch memory and every descriptor has its metadata; Triton 3.8 and later changed the launcher (the
 expansion moved into C), so their handles call `compiled.run` as above. tests/test_launch.py checks, under
 each Triton, that `_Direct` hands the C launcher what `CudaLauncher.__call__` does.
+
+A kept chunk's calls go one step further (`Program`): `moe_lab.layer` records the direct launches of one call on
+its workspace and launches them again for the next calls, only the pointers into that call's own tensors (and
+its weights' descriptors) put in, so a decode call's host work is its key, its output's allocation and the C
+launcher's calls.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 # (triton.knobs.runtime, current device, current stream, HookChain, whether one device is visible), once a GPU
 # launch ran
@@ -91,6 +98,9 @@ def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: O
                 if handle.direct is not None:
                     grid_y = grid[1] if len(grid) > 1 else 1
                     handle.direct(grid[0], grid_y, stream, handle.function, handle.packed_metadata, args)
+                    recorded = _recording.launches
+                    if recorded is not None:
+                        recorded.append((handle, grid_y, grid[0], args))
                     return
                 metadata = enter = leave = None
             else:
@@ -109,6 +119,8 @@ def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: O
                 *handle.constexpr_values,
             )
             return
+    if _recording.launches is not None:
+        _recording.launches.append(None)  # (not through a direct handle: the recording cannot be replayed)
     compiled = kernel[grid](*args, **constexprs)
     if site is not None and _is_compiled(compiled):
         site.handles[id(kernel)] = _Handle(compiled, _triton_runtime[1](), _constexpr_values(kernel, args, constexprs))
@@ -234,3 +246,145 @@ def _expanded(descriptor, meta) -> list:
         ref = weakref.ref(descriptor, lambda _, key=key: _EXPANSIONS.pop(key, None))
         _EXPANSIONS[key] = (ref, meta, expansion)
     return expansion
+
+
+# --- Replaying a kept call's launches with another call's tensors. ---
+
+
+class _Recording(threading.local):
+    """This thread's launches under `recording()`: (handle, grid_y, grid_x, args) per direct launch, None for any
+    other; None outside the block."""
+
+    launches: Optional[list] = None
+
+
+_recording = _Recording()
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect this thread's launches made in the block (through `launch`); yields the list, which `Program.of`
+    reads."""
+    before, _recording.launches = _recording.launches, []
+    try:
+        yield _recording.launches
+    finally:
+        _recording.launches = before
+
+
+class Program:
+    """The launches of one recorded call, launched again with another call's tensors, its *roles*: each argument
+    as recorded, except pointers into a role's memory, given as the role's data pointer plus the recorded byte
+    offset (an int: the C launcher then neither calls data_ptr() nor asks the driver about the pointer), and
+    objects made from the roles (`Program.of`'s `made`: a weight's tensor descriptor).
+
+    Valid where the caller guarantees what `launch`'s handles assume (same specializations), and more: every
+    argument not derived from a role is the same for the next call (sizes and strides of the call's key,
+    `constant` buffers it keeps alive), each role's views lie at the same offsets, and the block's GPU work is
+    all `launch`es (a kernel launched otherwise would be left out: `moe_lab.layer` records only calls whose other
+    work makes views and temporaries, and a temporary is no role and no constant, so no program is made)."""
+
+    __slots__ = ("steps", "device", "same", "keep")
+
+    @classmethod
+    def of(
+        cls,
+        recorded: Sequence,
+        roles: Sequence[Optional[object]],
+        constants: Sequence[object],
+        made: Callable[[object], Optional[Callable[[Sequence], object]]],
+    ) -> Optional["Program"]:
+        """The program of `recorded` (what `recording()` collected), or None where it cannot be replayed: a
+        launch not through a direct handle, no launch, two roles sharing memory (but for one tensor in two roles),
+        or a tensor argument that is no view of a role or of a `constants` tensor. `roles`: the call's tensors
+        (None where absent); `constants`: the buffers the next calls launch on again (kept alive by the program;
+        tensors or tensor descriptors); `made(obj)`: for an argument that is neither a tensor nor a plain value,
+        the function of the roles that makes it again, or None (then it must be one of `constants`)."""
+        import torch
+
+        if not recorded or any(entry is None for entry in recorded):
+            return None
+        by_storage, same = {}, []
+        for index, role in enumerate(roles):
+            if isinstance(role, torch.Tensor):
+                storage = role.untyped_storage().data_ptr()
+                first = by_storage.setdefault(storage, index)
+                if first != index:
+                    if roles[first] is not role:
+                        return None  # (which role a pointer names would be a guess)
+                    same.append((first, index))  # one tensor in two roles (out=hidden_states): so must the next call
+        constant_ids = {id(c) for c in constants}
+        constant_storages = {c.untyped_storage().data_ptr() for c in constants if isinstance(c, torch.Tensor)}
+
+        def resolve(arg):
+            """(patch kind, a, b) or ("value", arg, None); None where unattributable."""
+            if isinstance(arg, torch.Tensor):
+                storage = arg.untyped_storage().data_ptr()
+                role = by_storage.get(storage)
+                if role is not None:
+                    return ("pointer", role, arg.data_ptr() - roles[role].data_ptr())
+                return ("value", arg.data_ptr(), None) if storage in constant_storages else None
+            if arg is None or isinstance(arg, (bool, int, float, str)):
+                return ("value", arg, None)
+            if id(arg) in constant_ids:
+                return ("value", arg, None)
+            make = made(arg)
+            return ("made", make, None) if make is not None else None
+
+        steps = []
+        for handle, grid_y, grid_x, args in recorded:
+            template, patches = list(args), []
+            for top, arg in enumerate(args):
+                if isinstance(arg, tuple):
+                    inner = list(arg)
+                    for sub, item in enumerate(arg):
+                        found = resolve(item)
+                        if found is None:
+                            return None
+                        if found[0] == "value":
+                            inner[sub] = found[1]
+                        else:
+                            patches.append((top, sub, *found))
+                    template[top] = tuple(inner)
+                else:
+                    found = resolve(arg)
+                    if found is None:
+                        return None
+                    if found[0] == "value":
+                        template[top] = found[1]
+                    else:
+                        patches.append((top, -1, *found))
+            steps.append((handle.direct, grid_x, grid_y, handle.function, handle.packed_metadata, template, patches))
+        program = cls()
+        program.steps = tuple(steps)
+        program.device = recorded[0][0].device
+        program.same = tuple(same)
+        program.keep = tuple(constants)
+        return program
+
+    def run(self, roles: Sequence[Optional[object]]) -> bool:
+        """Launch every step with `roles` (the recorded call's order) on the current stream, and True; False,
+        launching nothing, where a launch hook is registered, another CUDA device is current, or one tensor held
+        two roles in the recorded call and does not now (then launch as the plan does)."""
+        knobs, current_device, current_stream, hook_chain, one_device = _triton_runtime
+        if not (_idle(knobs.launch_enter_hook, hook_chain) and _idle(knobs.launch_exit_hook, hook_chain)):
+            return False
+        if not one_device and current_device() != self.device:
+            return False
+        for first, other in self.same:
+            if roles[first] is not roles[other]:
+                return False
+        stream = current_stream(self.device)
+        pointers = [role.data_ptr() if role is not None else 0 for role in roles]
+        for direct, grid_x, grid_y, function, packed_metadata, template, patches in self.steps:
+            args: List = list(template)
+            for top, sub, kind, a, b in patches:
+                value = pointers[a] + b if kind == "pointer" else a(roles)
+                if sub < 0:
+                    args[top] = value
+                else:
+                    inner = list(args[top])
+                    inner[sub] = value
+                    args[top] = tuple(inner)
+            direct(grid_x, grid_y, stream, function, packed_metadata, args)
+        return True

@@ -16,6 +16,7 @@ import torch
 
 from ._ints import cdiv
 from ._kernels.activation import silu_and_mul_kernel
+from ._launch import launch
 from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
 from .align import AlignedRouting
 from .expert_kind import Activation, check_activation
@@ -79,20 +80,26 @@ def silu_and_mul(
     )
     if rows == 0 or inter == 0:
         return out
-    silu_and_mul_kernel[(rows, cdiv(inter, BLOCK_SIZE))](
-        x,
-        out,
-        routing.num_tokens_post_padded if routing is not None else None,
-        routing.sorted_token_ids if routing is not None else None,
-        routing.num_slots if routing is not None else 0,
-        inter,
-        x.stride(0),
-        out.stride(0),
-        activation.alpha,
-        activation.limit,
-        ROUTED=routing is not None,
-        ACTIVATION=activation.kernel_name,
-        EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
-        BLOCK_SIZE=BLOCK_SIZE,
+    launch(
+        silu_and_mul_kernel,
+        (rows, cdiv(inter, BLOCK_SIZE)),
+        (
+            x,
+            out,
+            routing.num_tokens_post_padded if routing is not None else None,
+            routing.sorted_token_ids if routing is not None else None,
+            routing.num_slots if routing is not None else 0,
+            inter,
+            x.stride(0),
+            out.stride(0),
+            activation.alpha,
+            activation.limit,
+        ),
+        dict(
+            ROUTED=routing is not None,
+            ACTIVATION=activation.kernel_name,
+            EMULATE_BF16=interpreter_active() and x.dtype == torch.bfloat16,
+            BLOCK_SIZE=BLOCK_SIZE,
+        ),
     )
     return out

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, replace
-from typing import Dict, Optional, Union
+from typing import Callable, Dict, Optional, Union
 
 import torch
 import triton
@@ -421,7 +421,9 @@ def run_gemm(
         return plan
     if plan.path.a_tma and a_desc is None:
         a_desc = input_descriptor(plan, a)
-    w_desc = _weight_descriptor(w, plan) if plan.path.w_tma else None
+    w_desc = None
+    if plan.path.w_tma:
+        w_desc = _weight_descriptor(w, (plan.gate_up_halves, plan.config.BLOCK_SIZE_N, plan.box_k))
     weights = topk_weights.contiguous() if topk_weights is not None else None  # read flat, by slot
     while True:
         try:
@@ -444,21 +446,35 @@ def input_descriptor(plan: LaunchPlan, a: torch.Tensor):
 _WEIGHT_DESCRIPTORS: Dict[int, tuple] = {}
 
 
-def _weight_descriptor(w: torch.Tensor, plan: LaunchPlan):
-    """The tensor descriptor of weights `w` in `plan`'s boxes (`weight_box`), built once per tensor and box.
-    It holds w's memory through a detached tensor, not w itself, so the entry does not keep w alive."""
+def _weight_descriptor(w: torch.Tensor, box: tuple):
+    """The tensor descriptor of weights `w` in boxes `box` = (gate_up_halves, BLOCK_SIZE_N, box_k) of a plan
+    (`weight_box`), built once per tensor and box. It holds w's memory through a detached tensor, not w itself,
+    so the entry does not keep w alive."""
     facts = (w.data_ptr(), w.shape, w.stride(), w.dtype)
     entry = _WEIGHT_DESCRIPTORS.get(id(w))
     if entry is None or entry[0]() is not w or entry[1] != facts:
         key = id(w)
         entry = (weakref.ref(w, lambda _, key=key: _WEIGHT_DESCRIPTORS.pop(key, None)), facts, {})
         _WEIGHT_DESCRIPTORS[key] = entry
-    box_key = (plan.gate_up_halves, plan.config.BLOCK_SIZE_N, plan.box_k)
-    desc = entry[2].get(box_key)
+    desc = entry[2].get(box)
     if desc is None:
-        view, box = weight_box(w.detach(), plan.config, plan.gate_up_halves, plan.box_k)
-        desc = entry[2][box_key] = TensorDescriptor(view, list(view.shape), list(view.stride()), box)
+        halves, block_size_n, box_k = box
+        view, block_shape = weight_box(w.detach(), block_size_n, halves, box_k)
+        desc = entry[2][box] = TensorDescriptor(view, list(view.shape), list(view.stride()), block_shape)
     return desc
+
+
+def weight_descriptor_maker(desc, weights: tuple) -> Optional[Callable[[tuple], object]]:
+    """Where `desc` is the descriptor `run_gemm` reads `weights[i]` through: the function of a tuple like
+    `weights` that gives its i-th tensor's descriptor in the same boxes (what `moe_lab._launch.Program` launches
+    another layer's weights with); else None."""
+    for index, w in enumerate(weights):
+        entry = _WEIGHT_DESCRIPTORS.get(id(w)) if w is not None else None
+        if entry is not None and entry[0]() is w:
+            for box, kept in entry[2].items():
+                if kept is desc:
+                    return lambda tensors, index=index, box=box: _weight_descriptor(tensors[index], box)
+    return None
 
 
 def _launch(

@@ -14,11 +14,14 @@ own kernels.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import List, Optional, Tuple, Union
 
 import torch
 
+from ._launch import Program, recording
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
@@ -34,7 +37,15 @@ from .activation import Activation, check_activation, silu_and_mul
 from .align import AlignedRouting, align_buffers, run_align, run_slot_order
 from .capability import fp8_support
 from .configs import ConfigLike, GemmConfig, MoEConfig
-from .gemm import check_bias, check_gemm_block_shape, check_weight_scale, input_descriptor, kernel_scales, run_gemm
+from .gemm import (
+    check_bias,
+    check_gemm_block_shape,
+    check_weight_scale,
+    input_descriptor,
+    kernel_scales,
+    run_gemm,
+    weight_descriptor_maker,
+)
 from .plan import (
     ChunkPlan,
     GluonLayerPlan,
@@ -497,7 +508,15 @@ def fused_moe(
         if len(plan.chunks) > 1:
             args = tuple(t[start:end] for t in args)
         workspace = _workspace(plan, index, chunk, w1, *args) if kept else None
-        routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind, plan, index, workspace)
+        roles = None
+        if workspace is not None and fp8 is None and shared is None:  # a kept chunk: its launches replayed
+            roles = (hidden_states, w1, w2, topk_weights, topk_ids, out, expert_map, kind.w1_bias, kind.w2_bias)
+            if workspace.program and workspace.program.run(roles):
+                continue
+        with recording() if roles is not None and workspace.program is None else nullcontext() as launches:
+            routing, up, down = _run_chunk(chunk, *args, w1, w2, expert_map, fp8, kind, plan, index, workspace)
+        if launches is not None:
+            workspace.record(launches, roles, routing)
         if up is not chunk.up or down is not chunk.down:  # launched with fewer stages: kept for the next call
             plan = remember_layer_plan(plan.launched(index, up, down))
             chunk = plan.chunks[index][2]
@@ -523,9 +542,12 @@ def fused_moe(
 class _Workspace:
     """A kept plan's buffers for one chunk (`moe_lab.plan.workspace_slot`): the align's, the up GEMM's output
     (act, and its float8 scales where the epilogue quantizes) and the down GEMM's (out_k); `act_desc`, the down
-    GEMM's tensor descriptor of act where it reads act by TMA, made on first use."""
+    GEMM's tensor descriptor of act where it reads act by TMA, made on first use; `program`: the chunk's
+    launches on these buffers, recorded from a call and replayed with the next calls' tensors
+    (`moe_lab._launch.Program`: the host's work of a decode call is then the key and the launches), None
+    until recorded, False where a call's launches cannot be replayed."""
 
-    __slots__ = ("align", "act", "out_scale", "out_k", "act_desc", "nbytes")
+    __slots__ = ("align", "act", "out_scale", "out_k", "act_desc", "nbytes", "program")
 
     def __init__(self, chunk: ChunkPlan, w1, hidden_states, topk_ids):
         num_slots, device = topk_ids.numel(), hidden_states.device
@@ -534,6 +556,22 @@ class _Workspace:
         self.act_desc = None
         buffers = (*(self.align[:1] if self.align else ()), self.act, self.out_scale, self.out_k)
         self.nbytes = sum(t.untyped_storage().nbytes() for t in buffers if t is not None)
+        self.program = None
+
+    def record(self, launches: list, roles: tuple, routing: Optional[AlignedRouting]) -> None:
+        """Make `program` of a chunk's `launches` (`moe_lab._launch.recording`) on this workspace, the call's
+        tensors `roles`; `routing`: its schedule (slot order's rows are kept buffers too). Where a launch went
+        through Triton (a first launch, the interpreter, Triton 3.8+) the next call records again."""
+        buffers = (*(self.align or ()), self.act, self.out_scale, self.out_k, self.act_desc)
+        constants = [t for t in buffers if t is not None]
+        if routing is not None and not routing.expert_sorted:
+            constants += [routing.sorted_token_ids, routing.num_tokens_post_padded]
+        made = partial(weight_descriptor_maker, weights=roles)
+        program = Program.of(launches, roles, constants, made)
+        if program is not None:
+            self.program = program
+        elif launches and None not in launches:
+            self.program = False
 
 
 def _chunk_buffers(chunk: ChunkPlan, hidden_states, num_slots: int) -> tuple:

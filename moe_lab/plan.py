@@ -196,7 +196,7 @@ def select_load_path(
             raise ValueError(f"use_tma=True but TMA cannot be used here: {support.reason}")
         return LoadPath(False, False, f"no TMA: {support.reason}")
     reasons = []
-    w_view, w_box = weight_box(w, config, swiglu, config.BLOCK_SIZE_K)
+    w_view, w_box = weight_box(w, config.BLOCK_SIZE_N, swiglu, config.BLOCK_SIZE_K)
     w_problem = descriptor_problem(w_view, w_box)
     if w_problem and use_tma is True:
         viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
@@ -318,15 +318,15 @@ def tile_of_program(pid: int, num_m_blocks: int, num_pid_n: int, group_size_m: i
     return _tile_coords.fn(pid, num_m_blocks, num_pid_n, group_size_m)
 
 
-def weight_box(w: torch.Tensor, config: GemmConfig, swiglu: bool, box_k: int):
+def weight_box(w: torch.Tensor, block_size_n: int, swiglu: bool, box_k: int):
     """The view of w that the weight descriptor covers, and its block shape: [E, N, K] in boxes of
     [1, BLOCK_SIZE_N, box_k]; with `swiglu` (the SwiGLU epilogue with gate and up in halves,
     `LaunchPlan.gate_up_halves`) [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, box_k],
     whose two halves are a gate tile and the matching up tile. box_k: BLOCK_SIZE_K, or one dot's K where a
     K step runs several (`LaunchPlan.box_k`); validity does not depend on it (the inner box stays >= 16 bytes)."""
     if swiglu:
-        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, config.BLOCK_SIZE_N // 2, box_k]
-    return w, [1, config.BLOCK_SIZE_N, box_k]
+        return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, block_size_n // 2, box_k]
+    return w, [1, block_size_n, box_k]
 
 
 def shared_memory_budget(device: torch.device) -> Optional[int]:

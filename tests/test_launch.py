@@ -202,6 +202,87 @@ def test_no_direct_launcher_where_scratch_or_metadata_is_needed(monkeypatch):
     assert _launch._Direct.of(launcher, _CompiledForLauncher(signature, None), ()) is None
 
 
+# --- Programs: a recorded call's launches with another call's tensors (stand-in handles). ---
+
+
+class _DirectStandIn:
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, grid_x, grid_y, stream, function, packed_metadata, args):
+        self.calls.append((grid_x, grid_y, stream, function, packed_metadata, list(args)))
+
+
+class _HandleStandIn:
+    function, packed_metadata, device = "function", "packed", 0
+
+    def __init__(self):
+        self.direct = _DirectStandIn()
+
+
+def _program_call(hidden, weights, out, kept, descriptor):
+    """One recorded launch, its arguments as `moe_lab.gemm` passes them: views of the roles (at offsets), a kept
+    buffer, a descriptor of the weights, plain values, a tuple."""
+    return ((hidden[1:], hidden.stride(0), 1), descriptor, (weights, 4.5), out, kept[2:], None, 7, True)
+
+
+def test_a_program_launches_with_the_new_calls_pointers(stand_in):
+    """Pointers into each role at the recorded offsets (ints), kept buffers as they were, a descriptor made
+    again from the new roles, values and tuples as recorded; the current stream; nothing launched where a
+    launch hook is registered."""
+    _, _, runtime = stand_in
+    handle, kept = _HandleStandIn(), torch.zeros(8)
+    roles = (torch.zeros(4, 3), torch.zeros(5), torch.zeros(4, 3), None)
+    descriptor = object()
+
+    def made(obj):
+        return (lambda tensors: ("descriptor of", tensors[1])) if obj is descriptor else None
+
+    recorded = [(handle, 1, 6, _program_call(roles[0], roles[1], roles[2], kept, descriptor))]
+    program = _launch.Program.of(recorded, roles, [kept], made)
+    assert program is not None
+    new = (torch.zeros(4, 3), torch.zeros(5), torch.zeros(4, 3), None)
+    assert program.run(new)
+    ((grid_x, grid_y, stream, function, packed, args),) = handle.direct.calls
+    assert (grid_x, grid_y, stream, function, packed) == (6, 1, 100, "function", "packed")
+    hidden = new[0].data_ptr()
+    assert args[0] == (hidden + 3 * 4, 3, 1)  # hidden[1:]: one row of 3 float32 on
+    assert args[1] == ("descriptor of", new[1])
+    assert args[2] == (new[1].data_ptr(), 4.5)
+    assert args[3:] == [new[2].data_ptr(), kept.data_ptr() + 2 * 4, None, 7, True]
+    runtime.launch_enter_hook.add(lambda metadata: None)
+    assert not program.run(new) and len(handle.direct.calls) == 1
+
+
+def test_no_program_where_a_launch_or_an_argument_cannot_be_replayed(stand_in):
+    """A launch through Triton (None), no launch, a temporary tensor (no role, not kept), two roles sharing
+    memory, an object nobody makes again: no program."""
+    handle, kept = _HandleStandIn(), torch.zeros(8)
+    roles = (torch.zeros(4, 3), torch.zeros(5), torch.zeros(4, 3), None)
+    descriptor = object()
+    made = lambda obj: (lambda tensors: obj) if obj is descriptor else None  # noqa: E731
+    call = _program_call(roles[0], roles[1], roles[2], kept, descriptor)
+    assert _launch.Program.of([(handle, 1, 6, call)], roles, [kept], made) is not None
+    assert _launch.Program.of([(handle, 1, 6, call), None], roles, [kept], made) is None
+    assert _launch.Program.of([], roles, [kept], made) is None
+    assert _launch.Program.of([(handle, 1, 6, call)], roles, [], made) is None  # kept[2:] is no role now
+    assert _launch.Program.of([(handle, 1, 6, call)], roles, [kept], lambda obj: None) is None
+    aliased = (roles[0], roles[1], roles[0][1:], None)  # out inside hidden_states: which role is ambiguous
+    assert _launch.Program.of([(handle, 1, 6, call)], aliased, [kept], made) is None
+
+
+def test_one_tensor_in_two_roles_replays_only_so(stand_in):
+    """Recorded with out=hidden_states (one tensor in two roles): replayed where the next call does the same,
+    not where its two roles are two tensors."""
+    handle, kept = _HandleStandIn(), torch.zeros(8)
+    x, w = torch.zeros(4, 3), torch.zeros(5)
+    call = _program_call(x, w, x, kept, None)
+    program = _launch.Program.of([(handle, 1, 6, call)], (x, w, x, None), [kept], lambda obj: None)
+    y = torch.zeros(4, 3)
+    assert program.run((y, w, y, None)) and handle.direct.calls[-1][5][3] == y.data_ptr()
+    assert not program.run((y, w, torch.zeros(4, 3), None)) and len(handle.direct.calls) == 1
+
+
 # --- On a GPU: the handles against Triton's own launcher. ---
 
 
@@ -344,3 +425,66 @@ def test_launch_hooks_see_every_launch():
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
     assert seen == through_triton and len(seen) >= 4
+
+
+def _programs(plan) -> list:
+    """The programs of a plan's kept chunks (one workspace per chunk on this stream)."""
+    return [workspace.program for workspace in plan.workspaces.values()]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "case",
+    ["T=1", "T=8", "T=64", "T=64 persistent", "unfused", "expert_map", "in place", "chunks", "gpt-oss", "fp8"],
+)
+def test_programs_replay_the_bits_of_the_jit_path(monkeypatch, case):
+    """From the second call of a key on a stream, a kept chunk's launches replay (`moe_lab._launch.Program`)
+    with the call's own tensors: another layer's weights of the same shapes, new routing, a new `out`, bit for bit
+    as Triton's launcher writes them, no kernel through Triton. FP8 calls (temporaries between the launches)
+    make no program, nor do calls with the activation unfused (its output is allocated per call); both launch
+    through their handles."""
+    from moe_lab import GPT_OSS, GemmConfig, MoEConfig
+
+    num_tokens = {"T=1": 1, "T=8": 8, "chunks": 24, "gpt-oss": 8}.get(case, 64)
+    hs, w1, w2, tw, ti, scales = _layer(num_tokens, case == "fp8")
+    kw = dict(scales)
+    if case == "T=64 persistent":
+        kw["config"] = MoEConfig(GemmConfig(64, 128, 64, 8, 4, 3, persistent=True), GemmConfig(64, 64, 64, 8, 4, 3))
+    if case == "unfused":
+        kw["config"] = {"up": {"fuse_swiglu": False}}
+    if case == "expert_map":  # 256 global experts, this rank's 128 at the odd ones
+        emap = torch.full((256,), -1, dtype=torch.int32, device="cuda")
+        emap[1::2] = torch.arange(128, dtype=torch.int32, device="cuda")
+        kw["expert_map"], ti = emap, (ti * 2 + 1 - (ti % 3 == 0).int()).int()  # some slots on other ranks
+    if case == "chunks":
+        kw["chunk_size"] = 8
+    if case == "gpt-oss":
+        e, two_i, h = w1.shape
+        kw.update(activation=GPT_OSS, w1_bias=torch.randn(e, two_i, device="cuda").bfloat16() * 0.1)
+        kw["w2_bias"] = torch.randn(e, h, device="cuda").bfloat16() * 0.1
+    in_place = case == "in place"
+    for _ in range(2):  # the plan (and handles), then its workspaces and programs
+        x = hs.clone()
+        fused_moe(x, w1, w2, tw, ti, out=x if in_place else torch.empty_like(hs), **kw)
+    (plan,) = plan_module._layer_plans.values()
+    programs = _programs(plan)
+    assert len(programs) == (3 if case == "chunks" else 1)
+    if case == "fp8":  # quantized inputs between the launches: not recorded
+        assert programs == [None]
+    elif case == "unfused":  # silu_and_mul's output, a temporary, between the GEMMs: recorded, not replayable
+        assert programs == [False]
+    else:
+        assert all(programs)
+    hs2, w1b, w2b, tw2, ti2, _ = _layer(num_tokens, False, seed=1)  # another layer's weights, new routing
+    if case == "fp8":
+        w1b, w2b = w1, w2
+    if case == "expert_map":
+        ti2 = (ti2 * 2 + 1 - (ti2 % 5 == 0).int()).int()
+    for weights in ((w1b, w2b), (w1, w2)):
+        launches = _count_jit_launches(monkeypatch)
+        x = hs2.clone()
+        out = x if in_place else torch.full_like(hs2, float("nan"))
+        result = fused_moe(x, *weights, tw2, ti2, out=out, **kw)
+        assert launches == [] and result is out
+        monkeypatch.undo()
+        assert torch.equal(out, _jit_path(hs2, *weights, tw2, ti2, **kw)), weights is (w1b, w2b)

@@ -3,19 +3,20 @@
     python benchmarks/host_cost.py --out host_cost.json [--models ...] [--tokens 1 8 64] [--profile prof.txt]
 
 For each model preset (full size, bfloat16) and token count T it measures, in milliseconds per call:
-  - host_ms: the wall time of the Python call (`time.perf_counter` around `fused_moe`; the least of 3 medians
-    of 100 calls), the GPU idle before each call (`torch.cuda.synchronize()` outside the timed region), so the
-    time is the host's alone:
-    checks, planning and enqueueing the kernels (through their compiled handles, `moe_lab._launch`);
-  - host_busy_ms: the same while the GPU is busy with the calls before it (bursts of 16 calls back to back, each
+  - host_ms: the wall time of the Python call (`time.perf_counter` around `fused_moe`), the GPU idle before each
+    call (`torch.cuda.synchronize()` outside the timed region), so the time is the host's alone: checks, planning
+    and enqueueing the kernels (a kept call's program, `moe_lab._launch.Program`); the least of --passes medians
+    of --calls calls, taken in passes over all points (a busy host slows a stretch of time, not one point);
+  - host_no_program_ms: host_ms without replaying a kept call's launches (`moe_lab._launch.Program.of` made to
+    make none): every call walks the plan's stages and launches through the handles; in the same passes,
+    alternating with host_ms; absent where the package has no programs;
+  the other columns, one point after another:
+  - host_busy_ms: host_ms while the GPU is busy with the calls before it (bursts of 16 calls back to back, each
     timed alone, the first of a burst left out; the least of 5 medians): what each call of an eager decode loop
     costs the host, its launches queued behind running kernels rather than onto an idle GPU;
-  - host_no_program_ms: host_ms without replaying a kept call's launches (`moe_lab._launch.Program.of` made to
-    make none): every call walks the plan's stages and launches through the handles; measured alternately with
-    host_ms (two rounds each, the least kept); absent where the package has no programs;
-  - host_triton_launch_ms: the same with every launch through Triton's launcher (`JITFunction.run`), the
-    plan cache on: no compiled handle is kept (`moe_lab._launch._is_compiled` made to say no); absent where
-    the package has no handles;
+  - host_triton_launch_ms: host_ms (here the least of 3 medians of --calls / 3 calls) with every launch through
+    Triton's launcher (`JITFunction.run`), the plan cache on: no compiled handle is kept
+    (`moe_lab._launch._is_compiled` made to say no); absent where the package has no handles;
   - host_uncached_ms: the same with the layer-plan cache off (`moe_lab.plan.layer_plan_cache(False)`): every
     call checks its weights and plans its stages again, and launches through Triton's launcher; absent where
     the package has no such switch;
@@ -174,30 +175,31 @@ def profile(call, calls: int, path: str, title: str) -> None:
         f.write(f"===== {title}, {calls} calls\n{text.getvalue()}\n")
 
 
-def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
+def layer_call(name: str, num_tokens: int, weights: dict):
+    """The row of a point and a call of `fused_moe` at it; `weights`: the model presets' weights, by name, made
+    here on first use and shared by the model's points."""
     preset = get_preset(name)
     e, h, i, k = preset.num_experts, preset.hidden_size, preset.intermediate_size, preset.top_k
+    if name not in weights:
+        # The values do not change the host's work: weights drawn in place, no float32 copy of 20 GB.
+        weights[name] = (
+            torch.empty(e, 2 * i, h, device="cuda", dtype=torch.bfloat16).normal_(0, h**-0.5),
+            torch.empty(e, h, i, device="cuda", dtype=torch.bfloat16).normal_(0, i**-0.5),
+        )
+    w1, w2 = weights[name]
     hs = torch.randn(num_tokens, h, device="cuda").to(torch.bfloat16)
-    # The values do not change the host's work: weights drawn in place, no float32 copy of 20 GB.
-    w1 = torch.empty(e, 2 * i, h, device="cuda", dtype=torch.bfloat16).normal_(0, h**-0.5)
-    w2 = torch.empty(e, h, i, device="cuda", dtype=torch.bfloat16).normal_(0, i**-0.5)
     tw, ti = uniform_routing(num_tokens, e, k)
 
     def call():
         return fused_moe(hs, w1, w2, tw, ti)
 
+    return dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i), call
+
+
+def point(row: dict, call, calls: int, profile_path=None) -> None:
+    """Every column but host_ms and host_no_program_ms (`host_passes`), into `row`."""
     call()  # compile, and keep the compiled handles
-    row = dict(model=name, T=num_tokens, E=e, top_k=k, H=h, I=i, host_ms=host_ms(call, calls))
-    if hasattr(_launch, "Program"):  # alternately: without programs, with them again, without
-        for _ in range(2):
-            with no_programs():
-                call()
-                call()
-                without = host_ms(call, calls)
-            row["host_no_program_ms"] = min(without, row.get("host_no_program_ms", without))
-            call()
-            call()
-            row["host_ms"] = min(row["host_ms"], host_ms(call, calls))
+    call()
     row["host_busy_ms"] = host_busy_ms(call)
     if _launch is not None:
         with triton_launcher():
@@ -215,8 +217,26 @@ def point(name: str, num_tokens: int, calls: int, profile_path=None) -> dict:
         row["host_no_launch_ms"] = host_ms(call, calls)
     call()  # the handles again
     if profile_path:
-        profile(call, 200, profile_path, f"{name}, T = {num_tokens}")
-    return row
+        profile(call, 200, profile_path, f"{row['model']}, T = {row['T']}")
+
+
+def host_passes(points, calls: int, passes: int) -> None:
+    """host_ms and host_no_program_ms of every point, into its row: `passes` passes over all points, each
+    taking one median of `calls` calls per point and column (without programs, then with them); the least
+    median of each. A busy host slows a stretch of time, not a point: spread over passes, each point meets
+    it in few of them."""
+    for _ in range(passes):
+        for row, call in points:
+            if _launch is not None and hasattr(_launch, "Program"):
+                with no_programs():
+                    call()
+                    call()
+                    without = host_ms(call, calls, rounds=1)
+                row["host_no_program_ms"] = min(without, row.get("host_no_program_ms", without))
+            call()
+            call()  # (its workspace, and the program recorded)
+            with_programs = host_ms(call, calls, rounds=1)
+            row["host_ms"] = min(with_programs, row.get("host_ms", with_programs))
 
 
 def markdown(rows, env) -> str:
@@ -247,18 +267,22 @@ def main(argv=None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--calls", type=int, default=300, help="timed calls per figure (default 300)")
+    parser.add_argument("--passes", type=int, default=5, help="passes over all points for host_ms (default 5)")
     parser.add_argument("--profile", help="write cProfile statistics of every point to this file")
     args = parser.parse_args(argv)
     require_gpu_timing("benchmarks/host_cost.py")
     if args.profile:
         open(args.profile, "w").close()
     env = environment()
-    rows = []
+    weights, points = {}, []
     for name in args.models:
         for num_tokens in args.tokens:
-            rows.append(point(name, num_tokens, args.calls, args.profile))
-            torch.cuda.empty_cache()  # the point's weights are gone
-            print(json.dumps(rows[-1]), flush=True)
+            points.append(layer_call(name, num_tokens, weights))
+            point(*points[-1], args.calls, args.profile)
+    host_passes(points, args.calls, args.passes)
+    rows = [row for row, _ in points]
+    for row in rows:
+        print(json.dumps(row), flush=True)
     with open(args.out, "w") as f:
         json.dump(dict(environment=env, rows=rows), f, indent=1)
     table = markdown(rows, env)

@@ -11,9 +11,9 @@ without a box ever spanning two experts.
 Nothing here asks the host for a size: buffers are sized by the tight bound
     (u + (T*k - u) // BLOCK_SIZE_M) * BLOCK_SIZE_M,   u = min(E, T*k)   (see `max_num_tokens_padded`),
 and blocks past `num_tokens_post_padded` are tagged -1, so the layer can be captured in a CUDA graph.
-The layout follows vLLM's `moe_align_block_size` (vllm-project/vllm, fused_moe); the kernels are two
-launches (count, the prefix sum in its last program; scatter), or one for few slots (`align_in_one_program`),
-see `moe_lab/_kernels/align.py`. A single token needs no sort: `slot_order_routing` gives the layer its
+The layout follows vLLM's `moe_align_block_size` (vllm-project/vllm, fused_moe); the kernels are three
+launches (count, prefix, scatter), or one for few slots (`align_in_one_program`), see
+`moe_lab/_kernels/align.py`. A single token needs no sort: `slot_order_routing` gives the layer its
 schedule without a launch.
 """
 
@@ -25,7 +25,7 @@ from typing import Dict, NamedTuple, Optional, Tuple
 import torch
 
 from ._ints import cdiv, next_power_of_2
-from ._kernels.align import align_in_registers_kernel, count_kernel, scatter_kernel
+from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._launch import LaunchSite, launch
 from ._validate import INDEX_DTYPES, check_positive_int, check_power_of_two, check_same_device, check_tensor
 from .runtime import interpreter_serialized, keeps_buffers
@@ -101,7 +101,7 @@ def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -
 
 
 def align_in_one_program(num_slots: int, num_experts: int, block_size_m: int) -> bool:
-    """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than two launches."""
+    """Whether `moe_align` runs as one program (`align_in_registers_kernel`) rather than three launches."""
     return (
         0 < num_slots <= ONE_PROGRAM_MAX_SLOTS
         and num_experts <= ONE_PROGRAM_MAX_EXPERTS
@@ -211,20 +211,20 @@ def run_align(
             site,
         )
         return result
-    chunk_counts, chunk_offsets, expert_start, done = buffers[4:]  # counts and offsets [chunks, E], row-major
-    count_programs = max(num_chunks, 1)  # (no slot: one program counts nothing, and writes the zero totals)
+    chunk_counts, chunk_offsets, expert_start = buffers[4:]  # the counts and offsets [chunks, E], row-major
+    if num_chunks:
+        launch(
+            count_kernel,
+            (num_chunks,),
+            (flat_ids, emap, chunk_counts, num_slots, num_ids, num_experts),
+            dict(HAS_EXPERT_MAP=has_map, CHUNK=CHUNK, NUM_BINS=num_bins),
+            site,
+        )
     launch(
-        count_kernel,
-        (count_programs,),
-        (flat_ids, emap, chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded, done)
-        + (num_slots, num_ids, num_experts, count_programs),
-        dict(
-            HAS_EXPERT_MAP=has_map,
-            CHUNK=CHUNK,
-            NUM_BINS=num_bins,
-            BLOCK_SIZE_M=block_size_m,
-            CHUNK_TILE=max(1, 8192 // num_bins),
-        ),
+        prefix_kernel,
+        (1,),
+        (chunk_counts, chunk_offsets, counts, expert_start, num_tokens_post_padded, num_chunks, num_experts),
+        dict(BLOCK_SIZE_M=block_size_m, NUM_BINS=num_bins, CHUNK_TILE=max(1, 8192 // num_bins)),
         site,
     )
     grid = num_chunks + cdiv(num_m_blocks, BLOCKS_PER_PROGRAM)
@@ -248,15 +248,13 @@ def run_align(
 
 def align_buffers(device: torch.device, num_slots: int, num_experts: int, block_size_m: int) -> tuple:
     """New buffers for `run_align` of num_slots slots: sorted_token_ids, expert_ids, counts,
-    num_tokens_post_padded, and where it takes two launches their own (per-chunk counts and offsets,
-    each expert's first row, and the count kernel's counter of finished programs). The counter is zero,
-    and the count kernel leaves it so; every other element is written before it is read."""
+    num_tokens_post_padded, and where it takes three launches their own (per-chunk counts and offsets,
+    each expert's first row). None of them needs to be zero: the align writes every element it reads."""
     padded_len = max_num_tokens_padded(num_slots, num_experts, block_size_m)
     sizes = [padded_len, padded_len // block_size_m, num_experts, 1]
-    if align_in_one_program(num_slots, num_experts, block_size_m):
-        return _int32_buffers(device, sizes)
-    sizes += [max(cdiv(num_slots, CHUNK), 1) * num_experts] * 2 + [num_experts]
-    return (*_int32_buffers(device, sizes), torch.zeros(1, dtype=torch.int32, device=device))
+    if not align_in_one_program(num_slots, num_experts, block_size_m):
+        sizes += [max(cdiv(num_slots, CHUNK), 1) * num_experts] * 2 + [num_experts]
+    return _int32_buffers(device, sizes)
 
 
 def _int32_buffers(device: torch.device, sizes) -> tuple:

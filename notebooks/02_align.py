@@ -282,9 +282,9 @@ viz_align.plot_alignment_cases({name: moe_lab.moe_align(ids, 8, WIDGET_BLOCK_SIZ
 # Our version is short but does T·k·E work (every program reads every slot), needs one program that
 # sees all slots, and relies on a host-side fill. `moe_align` (see `moe_lab/_kernels/align.py`)
 # instead: counts per chunk of 128 slots with `tl.histogram` (no atomics), scans those chunk counts
-# in one program so every chunk knows where its slots of each expert go (the last counting program to
-# finish does it, in the same launch), and scatters each chunk in parallel with a rank inside the chunk —
-# stable and deterministic, two launches, and it writes the padding and the -1 blocks itself. Same schedule, checked above. For a few slots (decode: a
+# in one program so every chunk knows where its slots of each expert go, and scatters each chunk in
+# parallel with a rank inside the chunk — stable and deterministic, three launches, and it writes
+# the padding and the -1 blocks itself. Same schedule, checked above. For a few slots (decode: a
 # handful of tokens) one program does it all in registers instead: each slot compares its expert
 # with every other slot's to find its count, its rank and where its expert's run starts — one launch,
 # no round trip through memory. And one token needs no align at all: its k experts are distinct, so

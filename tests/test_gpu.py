@@ -94,10 +94,10 @@ def test_no_host_sync():
 def test_new_token_counts_do_not_recompile():
     """40 different T with one config: the kernels compile a bounded set of variants, not one per T."""
     from moe_lab import GemmConfig
-    from moe_lab._kernels.align import count_kernel, scatter_kernel
+    from moe_lab._kernels.align import count_kernel, prefix_kernel, scatter_kernel
     from moe_lab._kernels.grouped_matmul import grouped_matmul_kernel
 
-    kernels = (count_kernel, scatter_kernel, grouped_matmul_kernel)
+    kernels = (count_kernel, prefix_kernel, scatter_kernel, grouped_matmul_kernel)
     preset = get_preset("olmoe-1b-7b")
     cfg = GemmConfig(16, 64, 128, 1, 4, 3)
 

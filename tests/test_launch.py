@@ -322,7 +322,7 @@ def _jit_path(*args, **kwargs):
     [(1, False, False), (8, False, False), (64, False, False), (64, False, True), (1, True, False), (64, True, False)],
 )
 def test_handles_give_the_bits_of_the_jit_path(monkeypatch, num_tokens, fp8, persistent, use_tma):
-    """Qwen3-30B-A3B at decode sizes (T = 1: slot order; 8: the one-program align; 64: two align launches),
+    """Qwen3-30B-A3B at decode sizes (T = 1: slot order; 8: the one-program align; 64: three align launches),
     bf16 and block-scaled FP8, pointer and TMA loads, the per-tile and the persistent kernel: a call of a kept
     plan launches no kernel through Triton and writes every row, bit for bit as Triton's launcher does."""
     from moe_lab import GemmConfig, MoEConfig

@@ -1,17 +1,15 @@
-"""Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in two launches (one for
+"""Align kernels: from `topk_ids` to an expert-sorted, block-padded schedule in three launches (one for
 few slots: `align_in_registers_kernel` computes the same schedule in one program, in registers).
 
-1. `count_kernel`    one program per CHUNK of flat (token, k) slots: a histogram per chunk. The program that
-                     finishes last (a counter, `done_ptr`) then takes the chunk counts as a whole: per-expert
-                     totals, padded exclusive prefix sum over experts, and for every chunk the first free
-                     position of each expert (a column-wise scan), and sets the counter back to 0.
-2. `scatter_kernel`  programs [0, num_chunks): each slot goes to its position, ranked stably inside its
+1. `count_kernel`    one program per CHUNK of flat (token, k) slots: a histogram per chunk.
+2. `prefix_kernel`   one program: per-expert totals, padded exclusive prefix sum over experts, and for
+                     every chunk the first free position of each expert (a column-wise scan).
+3. `scatter_kernel`  programs [0, num_chunks): each slot goes to its position, ranked stably inside its
                      chunk; programs after that: one tile of M-blocks each, writing `expert_ids` and the
                      sentinel into the padding rows. Every position is written exactly once.
 
-Per-chunk counts make the order stable (slot order within each expert), so two runs give the same
-`sorted_token_ids`; the one atomic is the counter's (the last-program pattern of CUDA's threadFenceReduction
-sample: each program's counts stored before its increment releases them, read by the last with an acquire).
+Per-chunk counts make the order stable (slot order within each expert), so no atomics are needed and
+two runs give the same `sorted_token_ids`.
 """
 import triton
 import triton.language as tl
@@ -20,29 +18,21 @@ from .common import local_expert
 
 
 # Sizes that change with the token count are not specialized, so a new T never recompiles.
-@triton.jit(do_not_specialize=["num_slots", "num_chunks"])
-def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
-                 num_tokens_post_padded_ptr, done_ptr, num_slots, num_ids, num_experts, num_chunks,
-                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr,
-                 BLOCK_SIZE_M: tl.constexpr, CHUNK_TILE: tl.constexpr):
+@triton.jit(do_not_specialize=["num_slots"])
+def count_kernel(topk_ids_ptr, expert_map_ptr, chunk_counts_ptr, num_slots, num_ids, num_experts,
+                 HAS_EXPERT_MAP: tl.constexpr, CHUNK: tl.constexpr, NUM_BINS: tl.constexpr):
     chunk = tl.program_id(0)
     offs = chunk * CHUNK + tl.arange(0, CHUNK)
     ids, _ = local_expert(topk_ids_ptr, expert_map_ptr, offs, offs < num_slots, num_ids, num_experts, HAS_EXPERT_MAP)
     hist = tl.histogram(ids, NUM_BINS)
     bins = tl.arange(0, NUM_BINS)
     tl.store(chunk_counts_ptr + chunk * num_experts + bins, hist, mask=bins < num_experts)
-    tl.debug_barrier()  # every thread's counts stored before the release
-    if tl.atomic_add(done_ptr, 1, sem="acq_rel") == num_chunks - 1:  # the last: all chunks are counted
-        tl.store(done_ptr, 0)
-        _prefix(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
-                num_chunks, num_experts, BLOCK_SIZE_M, NUM_BINS, CHUNK_TILE)
 
 
-@triton.jit
-def _prefix(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
-            num_chunks, num_experts, BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
-    """Totals, padded starts and each chunk's first free position per expert, from the chunk counts (read
-    through L2: other programs wrote them)."""
+@triton.jit(do_not_specialize=["num_chunks"])
+def prefix_kernel(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr,
+                  num_tokens_post_padded_ptr, num_chunks, num_experts,
+                  BLOCK_SIZE_M: tl.constexpr, NUM_BINS: tl.constexpr, CHUNK_TILE: tl.constexpr):
     experts = tl.arange(0, NUM_BINS)
     expert_mask = experts < num_experts
     rows = tl.arange(0, CHUNK_TILE)
@@ -50,8 +40,7 @@ def _prefix(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr, n
     total = tl.zeros([NUM_BINS], dtype=tl.int32)
     for c0 in range(0, num_chunks, CHUNK_TILE):
         m = ((c0 + rows) < num_chunks)[:, None] & expert_mask[None, :]
-        tile = tl.load(chunk_counts_ptr + (c0 + rows)[:, None] * num_experts + experts[None, :], mask=m, other=0,
-                       cache_modifier=".cg")
+        tile = tl.load(chunk_counts_ptr + (c0 + rows)[:, None] * num_experts + experts[None, :], mask=m, other=0)
         total += tl.sum(tile, axis=0)
 
     start = _store_totals(total, experts, expert_mask, counts_ptr, expert_start_ptr, num_tokens_post_padded_ptr,
@@ -61,7 +50,7 @@ def _prefix(chunk_counts_ptr, chunk_offsets_ptr, counts_ptr, expert_start_ptr, n
     for c0 in range(0, num_chunks, CHUNK_TILE):
         m = ((c0 + rows) < num_chunks)[:, None] & expert_mask[None, :]
         offs = (c0 + rows)[:, None] * num_experts + experts[None, :]
-        tile = tl.load(chunk_counts_ptr + offs, mask=m, other=0, cache_modifier=".cg")
+        tile = tl.load(chunk_counts_ptr + offs, mask=m, other=0)
         tl.store(chunk_offsets_ptr + offs, running[None, :] + tl.cumsum(tile, axis=0) - tile, mask=m)
         running += tl.sum(tile, axis=0)
 

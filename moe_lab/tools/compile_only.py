@@ -219,7 +219,7 @@ def patch_moe_lab() -> None:
 # compile alike (same code shape, same layouts, same shared memory), so one of them stands for the rest.
 EQUIVALENT_CONSTEXPRS = {
     "*": frozenset({"TOP_K", "GROUP_SIZE_M"}),
-    "moe_lab._kernels.align.count_kernel": frozenset({"BLOCK_SIZE_M"}),  # only cdiv(total, BLOCK_SIZE_M)
+    "moe_lab._kernels.align.prefix_kernel": frozenset({"BLOCK_SIZE_M"}),  # only cdiv(total, BLOCK_SIZE_M)
     # rounding step, and the width of the masked int32 store of padding sentinels (no dot, no reduction)
     "moe_lab._kernels.align.scatter_kernel": frozenset({"BLOCK_SIZE_M"}),
 }

@@ -25,8 +25,8 @@ For each model preset (full size, bfloat16) and token count T it measures, in mi
   - eager_ms: calls back to back without synchronizing, total time / calls: what an engine that does not
     capture graphs sees, about max(host_ms, gpu_ms);
   - host_no_launch_ms: host_ms with the launches left out (`JITFunction.run` made a no-op, so that no handle
-    is kept either): moe-lab's own host time and PyTorch's allocations; host_ms less this is the cost of
-    the launches.
+    is kept, nor a program): the host time of walking the plan's stages and PyTorch's allocations;
+    host_no_program_ms less this is the cost of the launches through the handles.
 Writes the rows as JSON to --out and as a markdown table beside it (same name, .md); prints the table.
 With --profile, also writes the cProfile statistics (sorted by own time) of 200 calls at every point to
 that file. Needs a CUDA GPU; takes about a minute on an H200.

@@ -335,25 +335,19 @@ class Program:
         for handle, grid_y, grid_x, args in recorded:
             template, patches = list(args), []
             for top, arg in enumerate(args):
-                if isinstance(arg, tuple):
-                    inner = list(arg)
-                    for sub, item in enumerate(arg):
-                        found = resolve(item)
-                        if found is None:
-                            return None
-                        if found[0] == "value":
-                            inner[sub] = found[1]
-                        else:
-                            patches.append((top, sub, *found))
-                    template[top] = tuple(inner)
-                else:
-                    found = resolve(arg)
+                inner = list(arg) if isinstance(arg, tuple) else None  # (a tuple argument: element by element)
+                for sub, item in enumerate(arg) if inner is not None else ((-1, arg),):
+                    found = resolve(item)
                     if found is None:
                         return None
-                    if found[0] == "value":
+                    if found[0] != "value":
+                        patches.append((top, sub, *found))
+                    elif inner is None:
                         template[top] = found[1]
                     else:
-                        patches.append((top, -1, *found))
+                        inner[sub] = found[1]
+                if inner is not None:
+                    template[top] = tuple(inner)
             steps.append((handle.direct, grid_x, grid_y, handle.function, handle.packed_metadata, template, patches))
         program = cls()
         program.steps = tuple(steps)

@@ -105,6 +105,8 @@ def launch(kernel, grid: Tuple[int, ...], args: tuple, constexprs: dict, site: O
                 metadata = enter = leave = None
             else:
                 metadata = handle.compiled.launch_metadata(grid, stream, *args, *handle.constexpr_values)
+            if _recording.launches is not None:
+                _recording.launches.append(None)  # (not through the direct launcher: not replayable either)
             handle.run(
                 grid[0],
                 grid[1] if len(grid) > 1 else 1,
@@ -340,12 +342,13 @@ class Program:
                     found = resolve(item)
                     if found is None:
                         return None
-                    if found[0] != "value":
+                    if found[0] != "value":  # put in per run: the template keeps none of this call's objects
                         patches.append((top, sub, *found))
-                    elif inner is None:
-                        template[top] = found[1]
+                    value = found[1] if found[0] == "value" else None
+                    if inner is None:
+                        template[top] = value
                     else:
-                        inner[sub] = found[1]
+                        inner[sub] = value
                 if inner is not None:
                     template[top] = tuple(inner)
             steps.append((handle.direct, grid_x, grid_y, handle.function, handle.packed_metadata, template, patches))

@@ -283,6 +283,52 @@ def test_one_tensor_in_two_roles_replays_only_so(stand_in):
     assert not program.run((y, w, torch.zeros(4, 3), None)) and len(handle.direct.calls) == 1
 
 
+def test_a_launch_past_the_direct_launcher_makes_the_recording_unreplayable(stand_in):
+    """A handle launching through compiled.run (no direct launcher: scratch memory, Triton 3.8+; or a launch hook
+    registered meanwhile, by another thread) is noted in the recording: no program that would leave it out."""
+    kernel, _, runtime = stand_in
+    direct_kernel, site, x = _Kernel(), _launch.LaunchSite(), torch.zeros(4)
+    for k in (direct_kernel, kernel):
+        _launch.launch(k, (1,), (x, 7), dict(BLOCK=64), site)  # the first launches take the handles
+    site.handles[id(direct_kernel)].direct = _DirectStandIn()
+    assert site.handles[id(kernel)].direct is None
+    with _launch.recording() as launches:
+        _launch.launch(direct_kernel, (1,), (x, 7), dict(BLOCK=64), site)
+        _launch.launch(kernel, (1,), (x, 7), dict(BLOCK=64), site)
+    assert len(kernel.compiled.runs) == 1 and launches[1] is None
+    assert _launch.Program.of(launches, (x,), [], lambda obj: None) is None
+    site.handles[id(kernel)].direct = _DirectStandIn()
+    with _launch.recording() as launches:
+        _launch.launch(direct_kernel, (1,), (x, 7), dict(BLOCK=64), site)
+        runtime.launch_enter_hook.add(lambda metadata: None)
+        _launch.launch(kernel, (1,), (x, 7), dict(BLOCK=64), site)
+    assert len(kernel.compiled.runs) == 2 and launches[1] is None
+    assert _launch.Program.of(launches, (x,), [], lambda obj: None) is None
+
+
+def test_a_program_keeps_no_tensor_of_the_recorded_call(stand_in):
+    """The roles' tensors and the weights' descriptors of the recorded call are put in per run, not kept: a
+    program (kept with its workspace) does not hold the recorded layer's weights or output alive."""
+    import gc
+    import weakref
+
+    handle, kept = _HandleStandIn(), torch.zeros(8)
+    roles = (torch.zeros(4, 3), torch.zeros(5), torch.zeros(4, 3), None)
+    descriptor = _Descriptor("w")
+
+    def made(obj):
+        return (lambda tensors: ("descriptor of", tensors[1])) if isinstance(obj, _Descriptor) else None
+
+    recorded = [(handle, 1, 6, _program_call(roles[0], roles[1], roles[2], kept, descriptor))]
+    program = _launch.Program.of(recorded, roles, [kept], made)
+    refs = [weakref.ref(obj) for obj in (*roles[:3], descriptor)]
+    del roles, descriptor, recorded
+    gc.collect()
+    assert program is not None and all(ref() is None for ref in refs)
+    new = (torch.zeros(4, 3), torch.zeros(5), torch.zeros(4, 3), None)
+    assert program.run(new) and handle.direct.calls[-1][5][1] == ("descriptor of", new[1])
+
+
 # --- On a GPU: the handles against Triton's own launcher. ---
 
 

@@ -509,7 +509,9 @@ def fused_moe(
             args = tuple(t[start:end] for t in args)
         workspace = _workspace(plan, index, chunk, w1, *args) if kept else None
         roles = None
-        if workspace is not None and fp8 is None and shared is None:  # a kept chunk: its launches replayed
+        # A kept chunk replays its launches; not where its stages make temporaries (FP8's quantized inputs, the
+        # unfused activation's output, the shared experts' sum).
+        if workspace is not None and fp8 is None and shared is None and chunk.up.swiglu:
             roles = (hidden_states, w1, w2, topk_weights, topk_ids, out, expert_map, kind.w1_bias, kind.w2_bias)
             if workspace.program and workspace.program.run(roles):
                 continue
@@ -599,6 +601,8 @@ def _workspace(plan: LayerPlan, index: int, chunk: ChunkPlan, w1, hidden_states,
         workspace = _Workspace(chunk, w1, hidden_states, topk_ids)
         if reserve_workspace(workspace.nbytes):
             plan.workspaces[slot] = workspace
+        else:
+            workspace.program = False  # (one call's buffers: nothing to replay)
     return workspace
 
 

@@ -32,6 +32,8 @@ def check_tensor(
     names the tensor whose dtype `t` must match, if any."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor {layout}, got layout {t.layout}: call .to_dense()")
     if t.dim() != ndim:
         raise ValueError(
             f"{name} must have {ndim} dimension{'s' if ndim != 1 else ''} {layout}, got shape {tuple(t.shape)}"

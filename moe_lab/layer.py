@@ -162,10 +162,12 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     num_global = expert_map.numel() if expert_map is not None else num_experts
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (hidden_states, w1, w2, topk_weights)):
+    named = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights)
+    requiring = [name for name, t in named.items() if t.requires_grad]
+    if requiring and torch.is_grad_enabled():
         raise ValueError(
-            "fused_moe is inference-only (no backward): call it under torch.no_grad() or "
-            "torch.inference_mode(), or pass tensors that do not require grad"
+            f"{requiring[0]} requires grad: fused_moe is inference-only (no backward): call it under "
+            "torch.no_grad() or torch.inference_mode(), or pass tensors that do not require grad"
         )
     check_same_device(
         hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map

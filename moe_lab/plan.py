@@ -173,6 +173,7 @@ def select_load_path(
     gather_a: bool,
     use_tma: UseTma = "auto",
     swiglu: bool = False,
+    w_name: str = "w",
 ) -> LoadPath:
     """Decide the load path of each operand: does this call use TMA (`moe_lab.capability` answers the
     other question, whether this device and Triton can). Precedence, first match wins:
@@ -184,7 +185,8 @@ def select_load_path(
     as halves of w) the weights are read as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate
     and up rows in one tile (interleaved gate and up rows are plain rows: swiglu=False here). (With
     block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
-    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.)"""
+    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.) `w_name`: w's name in the messages
+    (`fused_moe`'s w1 or w2)."""
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -201,12 +203,12 @@ def select_load_path(
     if w_problem and use_tma is True:
         viewed = f", viewed as [E, 2, I, K] {tuple(w_view.shape)} for the SwiGLU epilogue," if swiglu else ""
         raise ValueError(
-            f"use_tma=True but w {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
+            f"use_tma=True but {w_name} {tuple(w.shape)} ({w.dtype}){viewed} cannot be read through a tensor "
             f"descriptor: {w_problem}"
         )
     if w_problem and swiglu:
-        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
-    reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
+        w_problem = f"the SwiGLU epilogue's 4-D view of {w_name}: {w_problem}"  # (no " [": readers cut there)
+    reasons.append(f"{w_name}: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a:
         a_problem = "gathered token rows (TMA gather needs Blackwell)"
     else:
@@ -238,6 +240,7 @@ def plan_gemm(
     scales=None,
     out_quant_group: int = 0,
     activation: Activation = SILU,
+    w_name: str = "w",
 ) -> LaunchPlan:
     """The LaunchPlan of a `grouped_matmul` call with these arguments, checked by the caller: the config
     fitted to the device's shared memory (and, with block scales, BLOCK_SIZE_K to the scale block), the
@@ -246,8 +249,8 @@ def plan_gemm(
     `ScheduleShape` (the two facts read of it) where the schedule is not made yet. `scales`: None for float
     operands, else the float8 scales' layout (`mode`, `group_n`, `group_k`, as `moe_lab.gemm.Fp8Scales` or
     `ScaleLayout` holds them).
-    `activation`: the SwiGLU epilogue's (`moe_lab.Activation`; only read with swiglu).
-    Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
+    `activation`: the SwiGLU epilogue's (`moe_lab.Activation`; only read with swiglu). `w_name`: w's name in
+    the messages. Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
     halves = swiglu and not activation.interleaved  # interleaved gate/up rows are read as rows in a row
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
@@ -274,7 +277,7 @@ def plan_gemm(
     if grid == 0:
         path = LoadPath(False, False, "nothing to launch (no rows or no columns)")
     else:
-        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=halves)
+        path = select_load_path(a, w, config, gather_a=gather_a, use_tma=use_tma, swiglu=halves, w_name=w_name)
     # A program's weight rows (each half's, with SwiGLU in halves) start at a multiple of their count, so they
     # lie in one scale block when block_n is a multiple of that count (and, for the up half, I too). Not with
     # K = 0: that loop loads the first step's scales before it starts, and there are no K groups.
@@ -450,7 +453,7 @@ def layer_key(
             activation,
             tuple(map(tensor_facts, expert_tensors)),
         )
-    except (AttributeError, TypeError):
+    except (AttributeError, TypeError, RuntimeError):  # (RuntimeError: a tensor without storage, e.g. sparse)
         return None
 
 
@@ -544,9 +547,9 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
     if num_tokens == 0 or hidden == 0:  # nothing to launch, but use_tma=True holds to its rules as with work
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
             halves = swiglu and not key.activation.interleaved  # the weight descriptor's 4-D view
-            select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=halves)
+            select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=halves, w_name="w1")
             act = torch.empty((cfg.block_size_m, inter), dtype=w2.dtype, device="meta")
-            select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True)
+            select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True, w_name="w2")
         return ChunkPlan(num_tokens, choice, False, None, None)
     gluon, gemm_reason = plan_gluon_layer(key, num_tokens, w1, w2)
     ids_shape, ids_stride, ids_dtype = (num_tokens, top_k), key.topk_ids[1], key.topk_ids[2]
@@ -575,9 +578,12 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
         scales=scales,
         out_quant_group=key.block_shape[1] if fused_quant else 0,
         activation=key.activation,
+        w_name="w1",
     )
     act = torch.empty((rows, inter), dtype=w2.dtype, device="meta")  # a new buffer, contiguous, aligned
-    down = plan_gemm(act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales)
+    down = plan_gemm(
+        act, w2, schedule, cfg.down, gather_a=False, scatter=True, use_tma=use_tma, scales=scales, w_name="w2"
+    )
     out_scale_cols = -(-inter // key.block_shape[1]) if fused_quant else 0
     act_cols = inter if swiglu else two_inter
     if gluon is not None:  # the Gluon up GEMM writes float8 [rows, I] and a scale per row per 128 columns

@@ -39,10 +39,21 @@ def test_overlapping_out_rows_are_refused():
 
 def test_inference_only_is_said():
     hs, w1, w2, tw, ti = small_layer()
-    with pytest.raises(ValueError, match="inference-only"):
+    with pytest.raises(ValueError, match="w1 requires grad: fused_moe is inference-only"):
+        fused_moe(hs, w1.clone().requires_grad_(), w2, tw, ti)
+    with pytest.raises(ValueError, match="hidden_states requires grad: fused_moe is inference-only"):
         fused_moe(hs.requires_grad_(), w1, w2, tw, ti)
     with torch.no_grad():
         fused_moe(hs, w1, w2, tw, ti)
+
+
+@pytest.mark.parametrize("sparse", ["hidden_states", "w1"])
+def test_sparse_tensors_are_named(sparse):
+    hs, w1, w2, tw, ti = small_layer()
+    args = dict(hidden_states=hs, w1=w1, w2=w2)
+    args[sparse] = args[sparse].to_sparse()
+    with pytest.raises(TypeError, match=f"{sparse} must be a dense \\(strided\\) tensor .*got layout torch.sparse_coo"):
+        fused_moe(args["hidden_states"], args["w1"], args["w2"], tw, ti)
 
 
 def test_small_launchers_validate():

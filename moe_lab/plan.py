@@ -185,8 +185,8 @@ def select_load_path(
     as halves of w) the weights are read as [E, 2, I, K] in boxes of [1, 2, BLOCK_SIZE_N/2, BLOCK_SIZE_K]: gate
     and up rows in one tile (interleaved gate and up rows are plain rows: swiglu=False here). (With
     block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
-    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.) `w_name`: w's name in the messages
-    (`fused_moe`'s w1 or w2)."""
+    wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.) `w_name`: w's name in the error
+    (`fused_moe`'s w1 or w2; the reasons say w)."""
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -207,8 +207,8 @@ def select_load_path(
             f"descriptor: {w_problem}"
         )
     if w_problem and swiglu:
-        w_problem = f"the SwiGLU epilogue's 4-D view of {w_name}: {w_problem}"  # (no " [": readers cut there)
-    reasons.append(f"{w_name}: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
+        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
+    reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a:
         a_problem = "gathered token rows (TMA gather needs Blackwell)"
     else:
@@ -250,7 +250,7 @@ def plan_gemm(
     operands, else the float8 scales' layout (`mode`, `group_n`, `group_k`, as `moe_lab.gemm.Fp8Scales` or
     `ScaleLayout` holds them).
     `activation`: the SwiGLU epilogue's (`moe_lab.Activation`; only read with swiglu). `w_name`: w's name in
-    the messages. Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
+    the error. Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
     halves = swiglu and not activation.interleaved  # interleaved gate/up rows are read as rows in a row
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)

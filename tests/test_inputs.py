@@ -168,7 +168,10 @@ def test_strict_tma_refuses_unaligned_weights_whatever_the_batch(num_tokens):
     if not moe_lab.tma_support().available:
         pytest.skip("no TMA path on this device")
     hs, w1, w2, tw, ti = random_layer(num_tokens, 2, 1, 511, 32, torch.bfloat16)  # rows of 1022 bytes
-    with pytest.raises(ValueError, match="use_tma=True but w"):
+    with pytest.raises(ValueError, match="use_tma=True but w1 "):
+        fused_moe(hs, w1, w2, tw, ti, use_tma=True)
+    hs, w1, w2, tw, ti = random_layer(num_tokens, 2, 1, 512, 33, torch.bfloat16)  # w2's rows of 66 bytes
+    with pytest.raises(ValueError, match="use_tma=True but w2 "):
         fused_moe(hs, w1, w2, tw, ti, use_tma=True)
 
 

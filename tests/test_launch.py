@@ -481,7 +481,19 @@ def _programs(plan) -> list:
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "case",
-    ["T=1", "T=8", "T=64", "T=64 persistent", "unfused", "expert_map", "in place", "chunks", "gpt-oss", "fp8"],
+    [
+        "T=1",
+        "T=8",
+        "T=64",
+        "T=64 persistent",
+        "no tma",
+        "unfused",
+        "expert_map",
+        "in place",
+        "chunks",
+        "gpt-oss",
+        "fp8",
+    ],
 )
 def test_programs_replay_the_bits_of_the_jit_path(monkeypatch, case):
     """From the second call of a key on a stream, a kept chunk's launches replay (`moe_lab._launch.Program`)
@@ -499,6 +511,8 @@ def test_programs_replay_the_bits_of_the_jit_path(monkeypatch, case):
         kw["config"] = MoEConfig(GemmConfig(64, 128, 64, 8, 4, 3, persistent=True), GemmConfig(64, 64, 64, 8, 4, 3))
     if case == "unfused":
         kw["config"] = {"up": {"fuse_swiglu": False}}
+    if case == "no tma":  # weights by pointer: no descriptor to make again
+        kw["use_tma"] = False
     if case == "expert_map":  # 256 global experts, this rank's 128 at the odd ones
         emap = torch.full((256,), -1, dtype=torch.int32, device="cuda")
         emap[1::2] = torch.arange(128, dtype=torch.int32, device="cuda")

@@ -173,13 +173,14 @@ def run_gluon_fp8(
     num_experts, n, k = w.shape
     if gather_a:
         a, a_scale = permute_tokens(a, routing), permute_tokens(a_scale, routing)
-    problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
+    a_box = [64, config.BLOCK_SIZE_K]  # 64 rows per MMA partition
+    problem = descriptor_problem(a, a_box)
     if problem:
         raise ValueError(f"a cannot be read through a tensor descriptor: {problem}")
     w_rows = w.as_strided((num_experts * n, k), (w.stride(1), 1))
-    a_layout = gl.NVMMASharedLayout.get_default_for([config.BLOCK_SIZE_M, config.BLOCK_SIZE_K], gl.float8e4nv)
+    a_layout = gl.NVMMASharedLayout.get_default_for(a_box, gl.float8e4nv)
     w_layout = gl.NVMMASharedLayout.get_default_for([config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], gl.float8e4nv)
-    a_desc = TensorDescriptor.from_tensor(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K], a_layout)
+    a_desc = TensorDescriptor.from_tensor(a, a_box, a_layout)
     w_desc = TensorDescriptor.from_tensor(w_rows, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], w_layout)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():

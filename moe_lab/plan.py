@@ -695,6 +695,10 @@ def layer_plan_cache(enabled: bool):
 GLUON_LOAD_REGS = 40
 # The TMA producer's warp counts as a whole warpgroup when registers are shared out.
 _WARPGROUP = 4
+# Registers per thread of the second MMA partition (128-row tiles): what one SM's 64K registers leave to two
+# warpgroups beside the load partition's, rounded down to 8 (232; a 64x128 tile's sums and two products in
+# flight take 192). The default partition gets as many.
+GLUON_CONSUMER_REGS = (65536 // (_WARPGROUP * 32) - GLUON_LOAD_REGS) // 2 // 8 * 8
 
 
 @dataclass(frozen=True)
@@ -702,7 +706,8 @@ class GluonFp8Plan:
     """What one `grouped_matmul_fp8_gluon` call launches (moe_lab/_kernels/gluon_fp8.py).
 
     config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N, BLOCK_SIZE_K (= the scale blocks' K), GROUP_SIZE_M,
-        num_stages (the shared-memory ring, lowered to fit) and num_warps (one warpgroup per 64 rows).
+        num_stages (the shared-memory ring, lowered to fit) and num_warps (4: each MMA partition is one
+        warpgroup, taking 64 rows of the tile; 128-row tiles have two).
     grid: programs (one per SM at most; each walks tiles). maxnreg: the register limit per thread that lets
     every warp of the MMA and load partitions fit one SM's 64K registers. activation: the SwiGLU epilogue's
     (gate and up as halves of w), or None for the plain GEMM."""
@@ -721,6 +726,8 @@ class GluonFp8Plan:
             GROUP_N=self.scale_group_n,
             STAGES=self.config.num_stages,
             SWIGLU=self.activation.kernel_name if self.activation is not None else "none",
+            CONSUMERS=self.config.BLOCK_SIZE_M // 64,
+            CONSUMER_REGS=GLUON_CONSUMER_REGS,
             LOAD_REGS=GLUON_LOAD_REGS,
             num_warps=self.config.num_warps,
             maxnreg=self.maxnreg,
@@ -782,7 +789,6 @@ def plan_gluon_fp8(
         if problem:
             raise ValueError(f"the Gluon FP8 kernel's SwiGLU epilogue cannot run here: {problem}")
         parts, n_out = 2, n // 2
-    num_warps = config.BLOCK_SIZE_M // 16
     per_stage = (config.BLOCK_SIZE_M + parts * config.BLOCK_SIZE_N) * block_k  # float8 A and W boxes
     # The layout change before the store: float32 sums, or the float8 output.
     epilogue = config.BLOCK_SIZE_M * config.BLOCK_SIZE_N * (1 if out_itemsize == 1 else 4)
@@ -792,10 +798,10 @@ def plan_gluon_fp8(
         stages = min(stages, (budget - epilogue - 1024) // per_stage)
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
-    config = replace(config, BLOCK_SIZE_K=block_k, num_warps=num_warps, num_stages=stages)
+    config = replace(config, BLOCK_SIZE_K=block_k, num_warps=4, num_stages=stages)
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
-    warps = num_warps + _WARPGROUP
+    warps = config.BLOCK_SIZE_M // 16 + _WARPGROUP  # a warpgroup per 64 rows, and the load warp's
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
     return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n, activation)
 

@@ -13,7 +13,7 @@
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
 # 2. Learn how a producer and a consumer meet on mbarriers: arrivals, expected bytes, phases and their parity.
-# 3. Know what ping-pong is, and why moe-lab's kernel does not do it.
+# 3. See how two MMA warpgroups share a tile without waiting for each other, and why ping-pong was not kept.
 # 4. Read the kernel piece by piece, and see its warp specialization in the PTX compiled for sm_90 here.
 # 5. Write the producer's load loop of a warp-specialized TMA copy (exercise), checked by a model of the
 #    protocol and by compiling for sm_90, and run on a GPU where there is one.
@@ -159,25 +159,30 @@ for step in range(6):
 # or never passes (a deadlock: the GPU kernel hangs, and with it the Python process that waits for it). That is
 # why the exercise below is checked by a model first.
 #
-# ## 3. Ping-pong
+# ## 3. Two warpgroups, and ping-pong
 #
-# In moe-lab's kernel with 128-row tiles there are two MMA warpgroups, each 64 rows of the *same* tile: they
-# issue their wgmmas on the same stage together, and Gluon synchronizes both before the stage is released. So
-# they scale at the same time and multiply at the same time; the tensor cores still wait during the scaling of
-# the last block of each pair (the second panel, with twice the work per wait).
+# In moe-lab's kernel with 128-row tiles there are two MMA warpgroups, each 64 rows of the *same* tile, and each
+# is a partition of its own. Both wait for the same stage; each arrives on the stage's `empty` barrier once its
+# wgmma has read it, and the barrier is made with `count=2`, so the producer refills the stage when both have.
+# Between those meetings they run apart, up to the depth of the ring: one scales or stores while the other's
+# wgmmas run. (The kernel's first form ran both warpgroups as one partition, which Gluon synchronizes before
+# every arrival: they scaled at the same time and multiplied at the same time, up to 6 % slower at prefill.)
 #
 # **Ping-pong** (DeepSeek-V3's report, §3.3.2; CUTLASS's "ping-pong" kernel schedule) gives the two warpgroups
-# *different* tiles and makes them take turns: warpgroup 0 runs its wgmma while warpgroup 1 scales, then the
-# other way round (the third panel). It needs a barrier per warpgroup, so that each releases its own stages and
-# signals the other when its turn at the tensor cores is over; moe-lab's kernel does not have that yet
-# (docs/experiments.md, "FP8 in Gluon, warp-specialized").
+# *different* tiles and makes them take turns at the tensor cores (the third panel). moe-lab measured it (64-row
+# tiles, a ring of stages per warpgroup, two load orders) and did not keep it: each warpgroup's tile is half as
+# tall, so every W box is loaded for half the work, which cost more than the turns gained (0.84 to 1.02x the
+# Triton kernel's speed where the two warpgroups of one tile reach 1.0 to 1.2x). A 128-row tile per warpgroup
+# would need its 128 rows of sums and a product in flight in one warpgroup's registers: more than a thread has
+# beside a second warpgroup (docs/experiments.md, "Two MMA partitions, and ping-pong").
 #
 # ## 4. The kernel, piece by piece
 #
 # `moe_lab/_kernels/gluon_fp8.py`. The entry kernel allocates the ring and its barriers and forks the program
-# into two partitions: the default one (the kernel's `num_warps` warps: one warpgroup per 64 rows) runs
-# `_mma_partition`, one extra warp runs `_load_partition`, with `LOAD_REGS` registers (the load warp needs few;
-# `setmaxnreg` hands the rest to the MMA warpgroups). `moe_lab.plan.plan_gluon_fp8` decides the stages (as many
+# into partitions: the default one (the kernel's `num_warps` = 4 warps, one warpgroup) runs `_mma_partition` on
+# the tile's first 64 rows, with 128-row tiles a worker of 4 more warps runs it on the next 64 (`CONSUMER_REGS`
+# registers per thread), and one extra warp runs `_load_partition` with `LOAD_REGS` registers (the load warp
+# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). `moe_lab.plan.plan_gluon_fp8` decides the stages (as many
 # as shared memory holds, up to the config's), the grid (one program per SM, persistent) and that register split.
 
 # %%
@@ -378,8 +383,12 @@ print(ws_viz.steps_table(results, tokens=512))
 #   every model: twice the work per wait, per W box loaded and per pair's gap. At T = 512 it loses where the
 #   experts get few rows each (Qwen3-30B-A3B: 4096 slots over 128 experts, DeepSeek-V3: over 256), so 128-row
 #   tiles are mostly padding; Mixtral's 8 experts get about 128 rows each, and there it does not lose.
-# - Still far from the dense FP8 ceiling: the two warpgroups scale at the same time (section 3). Ping-pong, a
-#   barrier per warpgroup, is the step not taken yet. A step tried before this kernel, Gluon without warp
+# - Still short of the dense FP8 ceiling, and measured why (docs/experiments.md, "What stops the Gluon FP8
+#   kernel"): the same kernel without block scales (its wgmmas accumulating, as with one scale per tensor)
+#   reaches the ceiling at Mixtral-8x7B (about 1,150 TFLOP/s at T = 16384) but about 930 at DeepSeek-V3 and 830
+#   at Qwen3-30B-A3B, whose short K (16 and 6 K blocks in the down GEMM) leave the epilogue a larger share. So
+#   at Mixtral the scaling of each product costs about a fifth; elsewhere the epilogue costs as much. A step
+#   tried before this kernel, Gluon without warp
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
 #   one program's scaling with another's MMAs.
@@ -402,4 +411,5 @@ print(ws_viz.steps_table(results, tokens=512))
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
 #   `fused_moe` runs them only with `MOE_LAB_GLUON=1` (not bit for bit the Triton layer, faster only at the
 #   widest prefills).
-# - Ping-pong, two warpgroups on different tiles taking turns at the tensor cores, is the next step.
+# - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
+#   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

@@ -6,18 +6,22 @@ out[rows of M-block b] = sum over K blocks kb of
 with e = expert_ids[b], A in padded expert-sorted rows (the up GEMM's token rows are permuted into that order
 first: Hopper's TMA copies boxes and cannot gather), float8 e4m3 operands, float32 sums.
 
-Two partitions share a ring of STAGES shared-memory stages, each holding one [BLOCK_SIZE_M, BLOCK_SIZE_K] A box
-and one [BLOCK_SIZE_N, BLOCK_SIZE_K] W box (two with SWIGLU: the gate box and the up box):
+The partitions share a ring of STAGES shared-memory stages, each holding the tile's A rows (one [64,
+BLOCK_SIZE_K] box per 64 rows) and one [BLOCK_SIZE_N, BLOCK_SIZE_K] W box (two with SWIGLU: the gate box and
+the up box):
 - the load partition (one warp) issues the TMA copies of a stage once the stage is empty and makes its `ready`
   barrier expect their bytes;
-- the MMA partition (the kernel's num_warps warps: one warpgroup per 64 rows) waits for a stage, issues its
-  wgmma asynchronously, and scales each K block's float32 product by its A and W scales into a float32
+- an MMA partition per 64 rows of the tile (CONSUMERS of them, one warpgroup each: the default partition and,
+  for 128-row tiles, a worker with CONSUMER_REGS registers per thread) waits for a stage, issues its wgmma
+  asynchronously, and scales each K block's float32 product by its A and W scales into a float32
   accumulator in registers (the promotion of DeepSeek-V3's recipe), then signals the stage `empty`. K blocks go
   in pairs: both wgmmas issued, the first scaled while the second runs. No product is in flight across the
   loop's back edge (ptxas would then serialize every wgmma, C7514). The epilogue multiplies by the routed
   weight (where `topk_weights_ptr` is given), converts to the output's dtype and stores sorted rows or scatters
-  them to their (token, k) slots.
-Both partitions walk the same persistent tile sequence (one program per SM, `_tiles` and `_tile`) from the
+  them to their (token, k) slots. Each MMA partition arrives on a stage's `empty` barrier on its own (count
+  CONSUMERS), so one can scale or store while the other's wgmmas run; one partition of two warpgroups would
+  synchronize both before each arrival.
+All partitions walk the same persistent tile sequence (one program per SM, `_tiles` and `_tile`) from the
 schedule in memory (`num_tokens_post_padded`, `expert_ids`): no host synchronization, and unused M-blocks
 (expert -1) are skipped. Stage index and phase come from a step count that runs on across tiles.
 
@@ -60,9 +64,11 @@ def _tile(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_SIZE_M: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr, num_tokens_post_padded_ptr, N, K,
-                    GROUP_SIZE_M: gl.constexpr, SWIGLU: gl.constexpr):
-    BLOCK_SIZE_M: gl.constexpr = a_desc.block_type.shape[0]
+def _load_partition(a_desc, w_desc, a_bufs, a_hi_bufs, w_bufs, ready, empty, expert_ids_ptr, num_tokens_post_padded_ptr,
+                    N, K, GROUP_SIZE_M: gl.constexpr, SWIGLU: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Each tile's K blocks into the ring: its A rows (the second 64 into a_hi_bufs with two consumers) and W."""
+    BOX_M: gl.constexpr = a_desc.block_type.shape[0]
+    BLOCK_SIZE_M: gl.constexpr = BOX_M * CONSUMERS
     BLOCK_SIZE_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_SIZE_N: gl.constexpr = w_desc.block_type.shape[0]
     PARTS: gl.constexpr = 2 if SWIGLU != "none" else 1  # W boxes per stage: gate and up, or one
@@ -79,8 +85,10 @@ def _load_partition(a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr
                 # A fresh barrier counts as having completed the phase before phase 0: the first round passes.
                 mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1)
                 bar = ready.index(stage)
-                mbarrier.expect(bar, a_desc.block_type.nbytes + PARTS * w_desc.block_type.nbytes)
+                mbarrier.expect(bar, CONSUMERS * a_desc.block_type.nbytes + PARTS * w_desc.block_type.nbytes)
                 _tma_load(a_desc, [pid_m * BLOCK_SIZE_M, k * BLOCK_SIZE_K], bar, a_bufs.index(stage))
+                if CONSUMERS == 2:
+                    _tma_load(a_desc, [pid_m * BLOCK_SIZE_M + BOX_M, k * BLOCK_SIZE_K], bar, a_hi_bufs.index(stage))
                 for part in gl.static_range(PARTS):
                     _tma_load(w_desc, [w_row + part * N, k * BLOCK_SIZE_K], bar, w_bufs.index(stage * PARTS + part))
                 step += 1
@@ -215,7 +223,9 @@ def _store_half(out_ptr, stride_om, x, row0, col0, N, out_layout: gl.constexpr):
 @gluon.jit
 def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, K, num_slots,
                    GROUP_SIZE_M: gl.constexpr, GROUP_N: gl.constexpr, SCATTER: gl.constexpr, SWIGLU: gl.constexpr,
-                   num_warps: gl.constexpr):
+                   CONSUMERS: gl.constexpr, CONSUMER: gl.constexpr, num_warps: gl.constexpr):
+    """Rows [CONSUMER * 64, +64) of every tile of the program's walk (tiles of CONSUMERS * 64 rows), read from
+    the ring (a_bufs: this consumer's A boxes), scaled, stored."""
     out_ptr, stride_om, out_scale_ptr, stride_osm, stride_osk = out
     a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk = scales
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr = schedule
@@ -234,13 +244,13 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
                                                           instr_shape=[16, HALF, 32])
     zero_half = gl.zeros((BLOCK_SIZE_M, HALF), gl.float32, layout=half_layout)
 
-    num_pid_m, num_pid_n = _tiles(num_tokens_post_padded_ptr, N, BLOCK_SIZE_M, BLOCK_SIZE_N)
+    num_pid_m, num_pid_n = _tiles(num_tokens_post_padded_ptr, N, BLOCK_SIZE_M * CONSUMERS, BLOCK_SIZE_N)
     num_k = gl.cdiv(K, BLOCK_SIZE_K)
     step = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n, expert = _tile(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_SIZE_M)
         if expert >= 0:
-            row0 = pid_m * BLOCK_SIZE_M
+            row0 = (pid_m * CONSUMERS + CONSUMER) * BLOCK_SIZE_M
             n0 = pid_n * BLOCK_SIZE_N
             w_scale_base = w_scale_ptr + expert.to(gl.int64) * stride_wse + (n0 // GROUP_N) * stride_wsn
             if SWIGLU != "none":  # sorted rows, no routed weight (the up projection)
@@ -286,26 +296,40 @@ def fp8_grouped_matmul_ws_kernel(a_desc, w_desc, out_ptr, stride_om, out_scale_p
                                  topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr,
                                  alpha, limit, N, K, num_slots,
                                  GROUP_SIZE_M: gl.constexpr, GROUP_N: gl.constexpr, STAGES: gl.constexpr,
-                                 SCATTER: gl.constexpr, SWIGLU: gl.constexpr, LOAD_REGS: gl.constexpr,
-                                 num_warps: gl.constexpr):
+                                 SCATTER: gl.constexpr, SWIGLU: gl.constexpr, CONSUMERS: gl.constexpr,
+                                 CONSUMER_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, num_warps: gl.constexpr):
     """N: the output's columns (I with SWIGLU, whose W has 2N rows per expert). out_scale_ptr: float8 output
-    with one float32 scale per row per BLOCK_SIZE_N columns, or None. alpha, limit: swigluoai's."""
+    with one float32 scale per row per BLOCK_SIZE_N columns, or None. alpha, limit: swigluoai's. Tiles of
+    CONSUMERS * 64 rows (a_desc's box: 64), num_warps = 4 (one warpgroup per MMA partition)."""
     PARTS: gl.constexpr = 2 if SWIGLU != "none" else 1
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    a_hi_bufs = a_bufs  # the second consumer's rows, with two
+    if CONSUMERS == 2:
+        a_hi_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     w_bufs = gl.allocate_shared_memory(w_desc.dtype, [STAGES * PARTS] + w_desc.block_type.shape, w_desc.layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)
 
     out = (out_ptr, stride_om, out_scale_ptr, stride_osm, stride_osk)
     scales = (a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk)
     schedule = (topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr)
     act = (alpha, limit)
-    gl.warp_specialize([
-        (_mma_partition, (a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, K, num_slots, GROUP_SIZE_M,
-                          GROUP_N, SCATTER, SWIGLU, num_warps)),
-        (_load_partition, (a_desc, w_desc, a_bufs, w_bufs, ready, empty, expert_ids_ptr, num_tokens_post_padded_ptr,
-                           N, K, GROUP_SIZE_M, SWIGLU)),
-    ], [1], [LOAD_REGS])
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_mma_partition, (a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, K, num_slots, GROUP_SIZE_M,
+                              GROUP_N, SCATTER, SWIGLU, CONSUMERS, 0, num_warps)),
+            (_load_partition, (a_desc, w_desc, a_bufs, a_hi_bufs, w_bufs, ready, empty, expert_ids_ptr,
+                               num_tokens_post_padded_ptr, N, K, GROUP_SIZE_M, SWIGLU, CONSUMERS)),
+        ], [1], [LOAD_REGS])
+    else:
+        gl.warp_specialize([
+            (_mma_partition, (a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, K, num_slots, GROUP_SIZE_M,
+                              GROUP_N, SCATTER, SWIGLU, CONSUMERS, 0, num_warps)),
+            (_mma_partition, (a_hi_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, K, num_slots,
+                              GROUP_SIZE_M, GROUP_N, SCATTER, SWIGLU, CONSUMERS, 1, num_warps)),
+            (_load_partition, (a_desc, w_desc, a_bufs, a_hi_bufs, w_bufs, ready, empty, expert_ids_ptr,
+                               num_tokens_post_padded_ptr, N, K, GROUP_SIZE_M, SWIGLU, CONSUMERS)),
+        ], [num_warps, 1], [CONSUMER_REGS, LOAD_REGS])

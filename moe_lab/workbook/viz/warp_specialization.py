@@ -155,8 +155,8 @@ STEPS = {
     "cores idle while it scales (2 to 3 programs per SM fill part of the gap)",
     "gluon fp8 64x128 4st": "warp-specialized: a load warp keeps the ring full, one MMA warpgroup scales K block "
     "k while k + 1 multiplies; one 64-row warpgroup per program, and one program per SM",
-    "gluon fp8 128x128 4st": "two MMA warpgroups (128 rows): twice the work per wgmma wait and per W box; they are "
-    "synchronized before each stage is released, so one cannot scale while the other multiplies",
+    "gluon fp8 128x128 4st": "two MMA warpgroups (128 rows), each a partition of its own: twice the work per W "
+    "box, and each releases a stage on its own, so one scales or stores while the other multiplies",
     "dense fp8 _scaled_mm": "ceiling: cuBLAS's dense FP8 GEMM of the same FLOPs (per-tensor scales, no routing)",
 }
 

@@ -172,9 +172,10 @@ for step in range(6):
 # *different* tiles and makes them take turns at the tensor cores (the third panel). moe-lab measured it (64-row
 # tiles, a ring of stages per warpgroup, two load orders) and did not keep it: each warpgroup's tile is half as
 # tall, so every W box is loaded for half the work, which cost more than the turns gained (0.84 to 1.02x the
-# Triton kernel's speed where the two warpgroups of one tile reach 1.0 to 1.2x). A 128-row tile per warpgroup
-# would need its 128 rows of sums and a product in flight in one warpgroup's registers: more than a thread has
-# beside a second warpgroup (docs/experiments.md, "Two MMA partitions, and ping-pong").
+# Triton kernel's speed where the two warpgroups of one tile reach 1.0 to 1.2x, at T = 4096 and 16384). A
+# 128-row tile per warpgroup would need its 128 rows of sums and a product in flight in one warpgroup's
+# registers: more than a thread has beside a second warpgroup (docs/experiments.md, "Two MMA partitions, and
+# ping-pong").
 #
 # ## 4. The kernel, piece by piece
 #

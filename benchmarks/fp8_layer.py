@@ -11,7 +11,7 @@ the input, align, both GEMMs, top-k reduce). CUDA-graph medians with L2 flushed 
 graph_ms`), the two in alternating order over three rounds, the least median kept. Correctness of each point:
 the Gluon layer's output (poisoned with NaN first) against the Triton layer's, relative Frobenius error < 1e-2,
 and FusedMoEInfo.gemm_kernel checked. The table also says what MOE_LAB_GLUON=auto picks there
-(`moe_lab.plan.gluon_applies`: the Triton GEMMs, since the two differ in the last bits).
+(`moe_lab.plan.gluon_applies`: the Gluon GEMMs where T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT).
 Prints a markdown table and writes DIR/fp8_layer.json and DIR/fp8_layer.md. Every failure prints a FAIL line
 and the run goes on. --quick: Mixtral-8x7B at T = 512 and DeepSeek-V3 at T = 64 and 4096 only.
 Needs an sm_90 GPU and a Triton with Gluon's warp_specialize (Triton 3.6.0 with torch 2.11).
@@ -95,7 +95,7 @@ def measure(model: str, tokens) -> list:
         x = torch.randn(t, h, device="cuda", dtype=torch.bfloat16)
         tw, ids = uniform_routing(t, e, k, seed=t)
         row = dict(model=model, T=t, rows_per_expert=t * k / e)
-        auto, why = plan_module.gluon_applies(w1, w2, BLOCK, setting="auto")
+        auto, why = plan_module.gluon_applies(w1, w2, BLOCK, setting="auto", rows_per_expert=t * k / e)
         row.update(auto="gluon" if auto else "triton", auto_reason=why)
         try:
             outs = {}

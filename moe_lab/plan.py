@@ -827,13 +827,16 @@ def gluon_swiglu_problem(
 
 # The Gluon GEMMs' BLOCK_SIZE_M: 128 (two warpgroups) where experts get that many rows, else 64.
 GLUON_WIDE_ROWS_PER_EXPERT = 128
-# Whether `fused_moe` runs the Gluon GEMMs: "auto" (the default: the Triton ones), "1" (wherever they can
-# run, at every T), "0" (never). The Gluon layer is not bit for bit the Triton layer (2e-5 to 6e-3 relative
-# apart on an H200, each within the FP8 error of the float32 reference), so "auto" does not switch by T: a
-# token's output would depend on its batch's size. On an H200 it is faster at Mixtral-8x7B T >= 4096 and
-# Qwen3-30B-A3B T = 16384 only (docs/experiments.md). Read when a layer plan is made: `clear_layer_plans()`
-# after a change.
+# Whether `fused_moe` runs the Gluon GEMMs: "auto" (the default: where the experts get GLUON_AUTO_ROWS_PER_EXPERT
+# rows each or more, and no config is given), "1" (wherever they can run, at every T), "0" (never). Read when a
+# layer plan is made: `clear_layer_plans()` after a change.
 GLUON_ENV_VAR = "MOE_LAB_GLUON"
+# "auto"'s threshold on T * top_k / E. On an H200 the Gluon layer was faster than the Triton one at every
+# measured point past it (Mixtral-8x7B T = 4096 and 16384, Qwen3-30B-A3B T = 16384) and slower at every point
+# under it (docs/experiments.md, "The Gluon FP8 GEMMs in the layer"). Its output is the Triton layer's bit for
+# bit where the latter's up GEMM quantizes in its epilogue with 64-row tiles, and the Gluon layer is batch
+# invariant, so the switch adds no dependence on the batch that FP8's tuned configs do not already have.
+GLUON_AUTO_ROWS_PER_EXPERT = 1024
 
 
 def gluon_setting() -> str:
@@ -851,13 +854,16 @@ def gluon_applies(
     activation: Activation = SILU,
     has_bias: bool = False,
     setting: Optional[str] = None,
+    rows_per_expert: Optional[float] = None,
+    config_given: bool = False,
 ) -> Tuple[bool, str]:
-    """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel (at every T alike), and
-    why (or why not), in words. It runs where it can (`moe_lab.capability.
-    gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU, no interpreter; float8_e4m3fn w1 [E, 2I, H]
-    and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of `activation` on gate and up halves; no
-    biases; I a multiple of 128; H a multiple of 16; each weight viewable as one [E * N, K] matrix) and only with
-    `setting` "1" (default: `gluon_setting()`): "auto" and "0" run the Triton GEMMs (see GLUON_ENV_VAR)."""
+    """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel, and why (or why not), in
+    words. It runs where it can (`moe_lab.capability.gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU,
+    no interpreter; float8_e4m3fn w1 [E, 2I, H] and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of
+    `activation` on gate and up halves; no biases; I a multiple of 128; H a multiple of 16; each weight viewable
+    as one [E * N, K] matrix) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
+    "auto" where `rows_per_expert` (the chunk's T * top_k / E) is at least GLUON_AUTO_ROWS_PER_EXPERT and no
+    config was given (`config_given`: the caller chose Triton tiles)."""
     setting = gluon_setting() if setting is None else setting
     if setting == "0":
         return False, f"{GLUON_ENV_VAR}=0"
@@ -882,10 +888,17 @@ def gluon_applies(
             return False, f"{name} strides {tuple(w.stride())} do not view as one [E * N, K] TMA matrix"
     if setting == "1":
         return True, f"{GLUON_ENV_VAR}=1"
-    return False, (
-        f"{GLUON_ENV_VAR}=auto runs the Triton GEMMs: the Gluon ones differ in the last bits, and switching by T "
-        f"would make a token's output depend on its batch ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
-    )
+    if config_given:
+        return False, f"{GLUON_ENV_VAR}=auto with a config given runs the Triton GEMMs of that config"
+    threshold = GLUON_AUTO_ROWS_PER_EXPERT
+    if rows_per_expert is None:
+        return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
+    if rows_per_expert < threshold:
+        return False, (
+            f"{GLUON_ENV_VAR}=auto: {rows_per_expert:g} rows per expert (T * top_k / E) < {threshold}, where the "
+            f"Triton GEMMs are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
+        )
+    return True, f"{GLUON_ENV_VAR}=auto: {rows_per_expert:g} rows per expert (T * top_k / E) >= {threshold}"
 
 
 @dataclass(frozen=True)
@@ -904,11 +917,14 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     (`gluon_applies` decides)."""
     top_k = key.topk_ids[0][1]
     has_bias = any(t is not None for t in key.expert_tensors[:2])
-    applies, reason = gluon_applies(w1, w2, key.block_shape, key.activation, has_bias)
+    num_experts, two_inter, hidden = w1.shape
+    rows_per_expert = num_tokens * top_k / num_experts
+    applies, reason = gluon_applies(
+        w1, w2, key.block_shape, key.activation, has_bias, None, rows_per_expert, key.config is not None
+    )
     if not applies:
         return None, f"triton GEMMs: {reason}"
-    num_experts, two_inter, hidden = w1.shape
-    wide = num_tokens * top_k / num_experts >= GLUON_WIDE_ROWS_PER_EXPERT
+    wide = rows_per_expert >= GLUON_WIDE_ROWS_PER_EXPERT
     block_m = 128 if wide else 64
     schedule = BlockSchedule(block_m, max_num_tokens_padded(num_tokens * top_k, num_experts, block_m) // block_m)
     up = plan_gluon_fp8(schedule, two_inter, hidden, key.block_shape, w1.device, None, 1, key.activation)

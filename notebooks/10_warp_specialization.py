@@ -7,8 +7,8 @@
 # program: a **producer** warp that only issues TMA loads, and **consumer** warpgroups that only multiply and
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
-# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers when
-# `MOE_LAB_GLUON=1` (section 7 says why it is not the default). This notebook takes it apart.
+# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers at prefill,
+# where the experts get 1024 rows each or more (section 7 says why only there). This notebook takes it apart.
 #
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
@@ -395,10 +395,11 @@ print(ws_viz.steps_table(results, tokens=512))
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
 #   epilogue) the gain is smaller: faster than the Triton layer only at Mixtral T >= 4096 and Qwen3 T = 16384,
-#   slower at DeepSeek-V3 and at small T (benchmarks/results/gluon_fp8/fp8_layer.md). And the two layers differ
-#   in the last bits (each within FP8's error of the float32 reference), so choosing by T would make a token's
-#   output depend on its batch: `fused_moe` keeps the Triton GEMMs by default and runs Gluon's at every T with
-#   `MOE_LAB_GLUON=1` (docs/experiments.md, "The Gluon FP8 GEMMs in the layer").
+#   slower at DeepSeek-V3 and at small T (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
+#   Gluon GEMMs where the experts get 1024 rows each or more (`MOE_LAB_GLUON=1`: at every T). Where the Triton up
+#   GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit; elsewhere by a few
+#   float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md, "The Gluon FP8
+#   GEMMs in the layer").
 #
 # ## Summary
 #
@@ -410,7 +411,6 @@ print(ws_viz.steps_table(results, tokens=512))
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
-#   `fused_moe` runs them only with `MOE_LAB_GLUON=1` (not bit for bit the Triton layer, faster only at the
-#   widest prefills).
+#   `fused_moe` runs them where the experts get 1024 rows each or more, where the layer is faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

@@ -14,8 +14,8 @@ With `activation` (the up projection of a gated expert) the kernel computes the 
 [E, 2I, K] (gate rows, then up rows) in its epilogue, and with `out_scale` writes it as float8 with one float32
 scale per row per 128 columns: the input of the down GEMM, in the format `fused_moe`'s Triton up GEMM writes.
 
-`fused_moe` runs it for block-scaled float8 layers where the experts get 1024 rows each or more, or with
-MOE_LAB_GLUON=1 at every T (`moe_lab.plan.gluon_applies`);
+`fused_moe` runs it for block-scaled float8 layers, per chunk, where the experts get 1024 rows each or more
+and no config is given, or with MOE_LAB_GLUON=1 at every T (`moe_lab.plan.gluon_applies`);
 `moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with Gluon's `warp_specialize`, an
 sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.
 The compile check builds it for sm_90 under Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0; it has run on an H200 under 3.6.0.
@@ -34,7 +34,7 @@ from .configs import GemmConfig
 from .expert_kind import Activation, check_activation
 from .gemm import check_fp8_scales, check_gemm_rows
 from .permute import permute_tokens
-from .plan import GluonFp8Plan, plan_gluon_fp8
+from .plan import GLUON_PARTITION_ROWS, GluonFp8Plan, plan_gluon_fp8
 from .quantize import FP8_DTYPE
 
 __all__ = ["GluonFp8Plan", "grouped_matmul_fp8_gluon", "gluon_fp8_support"]
@@ -174,14 +174,14 @@ def run_gluon_fp8(
     num_experts, n, k = w.shape
     if gather_a:
         a, a_scale = permute_tokens(a, routing), permute_tokens(a_scale, routing)
-    a_box = [64, config.BLOCK_SIZE_K]  # 64 rows per MMA partition
-    problem = descriptor_problem(a, a_box)
+    a_block_shape = [GLUON_PARTITION_ROWS, config.BLOCK_SIZE_K]  # each MMA partition's rows
+    problem = descriptor_problem(a, a_block_shape)
     if problem:
         raise ValueError(f"a cannot be read through a tensor descriptor: {problem}")
     w_rows = w.as_strided((num_experts * n, k), (w.stride(1), 1))
-    a_layout = gl.NVMMASharedLayout.get_default_for(a_box, gl.float8e4nv)
+    a_layout = gl.NVMMASharedLayout.get_default_for(a_block_shape, gl.float8e4nv)
     w_layout = gl.NVMMASharedLayout.get_default_for([config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], gl.float8e4nv)
-    a_desc = TensorDescriptor.from_tensor(a, a_box, a_layout)
+    a_desc = TensorDescriptor.from_tensor(a, a_block_shape, a_layout)
     w_desc = TensorDescriptor.from_tensor(w_rows, [config.BLOCK_SIZE_N, config.BLOCK_SIZE_K], w_layout)
     weights = topk_weights.reshape(-1) if topk_weights is not None else None
     if weights is not None and not weights.is_contiguous():

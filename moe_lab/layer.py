@@ -81,7 +81,8 @@ class FusedMoEInfo:
     memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0.
     `gemm_kernel`: "triton", or "gluon" where the warp-specialized Gluon FP8 GEMMs ran instead
     (`moe_lab.plan.gluon_applies`; `gluon_plan` is then what they launched, and up_plan / down_plan the
-    Triton plans not launched); `gemm_reason` says why."""
+    Triton plans not launched); `gemm_reason` says why. With chunks (chunk_size), all of it is the last
+    chunk's."""
 
     config: MoEConfig
     up_path: Optional[LoadPath]

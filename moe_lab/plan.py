@@ -726,7 +726,7 @@ class GluonFp8Plan:
             GROUP_N=self.scale_group_n,
             STAGES=self.config.num_stages,
             SWIGLU=self.activation.kernel_name if self.activation is not None else "none",
-            CONSUMERS=self.config.BLOCK_SIZE_M // 64,
+            CONSUMERS=self.config.BLOCK_SIZE_M // GLUON_PARTITION_ROWS,
             CONSUMER_REGS=GLUON_CONSUMER_REGS,
             LOAD_REGS=GLUON_LOAD_REGS,
             num_warps=self.config.num_warps,
@@ -801,7 +801,7 @@ def plan_gluon_fp8(
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=4, num_stages=stages)
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
-    warps = config.BLOCK_SIZE_M // 16 + _WARPGROUP  # a warpgroup per 64 rows, and the load warp's
+    warps = config.BLOCK_SIZE_M // GLUON_PARTITION_ROWS * _WARPGROUP + _WARPGROUP  # and the load warp's
     maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
     return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n, activation)
 
@@ -831,12 +831,12 @@ GLUON_WIDE_ROWS_PER_EXPERT = 128
 # rows each or more, and no config is given), "1" (wherever they can run, at every T), "0" (never). Read when a
 # layer plan is made: `clear_layer_plans()` after a change.
 GLUON_ENV_VAR = "MOE_LAB_GLUON"
-# "auto"'s threshold on T * top_k / E. On an H200 the Gluon layer was faster than the Triton one at every
-# measured point past it (Mixtral-8x7B T = 4096 and 16384, Qwen3-30B-A3B T = 16384) and slower at every point
-# under it (docs/experiments.md, "The Gluon FP8 GEMMs in the layer"). Its output is the Triton layer's bit for
-# bit where the latter's up GEMM quantizes in its epilogue with 64-row tiles, and the Gluon layer is batch
-# invariant, so the switch adds no dependence on the batch that FP8's tuned configs do not already have.
+# "auto"'s threshold on a chunk's T * top_k / E (E: every expert, this rank's or not, with an expert_map): where
+# the Gluon layer measured faster (docs/experiments.md, "Where the Gluon and Triton layers part", which also
+# says why switching by T adds no dependence on the batch that FP8's tuned tiles do not already have).
 GLUON_AUTO_ROWS_PER_EXPERT = 1024
+# Rows of a tile per MMA partition (one warpgroup) of the Gluon FP8 kernel: tiles of 64 rows have one, of 128 two.
+GLUON_PARTITION_ROWS = 64
 
 
 def gluon_setting() -> str:
@@ -862,8 +862,8 @@ def gluon_applies(
     no interpreter; float8_e4m3fn w1 [E, 2I, H] and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of
     `activation` on gate and up halves; no biases; I a multiple of 128; H a multiple of 16; each weight viewable
     as one [E * N, K] matrix) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
-    "auto" where `rows_per_expert` (the chunk's T * top_k / E) is at least GLUON_AUTO_ROWS_PER_EXPERT and no
-    config was given (`config_given`: the caller chose Triton tiles)."""
+    "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
+    least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles)."""
     setting = gluon_setting() if setting is None else setting
     if setting == "0":
         return False, f"{GLUON_ENV_VAR}=0"
@@ -893,12 +893,13 @@ def gluon_applies(
     threshold = GLUON_AUTO_ROWS_PER_EXPERT
     if rows_per_expert is None:
         return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
+    rows = f"{rows_per_expert:.1f}".removesuffix(".0")
     if rows_per_expert < threshold:
         return False, (
-            f"{GLUON_ENV_VAR}=auto: {rows_per_expert:g} rows per expert (T * top_k / E) < {threshold}, where the "
-            f"Triton GEMMs are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
+            f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {threshold}, where the Triton GEMMs "
+            f"are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
         )
-    return True, f"{GLUON_ENV_VAR}=auto: {rows_per_expert:g} rows per expert (T * top_k / E) >= {threshold}"
+    return True, f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) >= {threshold}"
 
 
 @dataclass(frozen=True)
@@ -918,9 +919,12 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     top_k = key.topk_ids[0][1]
     has_bias = any(t is not None for t in key.expert_tensors[:2])
     num_experts, two_inter, hidden = w1.shape
-    rows_per_expert = num_tokens * top_k / num_experts
+    # Rows per expert of all of them: with an expert_map, topk_ids name global experts, this rank holds w1's.
+    global_experts = key.expert_map[0][0] if key.expert_map is not None else num_experts
+    rows_per_expert = num_tokens * top_k / global_experts
+    config_given = key.config is not None and key.config != _frozen({})  # ({}: nothing changed)
     applies, reason = gluon_applies(
-        w1, w2, key.block_shape, key.activation, has_bias, None, rows_per_expert, key.config is not None
+        w1, w2, key.block_shape, key.activation, has_bias, None, rows_per_expert, config_given
     )
     if not applies:
         return None, f"triton GEMMs: {reason}"

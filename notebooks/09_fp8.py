@@ -549,10 +549,10 @@ figure
 # (docs/experiments.md, "One weight scale per tile"). It still does not reach that rate: each step's product is
 # needed at once, to be scaled, so within a program one step's MMA cannot overlap the scaling, and the
 # product is a second float32 tile beside the accumulator, so tiles larger than 64 x 128 run out of
-# registers. Two or three programs per SM fill part of the gap; a Gluon kernel that overlaps them within a
-# program was no faster (docs/experiments.md has the measurements). DeepSeek-V3 keeps its tensor cores
-# busy with two warpgroups taking turns, one multiplying while the other scales and adds (§3.3.2). Closing
-# that gap is open work.
+# registers. Two or three programs per SM fill part of the gap. DeepSeek-V3 keeps its tensor cores busy with
+# two warpgroups, one multiplying while the other scales and adds (§3.3.2): notebook 10 builds that kernel in
+# Gluon (warp-specialized: a load warp, two MMA warpgroups), which `fused_moe` runs where the experts get 1024
+# rows each or more; it closes part of the gap, not all (docs/experiments.md has the measurements).
 #
 # ## Summary
 #

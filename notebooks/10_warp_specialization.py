@@ -7,8 +7,8 @@
 # program: a **producer** warp that only issues TMA loads, and **consumer** warpgroups that only multiply and
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
-# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers at prefill,
-# where the experts get 1024 rows each or more (section 7 says why only there). This notebook takes it apart.
+# `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
+# experts get 1024 rows each or more (section 7 says why only there). This notebook takes it apart.
 #
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
@@ -183,8 +183,9 @@ for step in range(6):
 # into partitions: the default one (the kernel's `num_warps` = 4 warps, one warpgroup) runs `_mma_partition` on
 # the tile's first 64 rows, with 128-row tiles a worker of 4 more warps runs it on the next 64 (`CONSUMER_REGS`
 # registers per thread), and one extra warp runs `_load_partition` with `LOAD_REGS` registers (the load warp
-# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). `moe_lab.plan.plan_gluon_fp8` decides the stages (as many
-# as shared memory holds, up to the config's), the grid (one program per SM, persistent) and that register split.
+# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). `moe_lab.plan.plan_gluon_fp8` decides the stages
+# (as many as shared memory holds, up to the config's), the grid (one program per SM, persistent) and that
+# register split.
 
 # %%
 from moe_lab._kernels import gluon_fp8 as gluon_kernels

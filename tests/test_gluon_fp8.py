@@ -216,6 +216,10 @@ def test_auto_takes_the_gluon_gemms_where_experts_get_enough_rows(monkeypatch):
     (given,) = chunks(t, config={"up": {"num_stages": 3}})
     assert given.gluon is None and "config given" in given.gemm_reason
     assert [chunk.gluon for chunk in chunks(t, chunk_size=t // 2)] == [None, None]
+    assert [chunk.gluon is not None for chunk in chunks(t + 2, chunk_size=t)] == [True, False]  # each its own
+    emap = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 4 of 8 experts
+    (ranked,) = chunks(t, expert_map=emap)  # T * top_k over all 8 experts: 512 rows each
+    assert ranked.gluon is None and "512 rows per expert" in ranked.gemm_reason
 
 
 def test_permute_tokens_copies_float8_rows():

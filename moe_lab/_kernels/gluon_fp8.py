@@ -213,7 +213,7 @@ def _quantize_halves(x0, x1):
 
 @gluon.jit
 def _store_half(out_ptr, stride_om, x, row0, col0, N, out_layout: gl.constexpr):
-    """x [BLOCK_SIZE_M, HALF] to sorted rows row0.., columns col0.. (< N) of out, in out's dtype."""
+    """x [rows, HALF] to sorted rows row0.., columns col0.. (< N) of out, in out's dtype."""
     rows = row0 + gl.arange(0, x.type.shape[0], layout=gl.SliceLayout(1, out_layout))
     cols = col0 + gl.arange(0, x.type.shape[1], layout=gl.SliceLayout(0, out_layout))
     result = gl.convert_layout(x.to(out_ptr.dtype.element_ty), out_layout)
@@ -230,33 +230,33 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
     a_scale_ptr, stride_asm, stride_ask, w_scale_ptr, stride_wse, stride_wsn, stride_wsk = scales
     topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr, num_tokens_post_padded_ptr = schedule
     alpha, limit = act
-    BLOCK_SIZE_M: gl.constexpr = a_bufs.type.shape[1]
+    PARTITION_M: gl.constexpr = a_bufs.type.shape[1]  # this partition's rows of a tile of PARTITION_M * CONSUMERS
     BLOCK_SIZE_N: gl.constexpr = w_bufs.type.shape[1]
     BLOCK_SIZE_K: gl.constexpr = a_bufs.type.shape[2]
     mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_SIZE_N, 32])
     # Stores of 8 elements per thread along a row (16 bytes of bfloat16).
     out_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    zero = gl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), gl.float32, layout=mma_layout)
+    zero = gl.zeros((PARTITION_M, BLOCK_SIZE_N), gl.float32, layout=mma_layout)
     # SWIGLU: gate and up each as two halves of HALF columns (`_k_loop_swiglu`).
     HALF: gl.constexpr = BLOCK_SIZE_N // 2
     half_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                           instr_shape=[16, HALF, 32])
-    zero_half = gl.zeros((BLOCK_SIZE_M, HALF), gl.float32, layout=half_layout)
+    zero_half = gl.zeros((PARTITION_M, HALF), gl.float32, layout=half_layout)
 
-    num_pid_m, num_pid_n = _tiles(num_tokens_post_padded_ptr, N, BLOCK_SIZE_M * CONSUMERS, BLOCK_SIZE_N)
+    num_pid_m, num_pid_n = _tiles(num_tokens_post_padded_ptr, N, PARTITION_M * CONSUMERS, BLOCK_SIZE_N)
     num_k = gl.cdiv(K, BLOCK_SIZE_K)
     step = 0
     for t in range(gl.program_id(0), num_pid_m * num_pid_n, gl.num_programs(0)):
         pid_m, pid_n, expert = _tile(t, num_pid_m, num_pid_n, expert_ids_ptr, GROUP_SIZE_M)
         if expert >= 0:
-            row0 = (pid_m * CONSUMERS + CONSUMER) * BLOCK_SIZE_M
+            row0 = (pid_m * CONSUMERS + CONSUMER) * PARTITION_M
             n0 = pid_n * BLOCK_SIZE_N
             w_scale_base = w_scale_ptr + expert.to(gl.int64) * stride_wse + (n0 // GROUP_N) * stride_wsn
             if SWIGLU != "none":  # sorted rows, no routed weight (the up projection)
                 # the up rows' scale block: rows N + n0 of w1 (N = I)
                 w_up_scale = w_scale_ptr + expert.to(gl.int64) * stride_wse + ((N + n0) // GROUP_N) * stride_wsn
-                offs_h = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, half_layout))
+                offs_h = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, half_layout))
                 a_scale_rows = a_scale_ptr + offs_h.to(gl.int64) * stride_asm
                 g0, g1, u0, u1, step = _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero_half,
                                                       a_scale_rows, stride_ask, w_scale_base, w_up_scale, stride_wsk)
@@ -269,11 +269,11 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
                 _store_half(out_ptr, stride_om, act0, row0, n0, N, out_layout)
                 _store_half(out_ptr, stride_om, act1, row0, n0 + HALF, N, out_layout)
             else:
-                offs_m = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, mma_layout))
+                offs_m = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, mma_layout))
                 a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm
                 acc, step = _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask,
                                     w_scale_base, stride_wsk)
-                rows = row0 + gl.arange(0, BLOCK_SIZE_M, layout=gl.SliceLayout(1, out_layout))
+                rows = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, out_layout))
                 cols = n0 + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(0, out_layout))
                 slots = gl.load(sorted_token_ids_ptr + rows)
                 routed = slots < num_slots  # padding rows hold the sentinel num_slots

@@ -697,7 +697,7 @@ GLUON_LOAD_REGS = 40
 _WARPGROUP = 4
 # Registers per thread of the second MMA partition (128-row tiles): what one SM's 64K registers leave to two
 # warpgroups beside the load partition's, rounded down to 8 (232; a 64x128 tile's sums and two products in
-# flight take 192). The default partition gets as many.
+# flight take 192). Gluon sets the default partition's own count (setmaxnreg in its PTX).
 GLUON_CONSUMER_REGS = (65536 // (_WARPGROUP * 32) - GLUON_LOAD_REGS) // 2 // 8 * 8
 
 

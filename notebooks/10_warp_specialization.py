@@ -8,7 +8,8 @@
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
 # `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
-# experts get 1024 rows each or more (section 7 says why only there). This notebook takes it apart.
+# experts get 1024 rows each or more and no config is given (section 7 says why only there). This notebook takes
+# it apart.
 #
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
@@ -102,7 +103,8 @@ _ = workbook.check("Triton FP8 grouped GEMM vs float32 math on the dequantized o
 #   per pair instead of one per block. (Why pairs and not a running chain: a product in flight across the
 #   loop's back edge makes ptxas serialize every wgmma, its warning C7514.)
 # - **ping-pong**: two MMA warpgroups on two different tiles take turns: while one scales, the other's wgmma
-#   runs, and the tensor cores never wait (section 3).
+#   runs, and the tensor cores never wait (section 3). The schematic leaves out what loads cost; on an H200
+#   that cost decided against ping-pong (section 3).
 
 # %%
 ws_viz.plot_timeline()
@@ -174,8 +176,8 @@ for step in range(6):
 # tall, so every W box is loaded for half the work, which cost more than the turns gained (0.84 to 1.02x the
 # Triton kernel's speed where the two warpgroups of one tile reach 1.0 to 1.2x, at T = 4096 and 16384). A
 # 128-row tile per warpgroup would need its 128 rows of sums and a product in flight in one warpgroup's
-# registers: more than a thread has beside a second warpgroup (docs/experiments.md, "Two MMA partitions, and
-# ping-pong").
+# registers: more than a thread has beside a second warpgroup (64 for the sums and 64 per product in flight
+# with 64 rows; twice as many with 128). Measurements: docs/experiments.md, "Two MMA partitions, and ping-pong".
 #
 # ## 4. The kernel, piece by piece
 #
@@ -183,9 +185,10 @@ for step in range(6):
 # into partitions: the default one (the kernel's `num_warps` = 4 warps, one warpgroup) runs `_mma_partition` on
 # the tile's first 64 rows, with 128-row tiles a worker of 4 more warps runs it on the next 64 (`CONSUMER_REGS`
 # registers per thread), and one extra warp runs `_load_partition` with `LOAD_REGS` registers (the load warp
-# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). `moe_lab.plan.plan_gluon_fp8` decides the stages
-# (as many as shared memory holds, up to the config's), the grid (one program per SM, persistent) and that
-# register split.
+# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). The load warp is padded to a whole warpgroup,
+# so the compiled kernel counts 8 or 12 warps. `moe_lab.plan.plan_gluon_fp8` decides the stages (as many as
+# shared memory holds, up to the config's), the grid (one program per SM, persistent) and the launch's
+# register limit; `GLUON_CONSUMER_REGS` and `GLUON_LOAD_REGS` in `moe_lab/plan.py` are the split.
 
 # %%
 from moe_lab._kernels import gluon_fp8 as gluon_kernels
@@ -207,8 +210,8 @@ print(inspect.getsource(gluon_kernels._load_partition.fn))
 # **The consumer.** `_issue` waits for a stage and issues its wgmma asynchronously, returning at once; the K loop
 # (`_k_loop`, run by `_mma_partition` for each tile) takes K blocks in pairs: both wgmmas issued, then
 # `warpgroup_mma_wait(num_outstanding=1)` waits for the first only, its stage is released (`arrive` on `empty`),
-# and the first product is scaled while the second runs. (`_k_loop_swiglu`, for SwiGLU, does the same with the
-# gate and up products, each in two half-width accumulators.)
+# and the first product is scaled while the second runs. (`_k_loop_swiglu`, for SwiGLU, takes one K block at a
+# time: its gate and up products in two half-width pieces each, each piece added while the next one runs.)
 
 # %%
 print(inspect.getsource(gluon_kernels._issue.fn))
@@ -387,9 +390,10 @@ print(ws_viz.steps_table(results, tokens=512))
 #   tiles are mostly padding; Mixtral's 8 experts get about 128 rows each, and there it does not lose.
 # - Still short of the dense FP8 ceiling, and measured why (docs/experiments.md, "What stops the Gluon FP8
 #   kernel"): the same kernel without block scales (its wgmmas accumulating, as with one scale per tensor)
-#   reaches the ceiling at Mixtral-8x7B (about 1,150 TFLOP/s at T = 16384) but about 930 at DeepSeek-V3 and 830
-#   at Qwen3-30B-A3B, whose short K (16 and 6 K blocks in the down GEMM) leave the epilogue a larger share. So
-#   at Mixtral the scaling of each product costs about a fifth; elsewhere the epilogue costs as much. A step
+#   comes within 5 % of the dense FP8 ceiling at Mixtral-8x7B (about 1,150 TFLOP/s at T = 16384) but reaches
+#   about 930 at DeepSeek-V3 and 830 at Qwen3-30B-A3B, whose short K (16 and 6 K blocks in the down GEMM) leave
+#   the epilogue a larger share. So at Mixtral the scaling of each product costs about a fifth; at DeepSeek-V3
+#   and Qwen3 the epilogue costs about as much as the scaling (each about 10 to 20 %). A step
 #   tried before this kernel, Gluon without warp
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
@@ -397,10 +401,10 @@ print(ws_viz.steps_table(results, tokens=512))
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
 #   epilogue) the gain is smaller: faster than the Triton layer only at Mixtral T >= 4096 and Qwen3 T = 16384,
 #   slower at DeepSeek-V3 and at small T (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
-#   Gluon GEMMs where the experts get 1024 rows each or more (`MOE_LAB_GLUON=1`: at every T). Where the Triton up
-#   GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit; elsewhere by a few
-#   float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md, "The Gluon FP8
-#   GEMMs in the layer").
+#   Gluon GEMMs where the experts get 1024 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
+#   T). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;
+#   elsewhere by a few float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md,
+#   "Where the Gluon and Triton layers part").
 #
 # ## Summary
 #
@@ -412,6 +416,7 @@ print(ws_viz.steps_table(results, tokens=512))
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
-#   `fused_moe` runs them where the experts get 1024 rows each or more, where the layer is faster.
+#   `fused_moe` runs them where the experts get 1024 rows each or more (no config given), where the layer is
+#   faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

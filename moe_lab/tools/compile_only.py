@@ -315,12 +315,24 @@ def _options(kwargs: dict) -> str:
     return " ".join(f"{k}={kwargs[k]}" for k in ("num_warps", "num_stages", "num_ctas") if k in kwargs)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The innermost exception that `exc` was raised from or while handling."""
+    seen = {id(exc)}
+    while (exc.__cause__ or exc.__context__) is not None and id(exc.__cause__ or exc.__context__) not in seen:
+        exc = exc.__cause__ or exc.__context__
+        seen.add(id(exc))
+    return exc
+
+
 def format_error(exc: BaseException, limit: int = 30) -> str:
     """The compiler's message (Triton's CompilationError: source line and cause; or the tail of a ptxas /
     MLIR error), shortened to `limit` lines."""
     text = str(exc).strip() or repr(exc)
     lines = text.splitlines()
     lines[0] = f"{type(exc).__name__}: {lines[0]}"
+    root = root_cause(exc)
+    if root is not exc:  # Triton's CompilationError wraps the cause (a NameError, an assertion) in layers
+        lines.append(f"caused by {type(root).__name__}: {' '.join(str(root).split())[:600]}")
     if len(lines) > limit:
         lines = lines[: limit // 2] + [f"... ({len(lines) - limit} lines left out) ..."] + lines[-limit // 2 :]
     return "\n".join(lines)

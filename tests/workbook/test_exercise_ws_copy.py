@@ -167,6 +167,19 @@ def test_a_call_with_wrong_arguments_names_the_gluon_call(tmp_path):
     assert "ready[...]: a stage of the ring is ready.index(stage)" in verdict.message, verdict.message
 
 
+def test_a_compile_error_names_its_cause(tmp_path):
+    """A producer that passes the model but not the compiler (a module global, a break) gets the compiler's own
+    error, not only the outer layer of its CompilationError."""
+    source = _slip(WAIT + EXPECT.replace("src_desc.block_type.nbytes", "NBYTES") + LOAD + STEP)
+    kernel = _define(source.replace("@gluon.jit", "NBYTES = 2048\n\n\n@gluon.jit"), tmp_path, "global")
+    verdict = exercises.check_ws_copy(kernel)
+    assert verdict.status == "NOT YET" and "NameError" in verdict.message and "keep everything else" in verdict.message
+    kernel = _define(
+        _slip(WAIT + EXPECT + LOAD + STEP + "        if step > 1000:\n            break\n"), tmp_path, "brk"
+    )
+    assert "Break" in exercises.check_ws_copy(kernel).message
+
+
 def test_a_loop_that_never_ends_is_stopped(tmp_path, monkeypatch):
     monkeypatch.setattr(ws_copy, "MODEL_SECONDS", 0.5)
     spin = _define(_slip("        while True:\n            pass\n"), tmp_path, "spin")

@@ -142,9 +142,9 @@ def main(argv) -> int:
         load_partition = getattr(module, name)
         result = compile_for_sm90() if mode == "compile" else run_on_gpu()
     except Exception as exc:  # noqa: BLE001 - a learner's producer may raise anything; it is reported
-        root = exc  # the compiler's own error (a NameError, ...) under the layers of its CompilationError
-        while root.__cause__ is not None and root.__cause__ is not root:
-            root = root.__cause__
+        from ...tools.compile_only import root_cause
+
+        root = root_cause(exc)  # the compiler's own error (a NameError, ...) under its CompilationError's layers
         lines = [line for line in traceback.format_exception_only(type(exc), exc) if line.strip()]
         if root is not exc:
             lines += [line for line in traceback.format_exception_only(type(root), root) if line.strip()]

@@ -865,6 +865,8 @@ def gluon_applies(
     "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
     least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles)."""
     setting = gluon_setting() if setting is None else setting
+    if setting not in ("0", "1", "auto"):
+        raise ValueError(f"setting must be '0', '1' or 'auto' (as {GLUON_ENV_VAR}), got {setting!r}")
     if setting == "0":
         return False, f"{GLUON_ENV_VAR}=0"
     if w1.dtype != FP8_DTYPE or block_shape is None:
@@ -894,7 +896,7 @@ def gluon_applies(
     if rows_per_expert is None:
         return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
     rows = f"{rows_per_expert:.1f}".removesuffix(".0")
-    if rows_per_expert < threshold:
+    if not rows_per_expert >= threshold:  # (NaN included)
         return False, (
             f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {threshold}, where the Triton GEMMs "
             f"are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"

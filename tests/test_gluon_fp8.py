@@ -163,6 +163,9 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     assert auto == (True, "MOE_LAB_GLUON=auto: 1024 rows per expert (T * top_k / E) >= 1024")
     assert "config given" in gluon_applies(w1, w2, block, setting="auto", rows_per_expert=4096, config_given=True)[1]
     assert not gluon_applies(w1, w2, block, setting="auto")[0]  # no T to decide by
+    assert not gluon_applies(w1, w2, block, setting="auto", rows_per_expert=float("nan"))[0]
+    with pytest.raises(ValueError, match="setting must be '0', '1' or 'auto'"):
+        gluon_applies(w1, w2, block, setting="on", rows_per_expert=4096)
     assert gluon_applies(w1, w2, block, setting="1") == (True, "MOE_LAB_GLUON=1")
     assert gluon_applies(w1, w2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
     assert "interleaved" in gluon_applies(w1, w2, block, GPT_OSS, setting="1")[1]

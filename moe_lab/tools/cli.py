@@ -452,8 +452,11 @@ def main(argv=None) -> int:
         if problem:  # Triton missing, or Triton 3.6's interpreter under numpy >= 2.4: said, no traceback
             print(f"moe-lab {args.command}: {problem} (`moe-lab doctor` checks the rest)", file=sys.stderr)
             return 2
-        try:  # a bad MOE_LAB_TMA: said here, not as a traceback from the first kernel launch
+        try:  # a bad MOE_LAB_TMA or MOE_LAB_GLUON: said here, not as a traceback from the first launch
+            from ..plan import gluon_setting
+
             tma_support()
+            gluon_setting()
         except ValueError as exc:
             print(f"moe-lab: {exc}", file=sys.stderr)
             return 2

@@ -189,6 +189,13 @@ def report() -> Report:
         support = tma_support(device) if triton_version else None
     except ValueError as exc:  # a bad MOE_LAB_TMA
         find(Finding("problem", str(exc), "export MOE_LAB_TMA=auto (or 0, or 1)"))
+    try:
+        if triton_version:  # (moe_lab.plan needs Triton)
+            from ..plan import gluon_setting
+
+            gluon_setting()
+    except ValueError as exc:  # a bad MOE_LAB_GLUON: every fused_moe call would raise it
+        find(Finding("problem", str(exc), "export MOE_LAB_GLUON=auto (or 0, or 1)"))
     if triton_version is None:
         fact(("TMA path", "unknown: Triton is not installed"))
     elif support is not None:

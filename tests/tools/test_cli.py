@@ -194,7 +194,7 @@ def test_deepseek_v3_preset_says_its_checkpoint_is_fp8():
 
 
 def test_bad_env_settings_are_said_before_any_launch(monkeypatch, capsys):
-    for var, value in (("MOE_LAB_TMA", "maybe"),):
+    for var, value in (("MOE_LAB_TMA", "maybe"), ("MOE_LAB_GLUON", "yes")):
         monkeypatch.setenv(var, value)
         for argv in (["demo", "--model", "qwen3-30b-a3b", "--tokens", "1", "--scale", "128"], ["info"]):
             assert main(argv) == 2

@@ -62,6 +62,11 @@ def test_doctor_reports_a_bad_tma_setting_instead_of_crashing(monkeypatch):
     assert any("MOE_LAB_TMA" in f.what for f in doctor.report().problems)
 
 
+def test_doctor_reports_a_bad_gluon_setting(monkeypatch):
+    monkeypatch.setenv("MOE_LAB_GLUON", "yes")
+    assert any("MOE_LAB_GLUON" in f.what for f in doctor.report().problems)
+
+
 def test_cache_problem(tmp_path):
     assert doctor.cache_problem(str(tmp_path / "new" / "cache")) is None  # created on first use
     (tmp_path / "file").write_text("x")

@@ -691,13 +691,14 @@ def layer_plan_cache(enabled: bool):
 
 # --- The warp-specialized Gluon FP8 grouped GEMM (moe_lab.gluon_fp8): its launch, decided here. ---
 
-# Registers per thread of the Gluon kernel's load partition (one warp issuing TMA copies and reading the schedule).
-GLUON_LOAD_REGS = 40
+# Registers per thread of the Gluon kernel's load partition (one warp issuing TMA copies and reading the schedule):
+# setmaxnreg's least, so the MMA partitions get the rest.
+GLUON_LOAD_REGS = 24
 # The TMA producer's warp counts as a whole warpgroup when registers are shared out.
 _WARPGROUP = 4
-# Registers per thread of the second MMA partition (128-row tiles): what one SM's 64K registers leave to two
-# warpgroups beside the load partition's, rounded down to 8 (232; a 64x128 tile's sums and two products in
-# flight take 192). Gluon sets the default partition's own count (setmaxnreg in its PTX).
+# Registers per thread of each MMA partition with 128-row tiles: what one SM's 64K registers leave to two
+# warpgroups beside the load partition's, rounded down to 8 (240). A 64x128 tile's sums and two products in flight
+# take 192, and the SwiGLU tile's four half sums as many; with 232 ptxas spilled the SwiGLU K loop's addresses.
 GLUON_CONSUMER_REGS = (65536 // (_WARPGROUP * 32) - GLUON_LOAD_REGS) // 2 // 8 * 8
 
 

@@ -13,14 +13,15 @@ the up box):
   barrier expect their bytes;
 - an MMA partition per 64 rows of the tile (CONSUMERS of them, one warpgroup each: the default partition and,
   for 128-row tiles, a worker with CONSUMER_REGS registers per thread) waits for a stage, issues its wgmma
-  asynchronously, and scales each K block's float32 product by its A and W scales into a float32
-  accumulator in registers (the promotion of DeepSeek-V3's recipe), then signals the stage `empty`. K blocks go
-  in pairs: both wgmmas issued, the first scaled while the second runs. No product is in flight across the
-  loop's back edge (ptxas would then serialize every wgmma, C7514). The epilogue multiplies by the routed
-  weight (where `topk_weights_ptr` is given), converts to the output's dtype and stores sorted rows or scatters
-  them to their (token, k) slots. Each MMA partition arrives on a stage's `empty` barrier on its own (count
-  CONSUMERS), so one can scale or store while the other's wgmmas run; one partition of two warpgroups would
-  synchronize both before each arrival.
+  asynchronously, and scales each K block's float32 product by its A and W scales into a float32 accumulator in
+  registers (the promotion of DeepSeek-V3's recipe), then signals the stage `empty`. K blocks go in pairs: both
+  wgmmas issued, the first scaled while the second runs; the second partition's pairs start a K block later than the
+  first's, so one has a wgmma in flight while the other is between pairs. No product is in flight across the loop's
+  back edge (ptxas would then serialize every wgmma, C7514/C7515). The epilogue multiplies by the routed weight
+  (where `topk_weights_ptr` is given), converts to the output's dtype and stores sorted rows or scatters them to
+  their (token, k) slots. Each MMA partition arrives on a stage's `empty` barrier on its own (count CONSUMERS), so
+  one can scale or store while the other's wgmmas run; one partition of two warpgroups would synchronize both before
+  each arrival.
 All partitions walk the same persistent tile sequence (one program per SM, `_tiles` and `_tile`) from the
 schedule in memory (`num_tokens_post_padded`, `expert_ids`): no host synchronization, and unused M-blocks
 (expert -1) are skipped. Stage index and phase come from a step count that runs on across tiles.
@@ -112,11 +113,30 @@ def _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk):
 
 
 @gluon.jit
-def _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask, w_scale_base, stride_wsk):
-    """The float32 sums of one tile over all K blocks, two wgmmas in flight; returns (sums, the next step)."""
+def _k_block(step, k, acc, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask, w_scale_base, stride_wsk):
+    """acc plus K block k's scaled product, alone (nothing else in flight); returns (sums, the next step)."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    p = _issue(step, 0, a_bufs, w_bufs, ready, zero, 1)
+    s = _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
+    v = warpgroup_mma_wait(num_outstanding=0, deps=(p, ))
+    mbarrier.arrive(empty.index(step % STAGES), count=1)
+    return acc + v * s[:, None], step + 1
+
+
+@gluon.jit
+def _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask, w_scale_base, stride_wsk,
+            CONSUMER: gl.constexpr):
+    """The float32 sums of one tile over all K blocks, two wgmmas in flight; returns (sums, the next step).
+    The second MMA partition takes its first K block alone, so its pairs start a block after the first's:
+    the two are not between pairs (scaling the second product, waiting for the next stage) at the same time."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     acc = zero
-    for k in range(0, num_k - 1, 2):  # K blocks k and k + 1
+    k_first = 0
+    if CONSUMER == 1:
+        acc, step = _k_block(step, 0, acc, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask,
+                             w_scale_base, stride_wsk)
+        k_first = 1
+    for k in range(k_first, num_k - 1, 2):  # K blocks k and k + 1
         p0 = _issue(step, 0, a_bufs, w_bufs, ready, zero, 1)
         p1 = _issue(step + 1, 0, a_bufs, w_bufs, ready, zero, 1)
         s0 = _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
@@ -128,13 +148,9 @@ def _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, strid
         mbarrier.arrive(empty.index((step + 1) % STAGES), count=1)
         acc += v1 * s1[:, None]
         step += 2
-    if num_k % 2 == 1:  # the last K block alone
-        p0 = _issue(step, 0, a_bufs, w_bufs, ready, zero, 1)
-        s0 = _scale(num_k - 1, a_scale_rows, stride_ask, w_scale_base, stride_wsk)
-        v0 = warpgroup_mma_wait(num_outstanding=0, deps=(p0, ))
-        mbarrier.arrive(empty.index(step % STAGES), count=1)
-        acc += v0 * s0[:, None]
-        step += 1
+    if (num_k - k_first) % 2 == 1:  # the last K block alone
+        acc, step = _k_block(step, num_k - 1, acc, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask,
+                             w_scale_base, stride_wsk)
     return acc, step
 
 
@@ -272,7 +288,7 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
                 offs_m = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, mma_layout))
                 a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm
                 acc, step = _k_loop(step, num_k, a_bufs, w_bufs, ready, empty, zero, a_scale_rows, stride_ask,
-                                    w_scale_base, stride_wsk)
+                                    w_scale_base, stride_wsk, CONSUMER)
                 rows = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, out_layout))
                 cols = n0 + gl.arange(0, BLOCK_SIZE_N, layout=gl.SliceLayout(0, out_layout))
                 slots = gl.load(sorted_token_ids_ptr + rows)

@@ -161,6 +161,11 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
                 "expert_map must have one entry per global expert [E_global], E_global >= 1, got shape (0,)"
             )
     num_global = expert_map.numel() if expert_map is not None else num_experts
+    if expert_map is not None and topk_ids.shape[1] > num_global:  # k distinct experts need k global ones
+        raise ValueError(
+            f"expert_map must have one entry per global expert [E_global], E_global >= k={topk_ids.shape[1]} "
+            f"(topk_ids' columns), got shape ({num_global},)"
+        )
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
     named = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights)
@@ -178,14 +183,20 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
 def _check_ids(
     topk_ids: torch.Tensor, expert_map: Optional[torch.Tensor], num_experts: int, check_ids: Optional[bool]
 ) -> None:
-    """Raise ValueError for experts outside [0, E) (or E_global), and for expert_map entries outside
-    [-1, E). On a GPU this reads min and max back to the host (a sync that CUDA-graph capture forbids),
+    """Raise ValueError for experts outside [0, E) (or E_global), for an expert_map shorter than the
+    experts topk_ids name, and for expert_map entries outside [-1, E) or repeated (two global experts on one
+    local one). On a GPU this reads values back to the host (a sync that CUDA-graph capture forbids),
     so there it runs only when asked (check_ids=True)."""
     if check_ids is False or (check_ids is None and topk_ids.device.type != "cpu"):
         return
     num_global = expert_map.numel() if expert_map is not None else num_experts
     if topk_ids.numel():
         low, high = int(topk_ids.min()), int(topk_ids.max())
+        if expert_map is not None and low >= 0 and high >= num_global:
+            raise ValueError(
+                f"expert_map must have one entry per global expert [E_global]: topk_ids name experts up to {high} "
+                f"(E_global >= {high + 1}), got shape ({num_global},)"
+            )
         if low < 0 or high >= num_global:
             where = " (E_global: expert_map's length)" if expert_map is not None else ""
             raise ValueError(f"topk_ids must hold experts in [0, {num_global}){where}, got values from {low} to {high}")
@@ -194,6 +205,15 @@ def _check_ids(
         if low < -1 or high >= num_experts:
             raise ValueError(
                 f"expert_map must hold local experts in [0, {num_experts}) or -1, got values from {low} to {high}"
+            )
+        values, counts = torch.unique(expert_map, return_counts=True)
+        repeated = values[(counts > 1) & (values >= 0)]
+        if repeated.numel():
+            local = int(repeated[0])
+            shared = torch.nonzero(expert_map == local).flatten().tolist()
+            raise ValueError(
+                "expert_map must map each local expert to at most one global expert (entries other than -1 "
+                f"distinct), got global experts {shared} all mapped to local expert {local}"
             )
 
 
@@ -394,13 +414,14 @@ def fused_moe(
         config: None (tuned table or heuristic), a MoEConfig, a GemmConfig for both GEMMs, or a dict.
         use_tma: "auto" (TMA where device and tensors allow), True (raise ValueError if not), False.
         expert_map: optional [E_global] int: global expert -> local index in w1/w2, -1 if not on this
-            rank (expert parallelism); slots on other ranks contribute zero.
+            rank (expert parallelism); slots on other ranks contribute zero. Entries other than -1 distinct.
         out: optional [T, H] output buffer (last stride 1), dtype of hidden_states; `hidden_states` itself
             computes in place. ValueError if it overlaps any input otherwise.
         chunk_size: process at most this many tokens at a time, bounding the intermediate buffers
             (about chunk_size*k*(I + H) elements; chunk_size*k*(3I + H) with the activation unfused)
             for very large T.
-        check_ids: raise ValueError for topk_ids outside [0, E) and expert_map entries outside [-1, E).
+        check_ids: raise ValueError for topk_ids outside [0, E), an expert_map shorter than the experts
+            topk_ids name, and expert_map entries outside [-1, E) or repeated.
             Default: on CPU tensors only, since on a GPU it costs a device-to-host sync; unchecked
             out-of-range ids (and map entries) contribute zero.
         w1_scale, w2_scale, block_shape: float32 scales of float8_e4m3fn w1 and w2 (value = fp8 value x

@@ -842,9 +842,10 @@ GLUON_PARTITION_ROWS = 64
 
 def gluon_setting() -> str:
     """The `MOE_LAB_GLUON` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
-    value = os.environ.get(GLUON_ENV_VAR, "auto").strip().lower()
+    setting = os.environ.get(GLUON_ENV_VAR, "auto")
+    value = setting.strip().lower()
     if value not in ("0", "1", "auto"):
-        raise ValueError(f"{GLUON_ENV_VAR} must be 0, 1 or auto, got {value!r}")
+        raise ValueError(f"{GLUON_ENV_VAR} must be 0, 1 or auto, got {setting!r}")
     return value
 
 

@@ -13,23 +13,19 @@ Routing is a few small PyTorch ops; the kernels of this package start at alignme
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from ._validate import FLOAT_DTYPES, check_one_device, check_positive_int, check_tensor
 
 
-@dataclass(frozen=True)
-class TopKRouting:
-    """`topk_weights` [T, k] float32: each token's routed weights. `topk_ids` [T, k] int32: its experts."""
+class TopKRouting(NamedTuple):
+    """`topk_weights` [T, k] float32: each token's routed weights. `topk_ids` [T, k] int32: its experts.
+    A tuple: `topk_weights, topk_ids = topk_routing(...)`, `routing[0]` and `routing.topk_weights` all work."""
 
     topk_weights: torch.Tensor
     topk_ids: torch.Tensor
-
-    def __iter__(self):  # allows `topk_weights, topk_ids = topk_routing(...)`
-        return iter((self.topk_weights, self.topk_ids))
 
 
 def topk_routing(

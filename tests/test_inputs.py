@@ -271,6 +271,52 @@ def test_weights_stored_transposed_are_named_with_the_view_to_pass():
 
 
 def test_ids_past_an_expert_map_name_its_length():
+    """An expert_map shorter than the global experts the call implies is named, not topk_ids: by the ids' values
+    (read on the CPU, or with check_ids=True) and by their k columns; negative ids are still topk_ids'."""
     hs, w1, w2, tw, ti = random_layer(3, 4, 2, 16, 8, torch.float32)
-    with pytest.raises(ValueError, match=r"in \[0, 3\) \(E_global: expert_map's length\), got values from"):
-        fused_moe(hs, w1, w2, tw, torch.full_like(ti, 3), expert_map=torch.tensor([0, 1, 2], dtype=torch.int32))
+    short = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    check = None if DEVICE.type == "cpu" else True
+    with pytest.raises(
+        ValueError,
+        match=r"expert_map must have one entry per global expert \[E_global\]: topk_ids "
+        r"name experts up to 3 \(E_global >= 4\), got shape \(3,\)",
+    ):
+        fused_moe(hs, w1, w2, tw, torch.full_like(ti, 3), expert_map=short, check_ids=check)
+    with pytest.raises(ValueError, match=r"expert_map must have one entry per global expert \[E_global\]: topk_ids"):
+        fused_moe_reference(hs, w1, w2, tw, torch.full_like(ti, 3), expert_map=short)
+    with pytest.raises(ValueError, match=r"expert_map must .* E_global >= k=2 \(topk_ids' columns\), got shape \(1,\)"):
+        fused_moe(hs, w1, w2, tw, ti, expert_map=short[:1])
+    negative = torch.full_like(ti, 3)
+    negative[0, 0] = -1
+    with pytest.raises(ValueError, match=r"topk_ids must hold experts in \[0, 3\) \(E_global: expert_map's length\)"):
+        fused_moe(hs, w1, w2, tw, negative, expert_map=short, check_ids=check)
+
+
+def test_repeated_expert_map_entries_are_refused():
+    """Two global experts on one local weight is a mistake in the map: refused where its values are read (the
+    CPU, or check_ids=True; on a GPU by default no check reads them back)."""
+    hs, w1, w2, tw, ti = random_layer(3, 4, 2, 16, 8, torch.float32)
+    twice = torch.tensor([0, 1, -1, 1], dtype=torch.int32, device=DEVICE)
+    check = None if DEVICE.type == "cpu" else True
+    match = r"expert_map must map each local expert to at most one global expert .* got global experts \[1, 3\] all"
+    with pytest.raises(ValueError, match=match + r" mapped to local expert 1"):
+        fused_moe(hs, w1[:2], w2[:2], tw, ti, expert_map=twice, check_ids=check)
+    with pytest.raises(ValueError, match=match):
+        fused_moe_reference(hs, w1[:2], w2[:2], tw, ti, expert_map=twice)
+    fused_moe(hs, w1[:2], w2[:2], tw, ti, expert_map=twice, check_ids=False)  # unchecked: as asked
+    several_elsewhere = torch.tensor([-1, 1, -1, 0], dtype=torch.int32, device=DEVICE)  # -1 may repeat
+    out = fused_moe(hs, w1[:2], w2[:2], tw, ti, expert_map=several_elsewhere, check_ids=check)
+    ref = fused_moe_reference(hs, w1[:2], w2[:2], tw, ti, expert_map=several_elsewhere)
+    assert relative_error(out, ref) < TOL[torch.float32]
+
+
+@pytest.mark.parametrize("variable", ["MOE_LAB_TMA", "MOE_LAB_GLUON"])
+def test_bad_environment_setting_is_shown_as_set(variable, monkeypatch):
+    from moe_lab import capability, plan
+
+    setting = {"MOE_LAB_TMA": capability.env_override, "MOE_LAB_GLUON": plan.gluon_setting}[variable]
+    monkeypatch.setenv(variable, " YES")
+    with pytest.raises(ValueError, match=rf"{variable} must be 0, 1 or auto, got ' YES'"):
+        setting()
+    monkeypatch.setenv(variable, " Auto ")  # read case- and space-insensitively, as before
+    assert setting() == "auto"

@@ -15,6 +15,13 @@ def test_softmax_topk_renormalized():
     torch.testing.assert_close(w, ref_w / ref_w.sum(-1, keepdim=True))
 
 
+def test_result_unpacks_indexes_and_names_its_fields():
+    routing = topk_routing(torch.randn(6, 8), 2)
+    topk_weights, topk_ids = routing
+    assert routing[0] is routing.topk_weights is topk_weights and routing[1] is routing.topk_ids is topk_ids
+    assert routing[-1] is topk_ids and len(routing) == 2 and routing._fields == ("topk_weights", "topk_ids")
+
+
 def test_no_renormalize_keeps_softmax_probabilities():
     logits = torch.randn(10, 8)
     w, ids = topk_routing(logits, 3, renormalize=False)

@@ -8,7 +8,7 @@
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
 # `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
-# experts get 1024 rows each or more and no config is given (section 7 says why only there). This notebook takes
+# experts get 512 rows each or more and no config is given (section 7 says why only there). This notebook takes
 # it apart.
 #
 # **Goals**
@@ -185,7 +185,8 @@ for step in range(6):
 # into partitions: the default one (the kernel's `num_warps` = 4 warps, one warpgroup) runs `_mma_partition` on
 # the tile's first 64 rows, with 128-row tiles a worker of 4 more warps runs it on the next 64 (`CONSUMER_REGS`
 # registers per thread), and one extra warp runs `_load_partition` with `LOAD_REGS` registers (the load warp
-# needs few; `setmaxnreg` hands the rest to the MMA warpgroups). The load warp is padded to a whole warpgroup,
+# needs few: 24, the least `setmaxnreg` allows, so each MMA warpgroup gets 240; at 232 the compiler spilled a few
+# of the SwiGLU K loop's addresses to local memory, and the layer ran 6 to 20 % slower). The load warp is padded to a whole warpgroup,
 # so the compiled kernel counts 8 or 12 warps. `moe_lab.plan.plan_gluon_fp8` decides the stages (as many as
 # shared memory holds, up to the config's), the grid (one program per SM, persistent) and the launch's
 # register limit; `GLUON_CONSUMER_REGS` and `GLUON_LOAD_REGS` in `moe_lab/plan.py` are the split.
@@ -210,8 +211,11 @@ print(inspect.getsource(gluon_kernels._load_partition.fn))
 # **The consumer.** `_issue` waits for a stage and issues its wgmma asynchronously, returning at once; the K loop
 # (`_k_loop`, run by `_mma_partition` for each tile) takes K blocks in pairs: both wgmmas issued, then
 # `warpgroup_mma_wait(num_outstanding=1)` waits for the first only, its stage is released (`arrive` on `empty`),
-# and the first product is scaled while the second runs. (`_k_loop_swiglu`, for SwiGLU, takes one K block at a
-# time: its gate and up products in two half-width pieces each, each piece added while the next one runs.)
+# and the first product is scaled while the second runs. Between two pairs a warpgroup has nothing in flight
+# (it scales the second product and waits for the next stage), so the second warpgroup takes its first K block
+# alone: its pairs start a block later, and its gaps fall while the first warpgroup's wgmmas run (1.01 to 1.04x
+# at T = 16384). (`_k_loop_swiglu`, for SwiGLU, takes one K block at a time: its gate and up products in two
+# half-width pieces each, each piece added while the next one runs.)
 
 # %%
 print(inspect.getsource(gluon_kernels._issue.fn))
@@ -399,9 +403,10 @@ print(ws_viz.steps_table(results, tokens=512))
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
-#   epilogue) the gain is smaller: faster than the Triton layer only at Mixtral T >= 4096 and Qwen3 T = 16384,
-#   slower at DeepSeek-V3 and at small T (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
-#   Gluon GEMMs where the experts get 1024 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
+#   epilogue) it is faster than the Triton layer where the experts get 512 rows each or more (1.06 to 1.24x:
+#   Mixtral T >= 2048, Qwen3 and DeepSeek-V3 from T = 8192), about even at 256, slower below
+#   (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
+#   Gluon GEMMs where the experts get 512 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
 #   T). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;
 #   elsewhere by a few float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md,
 #   "Where the Gluon and Triton layers part").
@@ -416,7 +421,7 @@ print(ws_viz.steps_table(results, tokens=512))
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
-#   `fused_moe` runs them where the experts get 1024 rows each or more (no config given), where the layer is
+#   `fused_moe` runs them where the experts get 512 rows each or more (no config given), where the layer is
 #   faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

@@ -157,10 +157,10 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     meta = dict(device="meta", dtype=FP8)
     w1, w2 = torch.empty(8, 2 * 2048, 1024, **meta), torch.empty(8, 1024, 2048, **meta)
     block = (128, 128)
-    applies, why = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=512)  # by the rows per expert
-    assert not applies and "auto: 512 rows per expert (T * top_k / E) < 1024" in why
-    auto = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=1024)
-    assert auto == (True, "MOE_LAB_GLUON=auto: 1024 rows per expert (T * top_k / E) >= 1024")
+    applies, why = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=256)  # by the rows per expert
+    assert not applies and "auto: 256 rows per expert (T * top_k / E) < 512" in why
+    auto = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=512)
+    assert auto == (True, "MOE_LAB_GLUON=auto: 512 rows per expert (T * top_k / E) >= 512")
     assert "config given" in gluon_applies(w1, w2, block, setting="auto", rows_per_expert=4096, config_given=True)[1]
     assert not gluon_applies(w1, w2, block, setting="auto")[0]  # no T to decide by
     assert not gluon_applies(w1, w2, block, setting="auto", rows_per_expert=float("nan"))[0]
@@ -213,16 +213,16 @@ def test_auto_takes_the_gluon_gemms_where_experts_get_enough_rows(monkeypatch):
 
     (wide,) = chunks(t)
     assert wide.gluon is not None and wide.gluon.block_size_m == 128
-    assert wide.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=auto: 1024 rows per expert (T * top_k / E) >= 1024"
+    assert wide.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=auto: 512 rows per expert (T * top_k / E) >= 512"
     (narrow,) = chunks(t - 2)
-    assert narrow.gluon is None and "1023 rows per expert" in narrow.gemm_reason
+    assert narrow.gluon is None and "511 rows per expert" in narrow.gemm_reason
     (given,) = chunks(t, config={"up": {"num_stages": 3}})
     assert given.gluon is None and "config given" in given.gemm_reason
     assert [chunk.gluon for chunk in chunks(t, chunk_size=t // 2)] == [None, None]
     assert [chunk.gluon is not None for chunk in chunks(t + 2, chunk_size=t)] == [True, False]  # each its own
     emap = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 4 of 8 experts
-    (ranked,) = chunks(t, expert_map=emap)  # T * top_k over all 8 experts: 512 rows each
-    assert ranked.gluon is None and "512 rows per expert" in ranked.gemm_reason
+    (ranked,) = chunks(t, expert_map=emap)  # T * top_k over all 8 experts: half the threshold each
+    assert ranked.gluon is None and f"{t * k // 8} rows per expert" in ranked.gemm_reason
 
 
 def test_permute_tokens_copies_float8_rows():
@@ -396,18 +396,18 @@ def test_fused_layer_with_gluon_matches_the_reference_and_the_triton_layer(
 
 @pytest.mark.gpu
 @GPU_GLUON
-def test_auto_runs_the_gluon_gemms_from_1024_rows_per_expert(monkeypatch):
-    """By default (MOE_LAB_GLUON unset: auto) a chunk of T * top_k / E >= 1024 runs the Gluon GEMMs and one
-    token fewer runs the Triton ones; both within FP8's error of each other."""
+def test_auto_runs_the_gluon_gemms_from_512_rows_per_expert(monkeypatch):
+    """By default (MOE_LAB_GLUON unset: auto) a chunk of T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT (512) runs
+    the Gluon GEMMs and one token fewer runs the Triton ones; both within FP8's error of each other."""
     monkeypatch.delenv("MOE_LAB_GLUON", raising=False)
     plan_module.clear_layer_plans()
     e, k = 4, 2
     t = plan_module.GLUON_AUTO_ROWS_PER_EXPERT * e // k
     x, w1, w2, tw, ids, scales = _fp8_layer(t=t, e=e, k=k, device="cuda")
     wide, info = fused_moe(x, w1, w2, tw, ids, **scales, return_info=True)
-    assert info.gemm_kernel == "gluon" and "auto: 1024 rows per expert" in info.gemm_reason
+    assert info.gemm_kernel == "gluon" and "auto: 512 rows per expert" in info.gemm_reason
     narrow, info = fused_moe(x[1:], w1, w2, tw[1:], ids[1:], **scales, return_info=True)
-    assert info.gemm_kernel == "triton" and "< 1024" in info.gemm_reason
+    assert info.gemm_kernel == "triton" and "< 512" in info.gemm_reason
     assert relative_error(narrow, wide[1:]) < 1e-2
     plan_module.clear_layer_plans()
 

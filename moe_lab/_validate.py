@@ -67,6 +67,12 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
             f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
             "compute with: move them to the CPU or a GPU"
         )
+    if first.type == "cpu" and not interpreter_active():  # Triton would refuse the pointers with no name to them
+        raise ValueError(
+            f"the tensors ({', '.join(devices)}) are on the CPU, but kernels run on the GPU here (TRITON_INTERPRET "
+            "is off: a CUDA GPU is visible): move them to cuda, or set TRITON_INTERPRET=1 before importing moe_lab "
+            "to run them on the CPU"
+        )
     return first
 
 

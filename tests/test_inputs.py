@@ -87,6 +87,17 @@ def test_meta_tensors_are_named_not_crashed():
         topk_reduce(torch.zeros(2, 4, device="meta"), ids, 2)
 
 
+def test_cpu_tensors_where_kernels_run_on_the_gpu_are_named(monkeypatch):
+    """On a machine with a GPU (the interpreter off) CPU tensors get a ValueError saying what to do, not Triton's
+    'cannot be accessed from Triton (cpu tensor?)' from inside the launch."""
+    from moe_lab import _validate, moe_align
+
+    monkeypatch.setattr(_validate, "interpreter_active", lambda: False)
+    ids = torch.zeros(1, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the CPU, but kernels run on the GPU here"):
+        moe_align(ids, 2, 16)
+
+
 def test_config_errors_name_the_key():
     hs, w1, w2, tw, ti = small_layer()
     with pytest.raises(TypeError, match="config.BLOCK_SIZE_M must be an int"):

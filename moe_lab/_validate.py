@@ -67,7 +67,15 @@ def check_same_device(**tensors: Optional[torch.Tensor]) -> torch.device:
             f"the tensors ({', '.join(devices)}) are on the meta device, which holds no data to "
             "compute with: move them to the CPU or a GPU"
         )
-    if first.type == "cpu" and not interpreter_active():  # Triton would refuse the pointers with no name to them
+    return first
+
+
+def check_kernel_device(**tensors: Optional[torch.Tensor]) -> torch.device:
+    """`check_same_device`, for the tensors of a Triton kernel's launch: not on the CPU where kernels compile for
+    the GPU (the interpreter off), where Triton would refuse the pointers without naming them."""
+    first = check_same_device(**tensors)
+    devices = [name for name, t in tensors.items() if t is not None]
+    if first.type == "cpu" and not interpreter_active():
         raise ValueError(
             f"the tensors ({', '.join(devices)}) are on the CPU, but kernels run on the GPU here (TRITON_INTERPRET "
             "is off: a CUDA GPU is visible): move them to cuda, or set TRITON_INTERPRET=1 before importing moe_lab "

@@ -17,7 +17,7 @@ import torch
 from ._ints import cdiv
 from ._kernels.activation import silu_and_mul_kernel
 from ._launch import launch
-from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
 from .align import AlignedRouting
 from .expert_kind import Activation, check_activation
 from .runtime import interpreter_active, interpreter_serialized
@@ -68,7 +68,7 @@ def silu_and_mul(
         x = x.contiguous()
     inter = two_inter // 2
     out = output_buffer(out, (rows, inter), x.dtype, x.device, "[R, I]")
-    check_same_device(x=x, out=out, sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
+    check_kernel_device(x=x, out=out, sorted_token_ids=routing.sorted_token_ids if routing is not None else None)
     check_not_aliased(
         out,
         x=x,

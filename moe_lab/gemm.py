@@ -38,7 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._ints import cdiv
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._launch import LaunchSite, launch
-from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
 from .align import AlignedRouting
 from .capability import fp8_support
 from .configs import GemmConfig
@@ -355,7 +355,7 @@ def grouped_matmul(
         if quant_group
         else None
     )
-    check_same_device(
+    check_kernel_device(
         a=a,
         w=w,
         sorted_token_ids=routing.sorted_token_ids,

@@ -25,6 +25,7 @@ from ._launch import Program, recording
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    check_kernel_device,
     check_not_aliased,
     check_one_device,
     check_positive_int,
@@ -175,7 +176,7 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
             f"{requiring[0]} requires grad: fused_moe is inference-only (no backward): call it under "
             "torch.no_grad() or torch.inference_mode(), or pass tensors that do not require grad"
         )
-    check_same_device(
+    check_kernel_device(
         hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map
     )
 

@@ -15,7 +15,7 @@ import torch
 
 from ._ints import cdiv
 from ._kernels.permute import permute_tokens_kernel
-from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
 from .align import AlignedRouting
 from .quantize import FP8_DTYPE
 from .runtime import interpreter_serialized
@@ -46,7 +46,7 @@ def permute_tokens(
     )
     rows, k = routing.max_num_tokens_padded, hidden_states.shape[1]
     out = output_buffer(out, (rows, k), hidden_states.dtype, hidden_states.device, "[max_num_tokens_padded, K]")
-    check_same_device(
+    check_kernel_device(
         hidden_states=hidden_states,
         sorted_token_ids=routing.sorted_token_ids,
         num_tokens_post_padded=routing.num_tokens_post_padded,

@@ -17,9 +17,9 @@ from ._launch import LaunchSite, launch
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
+    check_kernel_device,
     check_not_aliased,
     check_positive_int,
-    check_same_device,
     check_tensor,
     output_buffer,
 )
@@ -52,7 +52,7 @@ def topk_reduce(
     if out_k.stride(1) != 1:
         out_k = out_k.contiguous()
     out = output_buffer(out, (num_tokens, hidden), out_k.dtype, out_k.device, "[T, H]")
-    check_same_device(out_k=out_k, topk_ids=topk_ids, expert_map=expert_map, out=out)
+    check_kernel_device(out_k=out_k, topk_ids=topk_ids, expert_map=expert_map, out=out)
     check_not_aliased(out, out_k=out_k, topk_ids=topk_ids, expert_map=expert_map)
     return run_topk_reduce(out_k, topk_ids, num_experts, expert_map, out)
 

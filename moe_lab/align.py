@@ -27,7 +27,14 @@ import torch
 from ._ints import cdiv, next_power_of_2
 from ._kernels.align import align_in_registers_kernel, count_kernel, prefix_kernel, scatter_kernel
 from ._launch import LaunchSite, launch
-from ._validate import INDEX_DTYPES, check_kernel_device, check_positive_int, check_power_of_two, check_tensor
+from ._validate import (
+    INDEX_DTYPES,
+    check_kernel_device,
+    check_positive_int,
+    check_power_of_two,
+    check_same_device,
+    check_tensor,
+)
 from .runtime import interpreter_serialized, keeps_buffers
 
 CHUNK = 128  # slots per program in count/scatter; the stable rank costs CHUNK^2 compares
@@ -121,7 +128,7 @@ def check_align_args(topk_ids, num_experts, block_size_m, expert_map) -> Tuple[i
         raise ValueError(f"block_size_m must be <= 256, got {block_size_m}")
     if expert_map is not None:
         check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
-    check_kernel_device(topk_ids=topk_ids, expert_map=expert_map)
+    check_same_device(topk_ids=topk_ids, expert_map=expert_map)
     return num_experts, block_size_m
 
 
@@ -158,6 +165,7 @@ def moe_align(
     ([0, 1, 2], 12, [1, 2, 1])
     """
     num_experts, block_size_m = check_align_args(topk_ids, num_experts, block_size_m, expert_map)
+    check_kernel_device(topk_ids=topk_ids, expert_map=expert_map)
     return run_align(topk_ids, num_experts, block_size_m, expert_map)
 
 

@@ -696,10 +696,11 @@ def layer_plan_cache(enabled: bool):
 GLUON_LOAD_REGS = 24
 # The TMA producer's warp counts as a whole warpgroup when registers are shared out.
 _WARPGROUP = 4
-# Registers per thread of each MMA partition with 128-row tiles: what one SM's 64K registers leave to two
-# warpgroups beside the load partition's, rounded down to 8 (240). A 64x128 tile's sums and two products in flight
-# take 192, and the SwiGLU tile's four half sums as many; with 232 ptxas spilled the SwiGLU K loop's addresses.
-GLUON_CONSUMER_REGS = (65536 // (_WARPGROUP * 32) - GLUON_LOAD_REGS) // 2 // 8 * 8
+# Registers per thread of each MMA partition with 128-row tiles: what the launch's registers (64K per SM shared
+# by 3 warpgroups, rounded down to 8 per thread: 168) leave to two warpgroups beside the load partition's (240).
+# A 64x128 tile's sums and two products in flight take 192, and the SwiGLU tile's four half sums as many; with 232
+# ptxas spilled the SwiGLU K loop's addresses.
+GLUON_CONSUMER_REGS = (3 * (65536 // (3 * _WARPGROUP * 32) // 8 * 8) - GLUON_LOAD_REGS) // 2 // 8 * 8
 
 
 @dataclass(frozen=True)

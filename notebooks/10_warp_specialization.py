@@ -186,8 +186,8 @@ for step in range(6):
 # the tile's first 64 rows, with 128-row tiles a worker of 4 more warps runs it on the next 64 (`CONSUMER_REGS`
 # registers per thread), and one extra warp runs `_load_partition` with `LOAD_REGS` registers (the load warp
 # needs few: 24, the least `setmaxnreg` allows, so each MMA warpgroup gets 240; at 232 the compiler spilled a few
-# of the SwiGLU K loop's addresses to local memory, and the layer ran 6 to 20 % slower). The load warp is padded to a whole warpgroup,
-# so the compiled kernel counts 8 or 12 warps. `moe_lab.plan.plan_gluon_fp8` decides the stages (as many as
+# of the SwiGLU K loop's addresses to local memory, and the layer ran 6 to 20 % slower). The load warp is padded
+# to a whole warpgroup, so the compiled kernel counts 8 or 12 warps. `moe_lab.plan.plan_gluon_fp8` decides the stages (as many as
 # shared memory holds, up to the config's), the grid (one program per SM, persistent) and the launch's
 # register limit; `GLUON_CONSUMER_REGS` and `GLUON_LOAD_REGS` in `moe_lab/plan.py` are the split.
 
@@ -404,7 +404,7 @@ print(ws_viz.steps_table(results, tokens=512))
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
 #   epilogue) it is faster than the Triton layer where the experts get 512 rows each or more (1.06 to 1.24x:
-#   Mixtral T >= 2048, Qwen3 and DeepSeek-V3 from T = 8192), about even at 256, slower below
+#   Mixtral T >= 2048, Qwen3 T >= 8192, DeepSeek-V3 T = 16384), about even at 256, slower below
 #   (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
 #   Gluon GEMMs where the experts get 512 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
 #   T). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;

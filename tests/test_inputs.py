@@ -331,3 +331,12 @@ def test_bad_environment_setting_is_shown_as_set(variable, monkeypatch):
         setting()
     monkeypatch.setenv(variable, " Auto ")  # read case- and space-insensitively, as before
     assert setting() == "auto"
+
+
+def test_references_take_cpu_tensors_where_kernels_run_on_the_gpu(monkeypatch):
+    """The pure-torch references check devices but launch nothing: CPU tensors stay fine with the interpreter off."""
+    from moe_lab import _validate, moe_align_reference
+
+    monkeypatch.setattr(_validate, "interpreter_active", lambda: False)
+    ids = torch.tensor([[0, 1]], dtype=torch.int32)
+    assert moe_align_reference(ids, 2, 16).num_tokens_post_padded.item() == 32

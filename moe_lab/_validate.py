@@ -76,10 +76,13 @@ def check_kernel_device(**tensors: Optional[torch.Tensor]) -> torch.device:
     first = check_same_device(**tensors)
     devices = [name for name, t in tensors.items() if t is not None]
     if first.type == "cpu" and not interpreter_active():
+        if torch.cuda.is_available():
+            why = "kernels compile for the GPU here (TRITON_INTERPRET is off): move them to cuda, or set"
+        else:
+            why = "TRITON_INTERPRET is off and no CUDA GPU is visible: unset it, or set"
         raise ValueError(
-            f"the tensors ({', '.join(devices)}) are on the CPU, but kernels run on the GPU here (TRITON_INTERPRET "
-            "is off: a CUDA GPU is visible): move them to cuda, or set TRITON_INTERPRET=1 before importing moe_lab "
-            "to run them on the CPU"
+            f"the tensors ({', '.join(devices)}) are on the CPU, but {why} TRITON_INTERPRET=1 before importing "
+            "moe_lab to run them on the CPU under Triton's interpreter"
         )
     return first
 

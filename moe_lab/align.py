@@ -145,7 +145,9 @@ def moe_align(
         block_size_m: BLOCK_SIZE_M of the grouped matmul that reads the result, a power of two from 1 to
             256 (a GemmConfig's is at least 16).
         expert_map: optional [E_global] int: global expert -> local index, -1 for experts not here
-            (expert parallelism); such slots are left out.
+            (expert parallelism); such slots are left out. Its values are taken as given (reading them would
+            cost a synchronization): ids past its end and entries outside [-1, E) drop their slots, repeated
+            entries put two global experts in one; `fused_moe` refuses such maps where it reads them.
     Returns:
         AlignedRouting (see its docstring). No device-to-host synchronization.
     Raises:

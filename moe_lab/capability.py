@@ -58,8 +58,8 @@ def _has_tensor_descriptor() -> bool:
 
 def env_override() -> str:
     """The `MOE_LAB_TMA` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
-    setting = os.environ.get(ENV_VAR, "auto")
-    value = setting.strip().lower()
+    setting = os.environ.get(ENV_VAR, "")
+    value = setting.strip().lower() or "auto"  # set empty (`VAR= cmd`): as unset
     if value not in ("0", "1", "auto"):
         raise ValueError(f"{ENV_VAR} must be 0, 1 or auto, got {setting!r}")
     return value

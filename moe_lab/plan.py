@@ -843,8 +843,8 @@ GLUON_PARTITION_ROWS = 64
 
 def gluon_setting() -> str:
     """The `MOE_LAB_GLUON` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
-    setting = os.environ.get(GLUON_ENV_VAR, "auto")
-    value = setting.strip().lower()
+    setting = os.environ.get(GLUON_ENV_VAR, "")
+    value = setting.strip().lower() or "auto"  # set empty (`VAR= cmd`): as unset
     if value not in ("0", "1", "auto"):
         raise ValueError(f"{GLUON_ENV_VAR} must be 0, 1 or auto, got {setting!r}")
     return value

@@ -94,7 +94,11 @@ def test_cpu_tensors_where_kernels_run_on_the_gpu_are_named(monkeypatch):
 
     monkeypatch.setattr(_validate, "interpreter_active", lambda: False)
     ids = torch.zeros(1, 2, dtype=torch.int32)
-    with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the CPU, but kernels run on the GPU here"):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the CPU, but kernels compile for the GPU"):
+        moe_align(ids, 2, 16)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # TRITON_INTERPRET=0 on a machine without one
+    with pytest.raises(ValueError, match="TRITON_INTERPRET is off and no CUDA GPU is visible: unset it, or set"):
         moe_align(ids, 2, 16)
 
 
@@ -340,3 +344,12 @@ def test_references_take_cpu_tensors_where_kernels_run_on_the_gpu(monkeypatch):
     monkeypatch.setattr(_validate, "interpreter_active", lambda: False)
     ids = torch.tensor([[0, 1]], dtype=torch.int32)
     assert moe_align_reference(ids, 2, 16).num_tokens_post_padded.item() == 32
+
+
+@pytest.mark.parametrize("var", ["MOE_LAB_TMA", "MOE_LAB_GLUON"])
+def test_an_empty_environment_setting_counts_as_unset(monkeypatch, var):
+    from moe_lab.capability import env_override
+    from moe_lab.plan import gluon_setting
+
+    monkeypatch.setenv(var, " ")
+    assert (env_override if var == "MOE_LAB_TMA" else gluon_setting)() == "auto"

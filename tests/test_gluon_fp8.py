@@ -22,6 +22,11 @@ pytestmark = pytest.mark.kernels
 FP8 = torch.float8_e4m3fn
 
 
+# Argument and plan checks built on CPU tensors: where kernels run under the interpreter (a GPU machine compiles
+# for the GPU and refuses CPU tensors); the GPU tests below run the kernel itself.
+ON_CPU_TENSORS = pytest.mark.skipif(not interpreter_active(), reason="CPU tensors: checks under the interpreter")
+
+
 def _operands(t=6, e=4, k=2, n=256, kk=256, block_m=64, device="cpu"):
     ids = torch.randint(0, e, (t, k), dtype=torch.int32, device=device)
     routing = moe_align(ids, e, block_m)
@@ -45,6 +50,7 @@ def test_refuses_where_it_cannot_run_with_the_reason():
         grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
 
 
+@ON_CPU_TENSORS
 def test_bad_arguments_are_named_before_anything_runs():
     a, a_s, w, w_s, routing = _operands()
     with pytest.raises(TypeError, match="a must be float8_e4m3fn"):
@@ -60,6 +66,7 @@ def test_bad_arguments_are_named_before_anything_runs():
         grouped_matmul_fp8_gluon(a, experts_inner, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
 
 
+@ON_CPU_TENSORS
 def test_routing_and_scales_are_checked_as_grouped_matmul_checks_them():
     """One check per argument, shared with moe_lab.grouped_matmul (moe_lab.gemm.check_gemm_rows and
     check_fp8_scales): the same refusals, in the same words."""
@@ -79,6 +86,7 @@ def test_routing_and_scales_are_checked_as_grouped_matmul_checks_them():
         grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s[:, :1], w_scale=w_s)
 
 
+@ON_CPU_TENSORS
 def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
     _, _, _, _, routing = _operands(block_m=64)
     cpu = torch.device("cpu")
@@ -98,6 +106,7 @@ def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
         plan_gluon_fp8(small, 256, 256, (128, 128), cpu)
 
 
+@ON_CPU_TENSORS
 def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_run():
     cpu = torch.device("cpu")
     schedule = BlockSchedule(128, 40)
@@ -225,6 +234,7 @@ def test_auto_takes_the_gluon_gemms_where_experts_get_enough_rows(monkeypatch):
     assert ranked.gluon is None and f"{t * k // 8} rows per expert" in ranked.gemm_reason
 
 
+@ON_CPU_TENSORS
 def test_permute_tokens_copies_float8_rows():
     a, _, _, _, routing = _operands(t=9, kk=48, block_m=16)
     rows = moe_lab.permute_tokens(a, routing)

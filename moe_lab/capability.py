@@ -56,13 +56,19 @@ def _has_tensor_descriptor() -> bool:
     return True
 
 
-def env_override() -> str:
-    """The `MOE_LAB_TMA` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
-    setting = os.environ.get(ENV_VAR, "")
-    value = setting.strip().lower() or "auto"  # set empty (`VAR= cmd`): as unset
+def env_setting(var: str) -> str:
+    """A moe-lab switch from the environment (MOE_LAB_TMA, MOE_LAB_GLUON): "0", "1" or "auto" (the default,
+    also when set empty, as `VAR= cmd` does). Raises ValueError, showing the value as set, for others."""
+    setting = os.environ.get(var, "")
+    value = setting.strip().lower() or "auto"
     if value not in ("0", "1", "auto"):
-        raise ValueError(f"{ENV_VAR} must be 0, 1 or auto, got {setting!r}")
+        raise ValueError(f"{var} must be 0, 1 or auto, got {setting!r}")
     return value
+
+
+def env_override() -> str:
+    """The `MOE_LAB_TMA` setting (`env_setting`)."""
+    return env_setting(ENV_VAR)
 
 
 def _device_key(device) -> str:

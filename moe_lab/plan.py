@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import os
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
@@ -32,7 +31,14 @@ from ._ints import cdiv
 from ._kernels.grouped_matmul import _tile_coords
 from ._launch import LaunchSite, current_stream
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
-from .capability import descriptor_problem, gluon_fp8_support, multiprocessor_count, shared_memory_limit, tma_support
+from .capability import (
+    descriptor_problem,
+    env_setting,
+    gluon_fp8_support,
+    multiprocessor_count,
+    shared_memory_limit,
+    tma_support,
+)
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
 from .expert_kind import SILU, Activation
 from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
@@ -696,11 +702,18 @@ def layer_plan_cache(enabled: bool):
 GLUON_LOAD_REGS = 24
 # The TMA producer's warp counts as a whole warpgroup when registers are shared out.
 _WARPGROUP = 4
+
+
+def _launch_regs(warps: int) -> int:
+    """Registers per thread that let `warps` warps fit one SM's 64K (at most 248, a multiple of 8)."""
+    return min(248, 65536 // (warps * 32)) // 8 * 8
+
+
 # Registers per thread of each MMA partition with 128-row tiles: what the launch's registers (64K per SM shared
 # by 3 warpgroups, rounded down to 8 per thread: 168) leave to two warpgroups beside the load partition's (240).
 # A 64x128 tile's sums and two products in flight take 192, and the SwiGLU tile's four half sums as many; with 232
 # ptxas spilled the SwiGLU K loop's addresses.
-GLUON_CONSUMER_REGS = (3 * (65536 // (3 * _WARPGROUP * 32) // 8 * 8) - GLUON_LOAD_REGS) // 2 // 8 * 8
+GLUON_CONSUMER_REGS = (3 * _launch_regs(3 * _WARPGROUP) - GLUON_LOAD_REGS) // 2 // 8 * 8
 
 
 @dataclass(frozen=True)
@@ -804,8 +817,7 @@ def plan_gluon_fp8(
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
     sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = config.BLOCK_SIZE_M // GLUON_PARTITION_ROWS * _WARPGROUP + _WARPGROUP  # and the load warp's
-    maxnreg = min(248, 65536 // (warps * 32)) // 8 * 8
-    return GluonFp8Plan(config, max(1, min(sms, tiles)), maxnreg, block_n, activation)
+    return GluonFp8Plan(config, max(1, min(sms, tiles)), _launch_regs(warps), block_n, activation)
 
 
 def gluon_swiglu_problem(
@@ -842,12 +854,8 @@ GLUON_PARTITION_ROWS = 64
 
 
 def gluon_setting() -> str:
-    """The `MOE_LAB_GLUON` setting: "0", "1" or "auto" (the default). Raises ValueError for other values."""
-    setting = os.environ.get(GLUON_ENV_VAR, "")
-    value = setting.strip().lower() or "auto"  # set empty (`VAR= cmd`): as unset
-    if value not in ("0", "1", "auto"):
-        raise ValueError(f"{GLUON_ENV_VAR} must be 0, 1 or auto, got {setting!r}")
-    return value
+    """The `MOE_LAB_GLUON` setting (`moe_lab.capability.env_setting`): "0", "1" or "auto" (the default)."""
+    return env_setting(GLUON_ENV_VAR)
 
 
 def gluon_applies(
@@ -929,7 +937,7 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     rows_per_expert = num_tokens * top_k / global_experts
     config_given = key.config is not None and key.config != _frozen({})  # ({}: nothing changed)
     applies, reason = gluon_applies(
-        w1, w2, key.block_shape, key.activation, has_bias, None, rows_per_expert, config_given
+        w1, w2, key.block_shape, key.activation, has_bias, rows_per_expert=rows_per_expert, config_given=config_given
     )
     if not applies:
         return None, f"triton GEMMs: {reason}"

@@ -51,7 +51,7 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 	$(PY) -m pip install -r requirements-cpu.txt
 	@echo "== setup: moe-lab and its extras (JupyterLab, ipywidgets, matplotlib, the test tools, ruff, transformers: a few hundred MB)"
 	$(PY) -m pip install -q -e '.[lab,test,lint,transformers]'
-	@echo "== setup done: $$(du -sh $(VENV) | cut -f1) in $(VENV)"
+	@echo "== setup done: $$(du -sh $(VENV) | cut -f1) in $(VENV), with $$($(PY) -c 'import torch; print("torch", torch.__version__, "(its CUDA build)" if torch.version.cuda else "(its CPU build)")')"
 	touch $(STAMP)
 
 setup: $(STAMP)       ## create .venv (the pinned CPU world, the lab, test, lint and transformers extras), saying what and how large

@@ -144,6 +144,12 @@ def _stored_transposed(w1, w2, hidden) -> bool:
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
+    if isinstance(w1, torch.Tensor) and w1.dtype in FLOAT_DTYPES and w1.dtype != hidden_states.dtype:
+        # neither is wrong alone: say both (the layer computes in hidden_states' dtype)
+        raise TypeError(
+            f"hidden_states is {str(hidden_states.dtype)[6:]} but w1 is {str(w1.dtype)[6:]}: the layer computes in "
+            f"one dtype; cast one to the other's (or pass float8_e4m3fn weights with w1_scale and w2_scale)"
+        )
     _check_weights(w1, w2, (hidden_states.dtype, FP8_DTYPE), hidden, "hidden_states, or float8_e4m3fn")
     num_experts = w1.shape[0]
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(num_tokens, None), layout="[T, k]")

@@ -34,6 +34,7 @@ from ._kernels.quantize import per_token_group_quant_fp8_kernel
 from ._launch import LaunchSite, launch
 from ._validate import (
     FLOAT_DTYPES,
+    check_kernel_device,
     check_not_aliased,
     check_positive_int,
     check_same_device,
@@ -425,7 +426,7 @@ def quantize_activations_fp8(
             )
         check_not_aliased(out_scale, x=x, out=out, name="out_scale")
         x_scale = out_scale
-    device = check_same_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)
+    device = check_kernel_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)
     _require_fp8(device)
     if per_tensor:  # dynamic per tensor: amax over the rows in use, on the device (0 for no rows)
         row_amax = x.abs().amax(dim=1).float() if rows else torch.zeros(1, device=x.device)

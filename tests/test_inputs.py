@@ -90,13 +90,15 @@ def test_meta_tensors_are_named_not_crashed():
 def test_cpu_tensors_where_kernels_run_on_the_gpu_are_named(monkeypatch):
     """On a machine with a GPU (the interpreter off) CPU tensors get a ValueError saying what to do, not Triton's
     'cannot be accessed from Triton (cpu tensor?)' from inside the launch."""
-    from moe_lab import _validate, moe_align
+    from moe_lab import _validate, moe_align, quantize_activations_fp8
 
     monkeypatch.setattr(_validate, "interpreter_active", lambda: False)
     ids = torch.zeros(1, 2, dtype=torch.int32)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ValueError, match=r"the tensors \(topk_ids\) are on the CPU, but kernels compile for the GPU"):
         moe_align(ids, 2, 16)
+    with pytest.raises(ValueError, match=r"the tensors \(x\) are on the CPU, but kernels compile for the GPU"):
+        quantize_activations_fp8(torch.ones(2, 128))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # TRITON_INTERPRET=0 on a machine without one
     with pytest.raises(ValueError, match="TRITON_INTERPRET is off and no CUDA GPU is visible: unset it, or set"):
         moe_align(ids, 2, 16)
@@ -175,6 +177,15 @@ def test_fused_moe_module_checks_weights_at_construction():
         FusedMoE(torch.randn(2, 5, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE))
     with pytest.raises(TypeError, match="the dtype of w1"):
         FusedMoE(torch.randn(2, 4, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE, dtype=torch.float16))
+
+
+def test_mixed_float_dtypes_name_both():
+    """float16 hidden_states with bfloat16 weights: neither is wrong alone, so the message names both."""
+    hs, w1, w2, tw, ti = small_layer()
+    with pytest.raises(TypeError, match="hidden_states is float16 but w1 is float32: the layer computes in one dtype"):
+        fused_moe(hs.half(), w1, w2, tw, ti)
+    with pytest.raises(TypeError, match=r"w2 must be float16 \(the dtype of w1\), got float32"):
+        fused_moe(hs.half(), w1.half(), w2, tw, ti)
 
 
 @pytest.mark.parametrize("num_tokens", [0, 3])

@@ -52,7 +52,8 @@ print("why:", support.reason)
 
 # %% [markdown]
 # FP8 tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper: H100, H200). Under the
-# interpreter e4m3 is emulated on the CPU: right numbers, no speed. On an older GPU `fp8_support` says no,
+# interpreter e4m3 is emulated on the CPU: right numbers (its float8 cast rounds a few values wrongly, which
+# moe-lab's kernels and section 4's exercise work around), no speed. On an older GPU `fp8_support` says no,
 # and the FP8 functions raise an error that says so.
 #
 # ## 1. e4m3: eight bits
@@ -354,9 +355,11 @@ exercises.check_quantize_rows(quantize_rows_kernel_solution, strict=True)
 #   of up to 128 columns, as the tuned ones are), `w_s` is one number per step, not a vector: the kernel
 #   loads it as a scalar, folds it into the rows' scales (`a_s * w_s`, two multiplies per thread instead of
 #   one per element) and loads the next step's scales a step ahead, so their latency hides behind this step's
-#   MMA (the `W_SCALE_PER_TILE` branch). Same numbers, bit for bit; 13 to 15 % faster in prefill on an H200.
+#   MMA (the `SCALES == "block_tile"` branch). Same numbers, bit for bit; 13 to 15 % faster in prefill on an
+#   H200.
 #
-# The lines of `_tile` in the installed moe-lab that read or apply the scales:
+# The lines of `_k_loop_block_scaled`, the K loop of the installed moe-lab's float8 tiles with block scales,
+# that read or apply the scales (`_step_scales` loads a step's, `_dot_scale` picks a dot's):
 
 # %%
 import inspect
@@ -364,10 +367,12 @@ import re
 
 from moe_lab._kernels import grouped_matmul as gemm_kernels
 
-lines, first = inspect.getsourcelines(gemm_kernels._tile.fn)  # .fn: the Python function under @triton.jit
-scale_words = r"\b(next_)?([aw]|w_up)_s\b|\bstep_scale\b|\b(next_)?group =|_scale_(ptrs?|expert) =|SCALES [!=]="
-for number, line in enumerate(lines, first):
-    if re.search(scale_words, line) and "EMULATE" not in line:  # not interpreter-only lines
+loop = gemm_kernels._k_loop_block_scaled.fn  # .fn: the Python function under @triton.jit
+lines, first = inspect.getsourcelines(loop)
+body = [i for i, line in enumerate(lines) if '"""' in line][1] + 1  # the lines after the docstring
+scale_words = r"\b(next_|step_)?([aw]|w_up)_s\b|\bscale =|\bgroup =|_scale_(ptrs?|expert) =|SCALES ==|acc \+="
+for number, line in enumerate(lines[body:], first + body):
+    if re.search(scale_words, line):
         print(f"grouped_matmul.py:{number:<4} {line.rstrip()}")
 
 # %% [markdown]

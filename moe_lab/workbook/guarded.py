@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 import signal
 import threading
 import time
@@ -247,7 +248,20 @@ def describe_error(exc: BaseException) -> str:
             "now unusable: restart the Python kernel, then run this exercise under the interpreter "
             "(TRITON_INTERPRET=1, no GPU needed) to see which access goes where"
         )
-    return f"the kernel raised {type(exc).__name__}: " + " | ".join(lines[-4:])[:600]
+    text = _NUMBERS.sub("[...]", " | ".join(lines[-4:]))  # an array's values say nothing here, its type does
+    cast = _CAST.search(text)
+    if cast:  # the interpreter's store or cast of a value its target type cannot take
+        return (
+            f"the kernel raised {type(exc).__name__}: the interpreter cannot convert a tensor to {cast.group(1)} "
+            f"(integers stored into a float8 buffer?): store float values, or .to() the buffer's element type first"
+        )
+    return f"the kernel raised {type(exc).__name__}: " + text[:600]
+
+
+# A numpy array's repr inside a message (several numbers between brackets, over lines); the interpreter's
+# "cannot cast [...] to <[shape], type>".
+_NUMBERS = re.compile(r"\[[-+0-9.eE\s|]{20,}\]")
+_CAST = re.compile(r"cannot cast .*? to <\[[^\]]*\], (\w+)>")
 
 
 @dataclass

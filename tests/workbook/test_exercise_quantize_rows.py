@@ -38,7 +38,7 @@ def _quantize(
     row offset out; LAYOUT "transposed" stores scales group-major, "row*K" past the scale tensor, "two"
     with 2 groups per row written in; Q "x*scale" multiplies, "x" casts x as it is; ROUND False skips
     round_to_e4m3_grid; AXES "group,row" swaps the program axes; CAST "e5m2" and "e4b15" cast to other
-    float8 types."""
+    float8 types, "int8" to integers."""
     if AXES == "row,group":
         row = tl.program_id(0)
         group = tl.program_id(1)
@@ -99,6 +99,8 @@ def _quantize(
         tl.store(q_ptr + offs, q.to(tl.float8e4nv), mask=mask)
     elif CAST == "e4b15":
         tl.store(q_ptr + offs, q.to(tl.float8e4b15), mask=mask)
+    elif CAST == "int8":
+        tl.store(q_ptr + offs, q.to(tl.int8), mask=mask)
     else:
         tl.store(q_ptr + offs, q.to(tl.float8e5), mask=mask)
     if LAYOUT == "row-major":
@@ -119,6 +121,11 @@ def cast_e5m2(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
 @triton.jit
 def cast_e4b15(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
     _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, ROUND=False, CAST="e4b15")
+
+
+@triton.jit
+def cast_int8(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, CAST="int8")
 
 
 @triton.jit
@@ -284,6 +291,7 @@ def test_wrong_kernels_are_named(capsys):
         (x_without_row, ["row 0's scales", "x_ptr + row * K + cols"]),
         (load_without_other, ["no other=", "other=0.0", "undefined"]),
         (cast_e4b15, ["e4b15", "largest value 1.875", "tl.float8e4nv"]),
+        (cast_int8, ["cannot convert a tensor to fp8e4nv", "integers stored into a float8 buffer"]),
         (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),
         (scales_transposed, ["stored transposed", "row * tl.cdiv(K, GROUP) + group"]),
         (scales_at_row_times_k, ["past the 10 elements of scale_ptr", "row * tl.cdiv(K, GROUP) + group"]),

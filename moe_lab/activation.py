@@ -18,7 +18,7 @@ from ._ints import cdiv
 from ._kernels.activation import silu_and_mul_kernel
 from ._launch import launch
 from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
-from .align import AlignedRouting
+from .align import AlignedRouting, check_routing
 from .expert_kind import Activation, check_activation
 from .runtime import interpreter_active, interpreter_serialized
 
@@ -51,8 +51,7 @@ def silu_and_mul(
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[R, 2I]")
     activation = check_activation(activation)
     if routing is not None:
-        if not isinstance(routing, AlignedRouting):
-            raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+        check_routing(routing)
         check_tensor(
             "x",
             x,

@@ -34,6 +34,7 @@ from ._validate import (
     check_power_of_two,
     check_same_device,
     check_tensor,
+    type_name,
 )
 from .runtime import interpreter_serialized, keeps_buffers
 
@@ -96,6 +97,24 @@ class AlignedRouting:
     @property
     def max_num_m_blocks(self) -> int:
         return self.expert_ids.numel()
+
+
+def check_routing(routing) -> None:
+    """Raise TypeError / ValueError unless `routing` is an AlignedRouting with 1-D int32/int64 schedule tensors
+    (num_tokens_post_padded of one entry) and int sizes: one built by hand is read as `moe_align`'s is."""
+    if not isinstance(routing, AlignedRouting):
+        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    for name, layout in (
+        ("sorted_token_ids", "[max_num_tokens_padded]"),
+        ("expert_ids", "[max_num_m_blocks]"),
+        ("num_tokens_post_padded", "[1]"),
+    ):
+        shape = (1,) if name == "num_tokens_post_padded" else None
+        check_tensor(f"routing.{name}", getattr(routing, name), ndim=1, dtypes=INDEX_DTYPES, shape=shape, layout=layout)
+    for name in ("block_size_m", "num_tokens", "top_k", "num_experts"):
+        value = getattr(routing, name)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"routing.{name} must be an int, got {type_name(value)}")
 
 
 def max_num_tokens_padded(num_slots: int, num_experts: int, block_size_m: int) -> int:

@@ -39,7 +39,7 @@ from ._ints import cdiv
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._launch import LaunchSite, launch
 from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
-from .align import AlignedRouting
+from .align import AlignedRouting, check_routing
 from .capability import fp8_support
 from .configs import GemmConfig
 from .expert_kind import SILU, Activation
@@ -169,8 +169,7 @@ def check_gemm_rows(routing, topk_weights, *, gather_a, scatter, return_plan) ->
     `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon` take them: an AlignedRouting whose sorted_token_ids covers
     its M-blocks; gather_a, scatter and return_plan bools, not gather_a with scatter; topk_weights None, or
     [T, k] float16/bfloat16/float32 with scatter. Raises TypeError / ValueError naming the argument."""
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_routing(routing)
     # Every program reads its block's schedule words before it knows whether its block is in use.
     if routing.sorted_token_ids.numel() < routing.max_num_m_blocks * routing.block_size_m:
         raise ValueError(

@@ -97,15 +97,20 @@ class FusedMoEInfo:
     gluon_plan: Optional[GluonLayerPlan] = None
 
 
-def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, prefix=""):
+def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, prefix="", hidden_of="hidden_states"):
     """w1 [E, 2I, H] with an even, non-zero 2I, and w2 [E, H, I] to match (fused_moe and FusedMoE); `prefix`
-    names shared experts' (shared_w1, shared_w2) in messages."""
+    names shared experts' (shared_w1, shared_w2) in messages; `hidden_of` names where H comes from."""
     n1, n2 = prefix + "w1", prefix + "w2"
     e, i = ("S", "I_s") if prefix else ("E", "I")  # shared experts: S of width I_s
     if _stored_transposed(w1, w2, hidden):
         raise ValueError(
             f"{n1} must have shape [{e}, 2{i}, H], got {tuple(w1.shape)}: stored [{e}, H, 2{i}]? Pass "
             f"{n1}.transpose(1, 2) (a view; any strides are read as they are)"
+        )
+    if hidden is not None and isinstance(w1, torch.Tensor) and w1.dim() == 3 and w1.shape[2] != hidden:
+        raise ValueError(
+            f"{n1} must have shape [{e}, 2{i}, H] with H = {hidden} (the last dimension of {hidden_of}), got "
+            f"{tuple(w1.shape)}"
         )
     check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout=f"[{e}, 2{i}, H]", dtype_of=dtype_of)
     num_experts, two_inter, hidden = w1.shape
@@ -119,6 +124,16 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
             f"{n1} must have shape [{e}, 2{i}, H] (gate rows, then up rows) = [{num_experts}, "
             f"{2 * two_inter}, {hidden}] for {n2} [{e}, H, {i}] {tuple(w2.shape)}, got {tuple(w1.shape)}: "
             f"only one of the gate and up projections?"
+        )
+    if (
+        isinstance(w2, torch.Tensor)
+        and hidden != two_inter // 2
+        and tuple(w2.shape) == (num_experts, two_inter // 2, hidden)
+    ):
+        raise ValueError(
+            f"{n2} must have shape [{e}, H, {i}] = [{num_experts}, {hidden}, {two_inter // 2}], got "
+            f"{tuple(w2.shape)}: stored [{e}, {i}, H]? Pass {n2}.transpose(1, 2) (a view; any strides are read as "
+            "they are)"
         )
     check_tensor(
         n2,
@@ -136,8 +151,12 @@ def _stored_transposed(w1, w2, hidden) -> bool:
     middle one is (H from hidden_states, or from w2 [E, H, I] with 2I = 2 * I). Where H = 2I nothing tells."""
     if not (isinstance(w1, torch.Tensor) and w1.dim() == 3) or w1.shape[1] == w1.shape[2]:
         return False
-    if hidden is not None:
-        return w1.shape[2] != hidden and w1.shape[1] == hidden
+    if hidden is not None:  # and w2 [E, H, I] or [E, I, H] of that I, where w2 is there to tell
+        fits = not (isinstance(w2, torch.Tensor) and w2.dim() == 3) or tuple(w2.shape) in (
+            (w1.shape[0], hidden, w1.shape[2] // 2),
+            (w1.shape[0], w1.shape[2] // 2, hidden),
+        )
+        return w1.shape[2] != hidden and w1.shape[1] == hidden and fits
     return isinstance(w2, torch.Tensor) and tuple(w2.shape) == (w1.shape[0], w1.shape[1], w1.shape[2] // 2)
 
 
@@ -923,7 +942,7 @@ class FusedMoE(torch.nn.Module):
         if (shared_w1 is None) != (shared_w2 is None):
             raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
         if shared_w1 is not None:
-            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], prefix="shared_")
+            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], prefix="shared_", hidden_of="w1")
             shared_w1 = torch.nn.Parameter(shared_w1, requires_grad=False)
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2

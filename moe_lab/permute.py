@@ -16,7 +16,7 @@ import torch
 from ._ints import cdiv
 from ._kernels.permute import permute_tokens_kernel
 from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
-from .align import AlignedRouting
+from .align import AlignedRouting, check_routing
 from .quantize import FP8_DTYPE
 from .runtime import interpreter_serialized
 
@@ -34,8 +34,7 @@ def permute_tokens(
     rows are zero, rows past num_tokens_post_padded are left as they were. No host synchronization.
     Raises TypeError/ValueError naming the argument for a wrong type, dtype, shape or device, or an `out`
     that shares memory with hidden_states. Source: vLLM's moe_permute (vllm-project/vllm, fused_moe)."""
-    if not isinstance(routing, AlignedRouting):
-        raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    check_routing(routing)
     check_tensor(
         "hidden_states",
         hidden_states,

@@ -171,7 +171,8 @@ def quantize_weights_fp8(
     nearest e4m3 value (torch's cast: ties to even). Math in float32, one expert at a time (offline: torch
     ops, no kernel; memory beyond the outputs is a few float32 copies of one expert).
 
-    Raises TypeError/ValueError for w not a 3-D float tensor, N or K of 0, block_shape not None or two
+    Raises TypeError/ValueError for w not a 3-D float tensor, N or K of 0, an inf or NaN in w (its block's
+    scale would be inf or NaN: the block would read back as NaN and zeros), block_shape not None or two
     positive ints with bk a multiple of 32 (what the grouped GEMM runs), per_channel not a bool or
     combined with a block_shape.
     Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3 (128x128 weight blocks), and its
@@ -196,6 +197,12 @@ def quantize_weights_fp8(
         fit = _fit_block(block, n, k)
     for e in range(experts):
         we = w[e].detach().float()  # offline: the results carry no autograd history
+        if not torch.isfinite(we).all():  # (offline: a host sync per expert costs nothing here)
+            where = torch.nonzero(~torch.isfinite(we))[0].tolist()
+            raise ValueError(
+                f"w must be finite: w[{e}, {where[0]}, {where[1]}] = {we[where[0], where[1]].item()}; an inf or NaN "
+                f"would make its block's scale inf or NaN and the whole block read back as NaN and zeros"
+            )
         if block is not None:
             nb, kb = scale_shape[1:]
             padded = F.pad(we.abs(), (0, kb * fit[1] - k, 0, nb * fit[0] - n))  # zeros do not raise amax
@@ -360,7 +367,9 @@ def quantize_activations_fp8(
     - group_size=g (default 128): per token group, x_scale [rows, ceil(K/g)], one scale per token per g
       consecutive channels (the last group is partial when g does not divide K): DeepSeek-V3's 1x128
       activation tiles, vLLM's `per_token_group_quant_fp8`. Any g >= 1 works (g >= K: per token); a group
-      of more than 65536 channels is refused. A NaN makes its group's scale and values NaN (as torch's amax).
+      of more than 65536 channels is refused. A NaN makes its group's scale and values NaN (as torch's amax);
+      an inf makes its group's scale inf, so its own value reads back NaN and the others zero (no check:
+      the kernel reads nothing back to the host).
     - group_size=None: per token, x_scale [rows, 1].
     - scale=<float32 tensor of one element, shape [1] or []> (static per tensor, e.g. a calibrated
       `a1_scale`): every value is divided by it; no amax is taken; x_scale is `scale` viewed as [1].

@@ -120,7 +120,7 @@ def fused_moe_reference(
     float8_e4m3fn w1 and w2 (scales and block_shape as `moe_lab.fused_moe` takes them): the weights are
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
     the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
-    the quantization's.
+    the quantization's; shared experts (in hidden_states' dtype) read hidden_states unquantized, as the layer's do.
     Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
     wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
     and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts
@@ -141,6 +141,7 @@ def fused_moe_reference(
         "topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape), layout="[T, k]"
     )
     _check_ids(topk_ids, expert_map, w1.shape[0], True)  # experts out of range would add nothing: say so
+    shared_x = hidden_states.to(dtype)  # shared experts run in hidden_states' dtype, on unquantized rows
     fp8 = w1.dtype == FP8_DTYPE
     if fp8:  # the layer's checks of the scales, so a mistake is named as fused_moe names it
         block_shape = check_gemm_block_shape(block_shape)
@@ -175,7 +176,7 @@ def fused_moe_reference(
         out.index_add_(0, token, y * topk_weights[token, slot].to(dtype)[:, None])
     if shared_w1 is not None:
         for s in range(shared_w1.shape[0]):
-            act = gated_activation_reference(x @ shared_w1[s].to(dtype).T, activation)
+            act = gated_activation_reference(shared_x @ shared_w1[s].to(dtype).T, activation)
             y = act @ shared_w2[s].to(dtype).T
             out += y if shared_weights is None else y * shared_weights[:, s].to(dtype)[:, None]
     return out

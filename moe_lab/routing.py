@@ -13,11 +13,13 @@ Routing is a few small PyTorch ops; the kernels of this package start at alignme
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple, Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, check_one_device, check_positive_int, check_tensor
+from ._validate import FLOAT_DTYPES, check_one_device, check_positive_int, check_tensor, is_bool, type_name
 
 
 class TopKRouting(NamedTuple):
@@ -73,12 +75,7 @@ def topk_routing(
             "correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_experts,), layout="[E]"
         )
         check_one_device(router_logits=router_logits, correction_bias=correction_bias)
-    if (
-        isinstance(routed_scaling_factor, bool)
-        or not isinstance(routed_scaling_factor, (int, float))
-        or not routed_scaling_factor > 0
-    ):
-        raise ValueError(f"routed_scaling_factor must be a number > 0, got {routed_scaling_factor!r}")
+    routed_scaling_factor = _scaling_factor(routed_scaling_factor)
     if group_scoring not in ("top2_sum", "max"):
         raise ValueError(f"group_scoring must be 'top2_sum' or 'max', got {group_scoring!r}")
     if (num_expert_group is None) != (topk_group is None):
@@ -127,3 +124,16 @@ def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, device="cu
     topk_ids = torch.rand(num_tokens, num_experts, generator=gen, device=device).topk(top_k, dim=1).indices
     topk_weights = torch.softmax(torch.randn(num_tokens, top_k, generator=gen, device=device), dim=-1)
     return topk_weights, topk_ids.to(torch.int32)
+
+
+def _scaling_factor(value) -> float:
+    """routed_scaling_factor as a float: a real number (numpy's and 0-d tensors' too, as read from a config),
+    finite and > 0."""
+    if is_bool(value) or not (
+        isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+    ):
+        raise TypeError(f"routed_scaling_factor must be a real number, got {type_name(value)}")
+    factor = float(value)
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"routed_scaling_factor must be a finite number > 0, got {factor}")
+    return factor

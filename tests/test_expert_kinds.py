@@ -165,6 +165,16 @@ def test_shared_experts(weighted, use_tma):
     assert relative_error(out, ref) < 1e-5
 
 
+def test_fp8_layer_with_shared_experts_matches_the_reference():
+    """float8 routed experts beside bfloat16 shared experts: the shared ones read hidden_states unquantized, in the
+    layer and in the reference (which once fed them the float8-rounded rows: 2.8e-2 apart)."""
+    hs, w1, w2, tw, ti = random_layer(12, 4, 2, 128, 64, torch.bfloat16)
+    (q1, s1), (q2, s2) = quantize_weights_fp8(w1, (64, 64)), quantize_weights_fp8(w2, (64, 64))
+    kw = dict(w1_scale=s1, w2_scale=s2, block_shape=(64, 64), shared_w1=w1[:1], shared_w2=w2[:1])
+    ref = fused_moe_reference(hs, q1, q2, tw, ti, dtype=torch.float64, **kw)
+    assert relative_error(fused_moe(hs, q1, q2, tw, ti, **kw), ref) < 1e-2
+
+
 def test_fused_moe_module_with_every_expert_kind():
     hs, w1, w2, tw, ti = random_layer(7, 4, 2, 32, 32, torch.float32)
     w1_bias, w2_bias = _biases(4, 32, 32)

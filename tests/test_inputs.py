@@ -179,6 +179,30 @@ def test_fused_moe_module_checks_weights_at_construction():
         FusedMoE(torch.randn(2, 4, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE, dtype=torch.float16))
 
 
+def test_a_routing_built_by_hand_is_checked():
+    """AlignedRouting is public: one built by hand (another engine's align output) with a float or list schedule
+    or float sizes gets a TypeError naming the field, not an error from inside a kernel."""
+    import dataclasses
+
+    from moe_lab import grouped_matmul, moe_align, permute_tokens
+
+    ids = torch.randint(0, 4, (8, 2), dtype=torch.int32, device=DEVICE)
+    routing = moe_align(ids, 4, 16)
+    x, w = torch.randn(8, 32, device=DEVICE), torch.randn(4, 32, 32, device=DEVICE)
+    for field, value, words in (
+        ("sorted_token_ids", routing.sorted_token_ids.float(), "routing.sorted_token_ids must be int32 or int64"),
+        ("sorted_token_ids", routing.sorted_token_ids.tolist(), "routing.sorted_token_ids must be a torch.Tensor"),
+        ("num_tokens_post_padded", 64, r"routing.num_tokens_post_padded must be a torch.Tensor \[1\], got int"),
+        ("expert_ids", routing.expert_ids[None], r"routing.expert_ids must have 1 dimension \[max_num_m_blocks\]"),
+        ("block_size_m", 16.0, "routing.block_size_m must be an int, got float"),
+    ):
+        bad = dataclasses.replace(routing, **{field: value})
+        with pytest.raises((TypeError, ValueError), match=words):
+            grouped_matmul(x, w, bad, GemmConfig(16, 32, 32), gather_a=True)
+        with pytest.raises((TypeError, ValueError), match=words):
+            permute_tokens(x, bad)
+
+
 def test_mixed_float_dtypes_name_both():
     """float16 hidden_states with bfloat16 weights: neither is wrong alone, so the message names both."""
     hs, w1, w2, tw, ti = small_layer()
@@ -269,11 +293,11 @@ def test_the_reference_names_bad_weights_as_fused_moe_does():
     hs, w1, w2 = torch.randn(4, 48), torch.randn(4, 32, 48), torch.randn(4, 48, 16)
     ids, weights = torch.zeros(4, 2, dtype=torch.int32), torch.ones(4, 2)
     for bad_w1, bad_w2, says in (
-        (w1[..., :40], w2, r"w1 must have shape \[E, 2I, H\] = \[\*, \*, 48\], got \(4, 32, 40\)"),
+        (w1[..., :40], w2, r"w1 must have shape \[E, 2I, H\] with H = 48 \(the last dimension of hidden_states\), got"),
         (w1[:, :31], w2, r"w1 must have shape \[E, 2I, H\] with an even, non-zero 2I, got \(4, 31, 48\)"),
         (w1, w2[:3], r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(3, 48, 16\)"),
         (w1, w2[:, :, :8], r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(4, 48, 8\)"),
-        (w1, w2.transpose(1, 2), r"w2 must have shape \[E, H, I\] = \[4, 48, 16\], got \(4, 16, 48\)"),
+        (w1, w2.transpose(1, 2), r"w2 .* = \[4, 48, 16\], got \(4, 16, 48\): stored \[E, I, H\]\? Pass w2.transpose"),
         (w1[:, :16], w2, r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\) = \[4, 32, 48\]"),
     ):
         with pytest.raises(ValueError, match=says):
@@ -294,6 +318,17 @@ def test_weights_stored_transposed_are_named_with_the_view_to_pass():
     with pytest.raises(ValueError, match=r"Pass w1.transpose\(1, 2\)"):
         FusedMoE(stored, w2)
     fused_moe(hs, stored.transpose(1, 2), w2, tw, ti)  # the view runs
+    # a shared w1 whose H is wrong, with 2I_s = H: not taken for transposed where its w2 does not fit that
+    with pytest.raises(ValueError, match=r"shared_w1 must have shape \[S, 2I_s, H\] with H = 16 \(the last dimension"):
+        fused_moe(
+            hs,
+            w1,
+            w2,
+            tw,
+            ti,
+            shared_w1=torch.randn(1, 16, 8, device=DEVICE),
+            shared_w2=torch.randn(1, 8, 8, device=DEVICE),
+        )
 
 
 def test_ids_past_an_expert_map_name_its_length():

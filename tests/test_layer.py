@@ -111,7 +111,7 @@ def test_scaled_preset_deepseek():
             ValueError,
             r"w1 must have shape \[E, 2I, H\] \(gate rows, then up rows\).*only one of the gate and up",
         ),
-        (lambda a: a.update(w1=a["w1"].half()), TypeError, "w1 must be float32"),
+        (lambda a: a.update(w1=a["w1"].half()), TypeError, "hidden_states is float32 but w1 is float16"),
         (lambda a: a.update(topk_weights=a["topk_weights"][:, :1]), ValueError, "topk_weights must have shape"),
         (lambda a: a.update(topk_ids=a["topk_ids"].float()), TypeError, "topk_ids must be int32 or int64"),
         (lambda a: a.update(topk_ids=a["topk_ids"][:3]), ValueError, "topk_ids must have shape"),

@@ -304,6 +304,11 @@ def test_bad_weight_arguments():
         quantize_weights_fp8(w, None, per_channel="yes")
     with pytest.raises(ValueError, match="N >= 1 and K >= 1"):
         quantize_weights_fp8(w[:, :0])
+    for bad in (float("inf"), float("nan")):
+        broken = w.clone()
+        broken[1, 3, 5] = bad
+        with pytest.raises(ValueError, match=rf"w must be finite: w\[1, 3, 5\] = {bad}; an inf or NaN"):
+            quantize_weights_fp8(broken)
     w_fp8, w_scale = quantize_weights_fp8(w)
     with pytest.raises(TypeError, match="q must be float8_e4m3fn"):
         dequantize_fp8(w, w_scale, (128, 128))

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -50,11 +51,23 @@ def test_deepseek_grouped_sigmoid_with_bias():
         (dict(top_k=2, scoring="relu"), ValueError, "scoring must be"),
         (dict(top_k=2, num_expert_group=4), ValueError, "num_expert_group and topk_group go together"),
         (dict(top_k=2, num_expert_group=3, topk_group=1), ValueError, "must divide E=8"),
+        (dict(top_k=2, routed_scaling_factor=0), ValueError, "routed_scaling_factor must be a finite number > 0"),
+        (dict(top_k=2, routed_scaling_factor=float("inf")), ValueError, "finite number > 0, got inf"),
+        (dict(top_k=2, routed_scaling_factor=True), TypeError, "routed_scaling_factor must be a real number, got bool"),
+        (dict(top_k=2, routed_scaling_factor="2.5"), TypeError, "must be a real number, got str"),
     ],
 )
 def test_bad_input(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         topk_routing(torch.randn(4, 8), **kwargs)
+
+
+def test_routed_scaling_factor_read_from_a_config_is_taken():
+    """DeepSeek-V3's 2.5 as numpy's float32 or a 0-d tensor (read from a checkpoint's config) scales as the float."""
+    logits = torch.randn(4, 8)
+    want = topk_routing(logits, 2, routed_scaling_factor=2.5).topk_weights
+    for factor in (np.float32(2.5), torch.tensor(2.5)):
+        assert torch.equal(topk_routing(logits, 2, routed_scaling_factor=factor).topk_weights, want)
 
 
 def _group_limited_greedy(logits, top_k, num_groups, topk_group):

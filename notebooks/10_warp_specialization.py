@@ -259,7 +259,8 @@ print("\nthe register hand-over:", *compiled.lines("setmaxnreg"), sep="\n  ")
 # - count the step.
 #
 # The checker first plays your producer's Python body against the consumer in a model of the mbarriers (no GPU,
-# a second; 2 programs, 3 stages, two rounds of the ring): it names the slip it sees (a wait on the wrong
+# a second; 2 programs with 3 stages, two rounds of the ring, then the GPU run's sizes: 5 programs with 2 stages,
+# 7 with 4, up to 19 rounds): it names the slip it sees (a wait on the wrong
 # barrier or parity, a missing expect, a wrong stage, ...) and what it does (deadlock or race). Then it compiles
 # the kernel for sm_90 in a child process. On an H100/H200 it also runs it, in a child process with a time limit
 # (a hung GPU kernel is stopped there, not in this notebook), and compares the copy bit for bit. The consumer:

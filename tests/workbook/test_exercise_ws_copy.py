@@ -111,6 +111,46 @@ def test_each_slip_is_named(slip, tmp_path):
     assert verdict.status == "NOT YET" and words in verdict.message, verdict.message
 
 
+# A producer right at the notebook's size (2 programs, STAGES = 3, boxes of 16 x 32: two rounds of the ring) but not
+# at the GPU run's others: the model plays those too, so a laptop finds it.
+SECOND_SIZE = {
+    "parity_right_for_two_rounds": (
+        WAIT.replace("((step // STAGES) & 1) ^ 1", "1 if step < STAGES else 0") + EXPECT + LOAD + STEP,
+        "step 4 (round 2 of the ring) waits on empty[0] for parity 0, the protocol for 1",
+    ),
+    "bytes_written_in": (
+        WAIT + EXPECT.replace("src_desc.block_type.nbytes", "2048") + LOAD + STEP,
+        "the expect counts 2048 bytes; one box is 4096 bytes (32 x 32 float32)",
+    ),
+    "stages_written_in": (
+        (WAIT + EXPECT + LOAD).replace("STAGES", "3") + STEP,
+        "empty.index(2): the ring has STAGES = 2 stages",
+    ),
+}
+
+
+@pytest.mark.parametrize("slip", sorted(SECOND_SIZE))
+def test_a_number_written_into_the_producer_is_found_at_another_size(slip, tmp_path):
+    body, words = SECOND_SIZE[slip]
+    kernel = _define(_slip(body), tmp_path, slip)
+    verdict = exercises.check_ws_copy(kernel)
+    assert verdict.status == "NOT YET", verdict.message
+    assert verdict.message.startswith(
+        "right with 2 programs, STAGES = 3 and boxes of 16 x 32 (2 rounds of the ring), but not with 5 programs, "
+        "STAGES = 2 and boxes of 32 x 32 (7 rounds of the ring): look for a number written into the producer"
+    ), verdict.message
+    assert words in verdict.message, verdict.message
+
+
+def test_the_model_plays_the_sizes_of_the_gpu_run():
+    from moe_lab.workbook.exercises import ws_copy_kernels
+
+    assert [(m, n, bm, bn, s, p) for m, n, _, bm, bn, s, p in ws_copy_kernels.CASES] == [
+        (c.m, c.n, c.block_m, c.block_n, c.stages, c.programs) for c in ws_copy.CONFIGS
+    ]
+    assert max(c.rounds for c in ws_copy.CONFIGS) >= 4 and {c.stages for c in ws_copy.CONFIGS} == {2, 3, 4}
+
+
 def test_slips_that_hang_say_deadlock(tmp_path):
     for slip in ("parity_not_flipped", "no_expect"):
         message = ws_copy.model_problem(_define(_slip(SLIPS[slip][0]), tmp_path, slip))
@@ -170,8 +210,8 @@ def test_a_call_with_wrong_arguments_names_the_gluon_call(tmp_path):
 def test_a_compile_error_names_its_cause(tmp_path):
     """A producer that passes the model but not the compiler (a module global, a break) gets the compiler's own
     error, not only the outer layer of its CompilationError."""
-    source = _slip(WAIT + EXPECT.replace("src_desc.block_type.nbytes", "NBYTES") + LOAD + STEP)
-    kernel = _define(source.replace("@gluon.jit", "NBYTES = 2048\n\n\n@gluon.jit"), tmp_path, "global")
+    source = _slip(WAIT + EXPECT + LOAD + STEP.replace("1", "ONE"))
+    kernel = _define(source.replace("@gluon.jit", "ONE = 1\n\n\n@gluon.jit"), tmp_path, "global")
     verdict = exercises.check_ws_copy(kernel)
     assert verdict.status == "NOT YET" and "NameError" in verdict.message and "keep everything else" in verdict.message
     kernel = _define(

@@ -16,7 +16,9 @@ Gluon has no interpreter, so the check has three parts:
    `mbarrier`, `tma`/`tma_load` and `gl.program_id`/`gl.num_programs`/`gl.cdiv`, which record every wait,
    expect and load; its record is compared with the protocol step by step (each classic slip is named), then
    played against the consumer's protocol with real mbarrier semantics (phases, arrivals, transaction bytes):
-   a deadlock or a box overwritten before it was read shows there (the body is stopped after MODEL_SECONDS
+   a deadlock or a box overwritten before it was read shows there. It plays the three sizes of the GPU run
+   (CONFIGS: 2 to 7 programs, 2 to 4 stages, up to 19 rounds of the ring, three box sizes), so a number written
+   into the producer is found on any machine (the body is stopped after MODEL_SECONDS
    or MODEL_OPS calls: a loop that never ends is reported, not waited on);
 2. the kernel compiled for sm_90 (no GPU needed), in a process of its own: it compiles, its TTGIR holds a
    `ttg.warp_specialize` region, its PTX mbarrier waits and TMA copies;
@@ -28,6 +30,8 @@ names the notebook imports) and nothing else from the notebook.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -41,15 +45,52 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..guarded import KernelMismatch, NeverEnds, _deadline, _launched_kernel
-from ._grade import Verdict, report
+from ._grade import Verdict, at_other_sizes, report
 
 EXERCISE = "copy_load_partition"
-# The model's sizes: 2 programs over 4 x 3 tiles of 16 x 32 float32, a ring of 3 stages: 6 loads per program,
-# two rounds of the ring.
-MODEL_M, MODEL_N, MODEL_BLOCK_M, MODEL_BLOCK_N, MODEL_STAGES, MODEL_PROGRAMS = 60, 84, 16, 32, 3, 2
+
+
+@dataclass(frozen=True)
+class Config:
+    """One size the model plays: P programs over the cdiv(M, BLOCK_M) x cdiv(N, BLOCK_N) tiles of M x N float32,
+    a ring of STAGES stages."""
+
+    m: int
+    n: int
+    block_m: int
+    block_n: int
+    stages: int
+    programs: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.block_m * self.block_n * 4
+
+    def tiles(self, program: int) -> List[Tuple[int, int]]:
+        """The box coordinates of one program's tiles, in its order."""
+        num_n = -(-self.n // self.block_n)
+        tiles = range(program, -(-self.m // self.block_m) * num_n, self.programs)
+        return [((t // num_n) * self.block_m, (t % num_n) * self.block_n) for t in tiles]
+
+    @property
+    def rounds(self) -> int:
+        return -(-len(self.tiles(0)) // self.stages)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.programs} programs, STAGES = {self.stages} and boxes of {self.block_m} x {self.block_n} "
+            f"({self.rounds} rounds of the ring)"
+        )
+
+
+# The model's sizes, those of the GPU run (ws_copy_kernels.CASES): 2 programs over 4 x 3 boxes of 16 x 32 float32
+# with 3 stages (two rounds of the ring); 5 programs over 10 x 7 boxes of 32 x 32 with 2 stages (7 rounds); 7 programs
+# over 16 x 32 boxes of 64 x 32 with 4 stages (19 rounds). The first is the notebook's; a producer right there but
+# not at the others has a number written into it (STAGES, the box's bytes) or a parity right only in the first rounds.
+CONFIGS = (Config(60, 84, 16, 32, 3, 2), Config(300, 200, 32, 32, 2, 5), Config(1000, 1000, 64, 32, 4, 7))
 GPU_SECONDS = 120  # the GPU run's limit, compile included
 MODEL_SECONDS = 5.0  # the model's limit on the producer's Python body (it takes milliseconds)
-MODEL_OPS = 1000  # the most waits, expects, arrives and loads one program's body may record (the protocol: 18)
+MODEL_OPS = 1000  # the most waits, expects, arrives and loads one program's body may record (the protocol: 3 a tile)
 PARAMETERS = ("src_desc", "bufs", "ready", "empty", "M", "N")
 COMPILE_SECONDS = 300
 PRODUCER_HEADER = """\
@@ -123,15 +164,15 @@ class _Bufs:
 
 
 class _Recorder:
-    def __init__(self, desc):
-        self.desc = desc
+    def __init__(self, desc, tiles: int):
+        self.desc, self.tiles = desc, tiles
         self.ops: List[Op] = []
 
     def _add(self, op: Op):
         if len(self.ops) >= MODEL_OPS:
             raise ModelError(
                 f"the producer's body made more than {MODEL_OPS} mbarrier and TMA calls for its "
-                f"{len(_tiles(0))} tiles (the protocol makes 3 per tile): a loop that never ends? One pass of the "
+                f"{self.tiles} tiles (the protocol makes 3 per tile): a loop that never ends? One pass of the "
                 "loop over t per tile, no loop inside it"
             )
         self.ops.append(op)
@@ -188,18 +229,16 @@ def _stand_ins(recorder: _Recorder, program: int, programs: int):
     return {id(gl): FakeGl(), id(mbarrier): fake_mbarrier, id(tma): fake_tma}, real_loads
 
 
-def record(kernel, program: int, programs: int = MODEL_PROGRAMS) -> List[Op]:
-    """Run the producer's Python body for one program of the model with the stand-ins: its waits, expects,
-    arrives and loads in order. Raises ModelError for a call the protocol has no place for."""
+def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
+    """Run the producer's Python body for one program of the model at `config` with the stand-ins: its waits,
+    expects, arrives and loads in order. Raises ModelError for a call the protocol has no place for."""
     fn = kernel.fn
     desc = types.SimpleNamespace(
-        block_type=types.SimpleNamespace(
-            shape=[MODEL_BLOCK_M, MODEL_BLOCK_N], nbytes=MODEL_BLOCK_M * MODEL_BLOCK_N * 4
-        ),
+        block_type=types.SimpleNamespace(shape=[config.block_m, config.block_n], nbytes=config.nbytes),
         dtype=torch.float32,
     )
-    recorder = _Recorder(desc)
-    by_id, real_loads = _stand_ins(recorder, program, programs)
+    recorder = _Recorder(desc, len(config.tiles(program)))
+    by_id, real_loads = _stand_ins(recorder, program, config.programs)
     scope = {}
     for name, value in fn.__globals__.items():
         if id(value) in by_id:
@@ -208,10 +247,11 @@ def record(kernel, program: int, programs: int = MODEL_PROGRAMS) -> List[Op]:
             value = recorder.load
         scope[name] = value
     body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-    ready, empty = _Rings("ready", MODEL_STAGES), _Rings("empty", MODEL_STAGES)
+    ready, empty = _Rings("ready", config.stages), _Rings("empty", config.stages)
     try:
-        with _deadline(MODEL_SECONDS):  # a `while` loop that never ends stops here, not the notebook
-            body(desc, _Bufs(MODEL_STAGES, MODEL_BLOCK_M, MODEL_BLOCK_N), ready, empty, MODEL_M, MODEL_N)
+        # a `while` loop that never ends stops here, not the notebook; a print in the body prints nothing here
+        with _deadline(MODEL_SECONDS), contextlib.redirect_stdout(io.StringIO()):
+            body(desc, _Bufs(config.stages, config.block_m, config.block_n), ready, empty, config.m, config.n)
     except NeverEnds:
         raise ModelError(
             f"the producer's body ran for more than {MODEL_SECONDS:g} s in the model (it takes milliseconds) "
@@ -219,13 +259,6 @@ def record(kernel, program: int, programs: int = MODEL_PROGRAMS) -> List[Op]:
             "`while` loop whose condition never changes, or a range far too large"
         ) from None
     return recorder.ops
-
-
-def _tiles(program: int, programs: int = MODEL_PROGRAMS) -> List[Tuple[int, int]]:
-    """The box coordinates of one program's tiles, in its order."""
-    num_n = -(-MODEL_N // MODEL_BLOCK_N)
-    tiles = range(program, -(-MODEL_M // MODEL_BLOCK_M) * num_n, programs)
-    return [((t // num_n) * MODEL_BLOCK_M, (t % num_n) * MODEL_BLOCK_N) for t in tiles]
 
 
 # --- the protocol, step by step ---------------------------------------------------------------------------
@@ -242,14 +275,14 @@ def _steps(ops: List[Op]) -> List[List[Op]]:
     return steps
 
 
-def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
-    """The first slip in one program's record against the protocol, named, or None."""
-    S, nbytes = MODEL_STAGES, MODEL_BLOCK_M * MODEL_BLOCK_N * 4
-    tiles = _tiles(program)
+def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -> Optional[str]:
+    """The first slip in one program's record against the protocol at `config`, named, or None."""
+    S, nbytes, programs = config.stages, config.nbytes, config.programs
+    tiles = config.tiles(program)
     steps = _steps(ops)
     loads = [step[-1] for step in steps]
     load_at = [j for j, op in enumerate(ops) if op.kind == "load"]
-    where = f"program {program} of {MODEL_PROGRAMS}"
+    where = f"program {program} of {programs}"
     if not loads:
         return "the producer issues no TMA load: tma_load(src_desc, [row, col], ready.index(stage), bufs.index(stage))"
     arrivals = [op for op in ops if op.kind == "arrive"]
@@ -277,7 +310,7 @@ def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
     stages = [load.value[1] for load in loads]
     want = [i % S for i in range(len(loads))]
     if stages != want:
-        tile_ids = range(program, program + MODEL_PROGRAMS * len(loads), MODEL_PROGRAMS)
+        tile_ids = range(program, program + programs * len(loads), programs)
         if stages == [(i + 1) % S for i in range(len(loads))]:
             return (
                 "off by one in the ring: the first load goes to stage 1, but the consumer reads stage 0 first. "
@@ -291,7 +324,7 @@ def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
         if stages == [t % S for t in tile_ids]:
             return (
                 "the stage comes from the tile index t, not from the program's step count: with "
-                f"{MODEL_PROGRAMS} programs, t steps by {MODEL_PROGRAMS}, so the stages are used out of order "
+                f"{programs} programs, t steps by {programs}, so the stages are used out of order "
                 "(the consumer reads stage step % STAGES). Count the loads: stage = step % STAGES, step += 1"
             )
         return (
@@ -376,7 +409,7 @@ def protocol_problem(ops: List[Op], program: int) -> Optional[str]:
         if expects[0].value != nbytes:
             return (
                 f"the expect counts {expects[0].value} bytes; one box is {nbytes} bytes "
-                f"({MODEL_BLOCK_M} x {MODEL_BLOCK_N} float32): src_desc.block_type.nbytes. "
+                f"({config.block_m} x {config.block_n} float32): src_desc.block_type.nbytes. "
                 + (
                     "Too many: the phase never completes (deadlock)"
                     if expects[0].value > nbytes
@@ -426,11 +459,11 @@ class Play:
     deadlock: Optional[str] = None
 
 
-def play(ops: List[Op], program: int) -> Play:
+def play(ops: List[Op], program: int, config: Config = CONFIGS[0]) -> Play:
     """Run the producer's record against the consumer (wait ready[s] on (step // STAGES) & 1, read, arrive on
     empty[s]), the producer first whenever it can go on (the order that shows an early refill)."""
-    S, nbytes = MODEL_STAGES, MODEL_BLOCK_M * MODEL_BLOCK_N * 4
-    tiles = _tiles(program)
+    S, nbytes = config.stages, config.nbytes
+    tiles = config.tiles(program)
     bars = {Bar(ring, s): MBarrier() for ring in ("ready", "empty") for s in range(S)}
     boxes: List[Optional[Tuple[int, int]]] = [None] * S
     unread = [False] * S
@@ -474,11 +507,11 @@ def play(ops: List[Op], program: int) -> Play:
     return out
 
 
-def model_problem(kernel) -> Optional[str]:
-    """The model's verdict on the producer: None, or the slip (named) and what it does to the copy."""
-    for program in range(MODEL_PROGRAMS):
+def _problem_at(kernel, config: Config) -> Optional[str]:
+    """The model's verdict at one size: None, or the slip (named) and what it does to the copy."""
+    for program in range(config.programs):
         try:
-            ops = record(kernel, program)
+            ops = record(kernel, program, config)
         except ModelError as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - the learner's Python body may raise anything
@@ -487,24 +520,43 @@ def model_problem(kernel) -> Optional[str]:
                 "only range, gl.program_id, gl.num_programs, gl.cdiv, mbarrier.wait, mbarrier.expect and "
                 "tma_load"
             )
-        named = protocol_problem(ops, program)
-        outcome = play(ops, program)
+        tiles = config.tiles(program)
+        named = protocol_problem(ops, program, config)
+        outcome = play(ops, program, config)
         effects = []
         if outcome.overwritten:
             effects.append(f"race in the model: {outcome.overwritten}")
         if outcome.deadlock:
             effects.append(f"deadlock in the model: {outcome.deadlock}")
-        elif outcome.reads != _tiles(program):
-            step = next(i for i, (a, b) in enumerate(zip(outcome.reads, _tiles(program))) if a != b)
+        elif outcome.reads != tiles:
+            step = next(i for i, (a, b) in enumerate(zip(outcome.reads, tiles)) if a != b)
             effects.append(
                 f"in the model the consumer's step {step} reads box {list(outcome.reads[step] or [])}, "
-                f"not {list(_tiles(program)[step])}"
+                f"not {list(tiles[step])}"
             )
         if named or effects:
             return "; ".join([named] * bool(named) + effects) + (
-                f" (model: {MODEL_PROGRAMS} programs, STAGES = {MODEL_STAGES}, {len(_tiles(program))} tiles each)"
+                f" (model: {config.programs} programs, STAGES = {config.stages}, {len(tiles)} tiles each)"
             )
     return None
+
+
+def model_problem(kernel) -> Optional[str]:
+    """The model's verdict on the producer: None, or the slip (named) and what it does to the copy, at the first
+    size of CONFIGS where there is one (past the first: "right with ..., but not with ...")."""
+    first, *others = CONFIGS
+    problem = _problem_at(kernel, first)
+    for config in others:
+        if problem is not None:
+            break
+        problem = at_other_sizes(
+            _problem_at(kernel, config),
+            str(first),
+            str(config),
+            "look for a number written into the producer: STAGES is bufs.type.shape[0], one box's bytes "
+            "src_desc.block_type.nbytes, and the parity ((step // STAGES) & 1) ^ 1 alternates every round",
+        )
+    return problem
 
 
 # --- compiled for sm_90, run on a GPU: in a child process ----------------------------------------------------
@@ -567,7 +619,8 @@ def _not_gluon(kernel) -> str:
 
 def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> Verdict:
     """Grade the producer `copy_load_partition(src_desc, bufs, ready, empty, M, N)` (a `@gluon.jit` function) of
-    `ws_copy_kernels.ws_copy_kernel`: the protocol model (2 programs over 4 x 3 boxes of 16 x 32 float32, 3 stages; the
+    `ws_copy_kernels.ws_copy_kernel`: the protocol model at the three sizes of CONFIGS (those of the GPU run: 2, 5
+    and 7 programs, 3, 2 and 4 stages, boxes of 16 x 32, 32 x 32 and 64 x 32 float32, 2 to 19 rounds of the ring; the
     producer's Python body stopped after MODEL_SECONDS or MODEL_OPS calls), then the kernel compiled for sm_90 in a
     child process (TTGIR: a warp_specialize region; PTX: mbarrier waits, TMA copies), then, on a Hopper GPU (`gpu`,
     default: an sm_90 device is present), the copy run in a child process with a limit of GPU_SECONDS and compared bit
@@ -600,8 +653,9 @@ def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> V
     if not (compiled["warp_specialize"] and compiled["mbarrier_waits"] and compiled["tma_loads"]):
         return report(label, f"compiled for sm_90, but its code lacks a piece of the protocol: {compiled}", "", strict)
     passed = (
-        f"the protocol is right in the model ({MODEL_PROGRAMS} programs, {MODEL_STAGES} stages, two rounds of the "
-        "ring), and the kernel compiles for sm_90: a warp_specialize region in its TTGIR; in its PTX "
+        "the protocol is right in the model at three sizes (2, 5 and 7 programs, STAGES = 3, 2 and 4, boxes of "
+        f"16 x 32, 32 x 32 and 64 x 32, up to {max(c.rounds for c in CONFIGS)} rounds of the ring), and the kernel "
+        "compiles for sm_90: a warp_specialize region in its TTGIR; in its PTX "
         f"mbarrier.try_wait x {compiled['mbarrier_waits']}, cp.async.bulk.tensor x {compiled['tma_loads']}"
     )
     if gpu is None:

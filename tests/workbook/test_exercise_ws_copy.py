@@ -151,6 +151,36 @@ def test_the_model_plays_the_sizes_of_the_gpu_run():
     assert max(c.rounds for c in ws_copy.CONFIGS) >= 4 and {c.stages for c in ws_copy.CONFIGS} == {2, 3, 4}
 
 
+def test_gluon_builtins_on_scalars_run_in_the_model(tmp_path):
+    """gl.static_assert, gl.where, gl.minimum and gl.maximum on the body's Python numbers run in the model (a right
+    producer using them passes); a false static_assert is named as such; a function the model cannot run says so,
+    never Triton's "Did you forget to add @triton.gluon.jit?"."""
+    body = (
+        "        gl.static_assert(STAGES >= 2, 'a ring of two stages or more')\n"
+        "        gl.static_print('stages', STAGES)\n"
+        + WAIT.replace("((step // STAGES) & 1) ^ 1", "gl.where((step // STAGES) % 2 == 0, 1, 0)")
+        + EXPECT
+        + LOAD.replace("[row, col]", "[gl.minimum(row, M), gl.maximum(col, 0)]")
+        + STEP
+    )
+    kernel = _define(_slip(body), tmp_path, "builtins")
+    assert exercises.check_ws_copy(kernel, strict=True, gpu=False).passed  # and it compiles for sm_90
+    false = _define(_slip(body.replace("STAGES >= 2", "STAGES >= 3")), tmp_path, "static_assert")
+    message = exercises.check_ws_copy(false).message
+    assert message.startswith("right with 2 programs, STAGES = 3") and (
+        "the producer's gl.static_assert failed: 'a ring of two stages or more' (in the model, with STAGES = 2 and "
+        "boxes of 32 x 32)" in message
+    ), message
+    other = _define(_slip("        offs = gl.arange(0, 16)\n" + WAIT + EXPECT + LOAD + STEP), tmp_path, "arange")
+    message = exercises.check_ws_copy(other).message
+    assert "the model runs the producer's body as plain Python and cannot run gl.arange" in message, message
+    assert "forget" not in message
+    init = _define(
+        _slip("        mbarrier.init(ready.index(0), count=1)\n" + WAIT + EXPECT + LOAD + STEP), tmp_path, "i"
+    )
+    assert "cannot run mbarrier.init" in exercises.check_ws_copy(init).message
+
+
 def test_slips_that_hang_say_deadlock(tmp_path):
     for slip in ("parity_not_flipped", "no_expect"):
         message = ws_copy.model_problem(_define(_slip(SLIPS[slip][0]), tmp_path, slip))

@@ -14,12 +14,13 @@ round passes at once, and round r waits for the consumer's r-th release of the s
 Gluon has no interpreter, so the check has three parts:
 1. a model of the protocol in Python, on any machine: the producer's own Python body runs with stand-ins for
    `mbarrier`, `tma`/`tma_load` and `gl.program_id`/`gl.num_programs`/`gl.cdiv`, which record every wait,
-   expect and load; its record is compared with the protocol step by step (each classic slip is named), then
-   played against the consumer's protocol with real mbarrier semantics (phases, arrivals, transaction bytes):
-   a deadlock or a box overwritten before it was read shows there. It plays the three sizes of the GPU run
-   (CONFIGS: 2 to 7 programs, 2 to 4 stages, up to 19 rounds of the ring, three box sizes), so a number written
-   into the producer is found on any machine (the body is stopped after MODEL_SECONDS
-   or MODEL_OPS calls: a loop that never ends is reported, not waited on);
+   expect and load (gl.static_assert, gl.static_print and gl.where/minimum/maximum run on Python numbers; any
+   other Gluon function says the model cannot run it); its record is compared with the protocol step by step
+   (each classic slip is named), then played against the consumer's protocol with real mbarrier semantics
+   (phases, arrivals, transaction bytes): a deadlock or a box overwritten before it was read shows there. It
+   plays the three sizes of the GPU run (CONFIGS: 2 to 7 programs, 2 to 4 stages, up to 19 rounds of the ring,
+   three box sizes), so a number written into the producer is found on any machine (the body is stopped after
+   MODEL_SECONDS or MODEL_OPS calls: a loop that never ends is reported, not waited on);
 2. the kernel compiled for sm_90 (no GPU needed), in a process of its own: it compiles, its TTGIR holds a
    `ttg.warp_specialize` region, its PTX mbarrier waits and TMA copies;
 3. on a Hopper GPU, the copy run in a process of its own with a time limit (a wrong protocol hangs a GPU
@@ -207,26 +208,79 @@ class _Recorder:
     load.__qualname__ = "tma_load"
 
 
-def _stand_ins(recorder: _Recorder, program: int, programs: int):
+# What the model runs of the producer's body besides the mbarrier and TMA calls it records
+MODEL_RUNS = (
+    "range, gl.program_id, gl.num_programs, gl.cdiv, gl.static_range, gl.static_assert, gl.static_print and "
+    "gl.where / gl.minimum / gl.maximum on scalars"
+)
+
+
+def _cannot_run(name: str):
+    """A stand-in for a Gluon function the model cannot run on Python numbers: calling it says so."""
+
+    def call(*args, **kwargs):
+        raise ModelError(
+            f"the model runs the producer's body as plain Python and cannot run {name}: it runs {MODEL_RUNS}, "
+            "and records mbarrier.wait, mbarrier.expect and tma_load; the load loop needs no more (compute the "
+            "rest with //, %, & and ^)"
+        )
+
+    call.__qualname__ = name
+    return call
+
+
+class _Stand:
+    """A module as the model sees it: the functions in `runs`, the module's other values as they are, and each of
+    its other functions a stand-in that says the model cannot run it."""
+
+    def __init__(self, module, prefix: str, runs: dict):
+        self._module, self._prefix, self._runs = module, prefix, runs
+
+    def __getattr__(self, name):
+        if name in self._runs:
+            return self._runs[name]
+        value = getattr(self._module, name)
+        if getattr(value, "__triton_builtin__", False) or (callable(value) and not isinstance(value, type)):
+            return _cannot_run(f"{self._prefix}.{name}")
+        return value
+
+
+def _static_assert(where: str):
+    def static_assert(cond, msg=""):
+        if not cond:
+            raise ModelError(
+                f"the producer's gl.static_assert failed{': ' + repr(str(msg)) if msg else ''} (in the model, with "
+                f"{where}): the compiler stops there too. Assert what holds for every ring and box, or leave it out"
+            )
+
+    return static_assert
+
+
+def _stand_ins(recorder: _Recorder, program: int, config: Config):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
-    fake_mbarrier = types.SimpleNamespace(
-        wait=recorder.wait, expect=recorder.expect, arrive=recorder.arrive, MBarrierLayout=mbarrier.MBarrierLayout
+    fake_mbarrier = _Stand(
+        mbarrier, "mbarrier", dict(wait=recorder.wait, expect=recorder.expect, arrive=recorder.arrive)
     )
-    fake_tma = types.SimpleNamespace(async_copy_global_to_shared=recorder.load, async_load=recorder.load)
-
-    class FakeGl:
-        def __getattr__(self, name):
-            return getattr(gl, name)
-
-        program_id = staticmethod(lambda axis=0: program)
-        num_programs = staticmethod(lambda axis=0: programs)
-        cdiv = staticmethod(lambda a, b: -(-int(a) // int(b)))
-        static_range = staticmethod(range)
-
+    fake_tma = _Stand(tma, "tma", dict(async_copy_global_to_shared=recorder.load, async_load=recorder.load))
+    fake_gl = _Stand(
+        gl,
+        "gl",
+        dict(
+            program_id=lambda axis=0: program,
+            num_programs=lambda axis=0: config.programs,
+            cdiv=lambda a, b: -(-int(a) // int(b)),
+            static_range=range,
+            static_assert=_static_assert(f"STAGES = {config.stages} and boxes of {config.block_m} x {config.block_n}"),
+            static_print=lambda *args, **kwargs: None,
+            where=lambda condition, x, y: x if condition else y,
+            minimum=lambda x, y, propagate_nan=None: min(x, y),
+            maximum=lambda x, y, propagate_nan=None: max(x, y),
+        ),
+    )
     real_loads = {getattr(tma, name, None) for name in ("async_load", "async_copy_global_to_shared")} - {None}
-    return {id(gl): FakeGl(), id(mbarrier): fake_mbarrier, id(tma): fake_tma}, real_loads
+    return {id(gl): fake_gl, id(mbarrier): fake_mbarrier, id(tma): fake_tma}, real_loads
 
 
 def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
@@ -238,7 +292,7 @@ def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
         dtype=torch.float32,
     )
     recorder = _Recorder(desc, len(config.tiles(program)))
-    by_id, real_loads = _stand_ins(recorder, program, config.programs)
+    by_id, real_loads = _stand_ins(recorder, program, config)
     scope = {}
     for name, value in fn.__globals__.items():
         if id(value) in by_id:
@@ -515,10 +569,12 @@ def _problem_at(kernel, config: Config) -> Optional[str]:
         except ModelError as exc:
             return str(exc)
         except Exception as exc:  # noqa: BLE001 - the learner's Python body may raise anything
+            error = f"{type(exc).__name__}: {exc}"
+            if "_semantic" in str(exc):  # a Gluon builtin called on Python numbers, not "forget @gluon.jit"
+                error = "a Gluon function it calls works only while the kernel compiles"
             return (
-                f"the model could not run the producer's body: {type(exc).__name__}: {exc}. The load loop needs "
-                "only range, gl.program_id, gl.num_programs, gl.cdiv, mbarrier.wait, mbarrier.expect and "
-                "tma_load"
+                f"the model could not run the producer's body: {error}. The model runs {MODEL_RUNS}, and records "
+                "mbarrier.wait, mbarrier.expect and tma_load; the load loop needs no more"
             )
         tiles = config.tiles(program)
         named = protocol_problem(ops, program, config)

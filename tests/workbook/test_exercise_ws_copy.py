@@ -181,6 +181,17 @@ def test_gluon_builtins_on_scalars_run_in_the_model(tmp_path):
     assert "cannot run mbarrier.init" in exercises.check_ws_copy(init).message
 
 
+def test_skipping_the_waits_of_round_0_passes(tmp_path):
+    """Round 0's stages start empty, so its waits pass at once on hardware: a producer that skips them is right.
+    Skipping one more (step 3, the first of round 1, with 3 stages) is not."""
+    skip = "        if step >= STAGES:\n    " + WAIT
+    kernel = _define(_slip(skip + EXPECT + LOAD + STEP), tmp_path, "skip_round_0")
+    assert exercises.check_ws_copy(kernel, strict=True, gpu=False).passed
+    late = _define(_slip(skip.replace("STAGES:", "STAGES + 1:") + EXPECT + LOAD + STEP), tmp_path, "skip_more")
+    message = exercises.check_ws_copy(late).message
+    assert message.startswith("the producer does not wait for stage 0 to be empty") and "race in the model" in message
+
+
 def test_slips_that_hang_say_deadlock(tmp_path):
     for slip in ("parity_not_flipped", "no_expect"):
         message = ws_copy.model_problem(_define(_slip(SLIPS[slip][0]), tmp_path, slip))

@@ -395,8 +395,12 @@ def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -
             )
         waits = [op for op in step if op.kind == "wait"]
         on_empty = [op for op in waits if op.bar.ring == "empty"]
-        if not on_empty:
-            later = any(op.kind == "wait" and op.bar == Bar("empty", stage) for op in ops[ops.index(load) :])
+        # a wait on empty[stage] between this load and the next: the wait comes after the load
+        after = ops[load_at[i] + 1 : load_at[i + 1] if i + 1 < len(load_at) else len(ops)]
+        later = any(op.kind == "wait" and op.bar == Bar("empty", stage) for op in after)
+        if not on_empty and i < S and not later and not [op for op in waits if op.bar.ring == "ready"]:
+            pass  # round 0 without a wait: every stage starts empty, so its wait would pass at once anyway
+        elif not on_empty:
             if [op for op in waits if op.bar.ring == "ready"]:
                 return (
                     f"the producer waits on ready[{stage}], the consumer's barrier: it waits on empty[stage] "
@@ -412,9 +416,9 @@ def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -
                 "second round on it overwrites boxes the consumer has not read. "
                 "mbarrier.wait(empty.index(stage), ((step // STAGES) & 1) ^ 1) first"
             )
-        if on_empty[-1].bar.stage != stage:
+        if on_empty and on_empty[-1].bar.stage != stage:
             return f"step {i} waits on {on_empty[-1].bar} and loads into stage {stage}: wait on empty[{stage}]"
-        got = on_empty[-1].value
+        got = on_empty[-1].value if on_empty else parity
         if got != parity:
             parities = [[op for op in s if op.kind == "wait" and op.bar.ring == "empty"][-1:] for s in steps]
             seen = [p[0].value if p else None for p in parities]

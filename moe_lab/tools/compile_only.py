@@ -384,6 +384,7 @@ class Session:
         self.order: List[Variant] = []
         self.representatives: Dict[tuple, Variant] = {}  # group -> first variant seen
         self.kernels: Dict[tuple, Any] = {}  # group -> CompiledKernel, for those compiled here
+        self.exceptions: Dict[tuple, BaseException] = {}  # group -> the compiler's exception, for those that failed
 
     def launch(self, fn: JITFunction, args, kwargs):
         seen: dict = {}
@@ -404,6 +405,7 @@ class Session:
             if "key" not in seen:
                 raise  # failed before compiling (binding, specialization): the launch code's error
             kernel, error = None, format_error(exc)
+            seen["exception"] = exc
         finally:
             knobs.runtime.jit_cache_hook = previous
         if "key" not in seen:  # Triton's in-memory cache: compiled here earlier
@@ -418,6 +420,8 @@ class Session:
             )
             if kernel is not None:
                 self.kernels[variant.group] = kernel
+            if "exception" in seen:
+                self.exceptions[variant.group] = seen["exception"]
         outcome = self.outcomes.get(variant.group)
         if outcome is None or outcome["error"]:
             return None

@@ -258,7 +258,28 @@ def test_a_compile_error_names_its_cause(tmp_path):
     kernel = _define(
         _slip(WAIT + EXPECT + LOAD + STEP + "        if step > 1000:\n            break\n"), tmp_path, "brk"
     )
-    assert "Break" in exercises.check_ws_copy(kernel).message
+    message = exercises.check_ws_copy(kernel).message
+    assert "failed at `break` (line 15 of copy_load_partition" in message and "Break" in message, message
+
+
+def test_a_compile_error_shows_the_producers_line_once(tmp_path):
+    """The compile error names the producer's failing line (the innermost CompilationError), not the entry
+    kernel's gl.warp_specialize( twice; a Python builtin Gluon does not run is named as such."""
+    divmod_ = WAIT + EXPECT + LOAD.replace("[row, col]", "[q * BLOCK_M, r * BLOCK_N]") + STEP
+    kernel = _define(_slip("        q, r = divmod(t, num_n)\n" + divmod_), tmp_path, "divmod")
+    message = exercises.check_ws_copy(kernel).message
+    assert message.startswith(
+        "compiling the producer for sm_90 failed at `q, r = divmod(t, num_n)` (line 10 of copy_load_partition, its "
+        "def line 1): Gluon kernels cannot call Python's divmod: use // and %"
+    ), message
+    assert "warp_specialize" not in message and "keep everything else" not in message, message
+    kernel = _define(_slip("        order = sorted([row, col])\n" + WAIT + EXPECT + LOAD + STEP), tmp_path, "sorted")
+    message = exercises.check_ws_copy(kernel).message
+    assert "`order = sorted([row, col])` (line 10 of copy_load_partition" in message, message
+    assert "sorted is a Python builtin Gluon does not run inside a kernel" in message, message
+    kernel = _define(_slip("        print(step)\n" + WAIT + EXPECT + LOAD + STEP), tmp_path, "print")
+    message = exercises.check_ws_copy(kernel).message
+    assert "`print(step)`" in message and 'gl.device_print("stage", stage)' in message, message
 
 
 def test_a_loop_that_never_ends_is_stopped(tmp_path, monkeypatch):

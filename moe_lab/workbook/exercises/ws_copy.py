@@ -642,13 +642,31 @@ def _child(kernel, mode: str, seconds: float) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
-def _error_problem(error: str) -> str:
-    if "NameError" in error or "is not defined" in error:
+BUILTIN_ADVICE = {
+    "divmod": "Gluon kernels cannot call Python's divmod: use // and %",
+    "print": 'print in a kernel prints on the device and takes a string first: gl.device_print("stage", stage)',
+}
+
+
+def _error_problem(compiled: dict) -> str:
+    """The compile error as the learner needs it: the producer's line where it failed (once) and why."""
+    error, where, cause, builtin = (compiled.get(key) for key in ("error", "where", "cause", "builtin"))
+    if where is None:  # no line in the producer (the entry kernel's, a ptxas error): the compiler's own words
+        if "NameError" in error or "is not defined" in error:
+            return (
+                f"compiling the producer failed: {error}. The checker compiles the producer alone, with gluon, gl, "
+                "mbarrier, tma and tma_load: keep everything else it needs inside it"
+            )
+        return f"compiling the producer for sm_90 failed: {error}"
+    if builtin:
+        advice = BUILTIN_ADVICE.get(builtin, f"{builtin} is a Python builtin Gluon does not run inside a kernel")
+        return f"compiling the producer for sm_90 failed at {where}: {advice} ({cause})"
+    if cause.startswith("NameError"):
         return (
-            f"compiling the producer failed: {error}. The checker compiles the producer alone, with gluon, gl, "
-            "mbarrier, tma and tma_load: keep everything else it needs inside it"
+            f"compiling the producer failed at {where}: {cause}. The checker compiles the producer alone, with "
+            "gluon, gl, mbarrier, tma and tma_load: keep everything else it needs inside it"
         )
-    return f"compiling the producer for sm_90 failed: {error}"
+    return f"compiling the producer for sm_90 failed at {where}: {cause}"
 
 
 def _is_gluon(kernel) -> bool:
@@ -709,7 +727,7 @@ def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> V
     if compiled.get("timeout"):
         return report(label, f"compiling for sm_90 took more than {COMPILE_SECONDS} s", "", strict)
     if compiled.get("error"):
-        return report(label, _error_problem(compiled["error"]), "", strict)
+        return report(label, _error_problem(compiled), "", strict)
     if not (compiled["warp_specialize"] and compiled["mbarrier_waits"] and compiled["tma_loads"]):
         return report(label, f"compiled for sm_90, but its code lacks a piece of the protocol: {compiled}", "", strict)
     passed = (

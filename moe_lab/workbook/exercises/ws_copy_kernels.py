@@ -83,6 +83,41 @@ def _descriptor(src, block_m: int, block_n: int):
     return TensorDescriptor(src, list(src.shape), list(src.stride()), [block_m, block_n], layout)
 
 
+def _learner_line(exc: BaseException) -> dict:
+    """Where the compile failed in the producer: the innermost CompilationError's line ("where": line N of the
+    function, its text), its cause ("cause") and, where the cause is a Python builtin the kernel calls, its name
+    ("builtin"); {} when no CompilationError has a line."""
+    import ast
+    import builtins
+
+    from triton.compiler.errors import CompilationError
+
+    from ...tools.compile_only import root_cause
+
+    inner, seen, e = None, set(), exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, CompilationError) and getattr(e, "src", None) and getattr(e, "node", None) is not None:
+            inner = e
+        e = e.__cause__ or e.__context__
+    if inner is None or not hasattr(inner.node, "lineno"):
+        return {}
+    lines = inner.src.splitlines()
+    head = next((line for line in lines if line.lstrip().startswith("def ")), "")
+    name = head.split("def ", 1)[-1].split("(", 1)[0].strip() or "the producer"
+    text = lines[inner.node.lineno - 1].strip() if inner.node.lineno <= len(lines) else ""
+    root = root_cause(exc)
+    said = root.error_message if isinstance(root, CompilationError) else root  # without the source again
+    cause = f"{type(root).__name__}: {' '.join(str(said).split())[:400]}"
+    node = inner.node.func if isinstance(inner.node, ast.Call) else inner.node
+    runs = ("range", "len", "int", "float", "min", "max", "isinstance", "getattr", "hasattr")  # Triton runs these
+    builtin = node.id if isinstance(node, ast.Name) and node.id in vars(builtins) and node.id not in runs else None
+    if isinstance(root, NameError) and str(root).split(" ", 1)[0] in vars(builtins):
+        builtin = str(root).split(" ", 1)[0]
+    where = f"`{text}` (line {inner.node.lineno} of {name}, its def line 1)"
+    return {"where": where, "cause": cause, "builtin": builtin}
+
+
 def compile_for_sm90() -> dict:
     """Compile the kernel for sm_90 on meta tensors (no GPU): what its TTGIR and PTX show."""
     import torch
@@ -97,7 +132,8 @@ def compile_for_sm90() -> dict:
         ws_copy_kernel[(programs,)](_descriptor(src, block_m, block_n), dst, m, n, n, STAGES=stages, num_warps=4)
     (outcome,) = session.outcomes.values()
     if outcome["error"]:
-        return {"error": outcome["error"]}
+        (exc,) = session.exceptions.values() or (None,)
+        return {"error": outcome["error"], **(_learner_line(exc) if exc is not None else {})}
     (kernel,) = session.kernels.values()
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
     return {

@@ -299,3 +299,11 @@ def test_the_solution_copies_bitwise_on_hopper_and_a_hang_is_stopped(tmp_path):
     assert "bitwise right at three sizes" in verdict.message
     hang = _define(_slip(SLIPS["parity_not_flipped"][0]), tmp_path, "hang")
     assert ws_copy._child(hang, "run", 60) == {"timeout": 60}  # a deadlocked kernel is stopped, not waited on
+
+
+def test_the_verdict_is_labelled_with_the_exercise(tmp_path):
+    """As every checker's: `PASS copy_load_partition: ...` whatever the producer's function is called."""
+    source = _slip(WAIT + EXPECT + LOAD + STEP).replace("def copy_load_partition", "def my_producer")
+    kernel = _define(source + "\n\ncopy_load_partition = my_producer\n", tmp_path, "renamed")
+    verdict = exercises.check_ws_copy(kernel, gpu=False)
+    assert kernel.__name__ == "my_producer" and str(verdict).startswith("PASS copy_load_partition: "), verdict

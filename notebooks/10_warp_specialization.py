@@ -240,7 +240,15 @@ for block_m in (64, 128):
 print()
 for instruction, meaning in look_inside.WARP_SPECIALIZATION_INSTRUCTIONS.items():
     print(f"{instruction}: {meaning}")
-print("\nthe register hand-over:", *compiled.lines("setmaxnreg"), sep="\n  ")
+print("\nthe register hand-over (BLOCK_SIZE_M = 128), each line once:")
+print(*dict.fromkeys(compiled.lines("setmaxnreg", limit=None)), sep="\n")
+
+# %% [markdown]
+# The hand-over comes in two phases. Inside the partitions: 240 registers per thread for each MMA warpgroup (the
+# default partition's `dec 240`, the worker's `inc 240`) and 24 for the load warp (`dec 24`): 240 + 240 + 24 = 504
+# = 3 x 168, the launch's limit per thread (`.maxnreg 168`) for each of the three warpgroups. Around them, Triton's
+# lowering of `gl.warp_specialize` shares the same registers out for setting up and ending: the default warpgroup
+# holds 256 while the waiting workers hold 120 each (256 + 120 + 120 = 496, within the 504).
 
 # %% [markdown]
 # ## 5. Exercise: the producer of a warp-specialized TMA copy
@@ -405,7 +413,8 @@ print(ws_viz.steps_table(results, tokens=512))
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
 #   epilogue) it is faster than the Triton layer where the experts get 512 rows each or more (1.06 to 1.24x:
-#   Mixtral T >= 2048, Qwen3 T >= 8192, DeepSeek-V3 T = 16384), about even at 256, slower below
+#   Mixtral T >= 2048, Qwen3 T >= 8192, DeepSeek-V3 T = 16384), 0.99 and 1.06x at 256 (Qwen3 T = 4096, DeepSeek-V3
+#   T = 8192), slower below
 #   (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
 #   Gluon GEMMs where the experts get 512 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
 #   T). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;

@@ -8,7 +8,7 @@
 # 1. See which torch, Triton and numpy you have, and where kernels run: a GPU, or Triton's interpreter on the CPU.
 # 2. Run a three-line Triton kernel and check that it really computed something (not all zeros).
 # 3. Learn whether this machine can use TMA (the Hopper tensor memory accelerator), and why or why not.
-# 4. See how the ten notebooks are laid out.
+# 4. See how the twelve notebooks are laid out.
 
 # %% [markdown]
 # ## 0. Setup
@@ -30,7 +30,8 @@ if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clo
 
     moe_lab_bootstrap.ensure_moe_lab()
 elif importlib.util.find_spec("moe_lab") is None:
-    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
+    raise RuntimeError("moe-lab is not installed here: clone it and run from its notebooks/ (in a cell: "
+                       "!git clone -q <moe-lab repo> moe-lab, then %cd moe-lab/notebooks; docs/hosted.md)")
 # %matplotlib inline
 
 # %% [markdown]
@@ -145,10 +146,12 @@ NOTEBOOKS = {
     "03_grouped_gemm_pointers": "one launch for all experts' matmuls, with pointer loads",
     "04_tma_basics": "tensor descriptors and TMA loads",
     "05_grouped_gemm_tma": "the grouped matmul with TMA loads",
+    "05b_capstone": "the whole grouped GEMM written from a skeleton, up and down (the capstone)",
     "06_fused_moe_layer": "the whole layer: align, up GEMM, SiLU-and-mul, down GEMM",
     "07_performance": "measuring and tuning on an H200",
     "08_persistent_and_fused": "one program per SM walking the tiles; SiLU-and-mul in the up GEMM's epilogue",
     "09_fp8": "FP8 (e4m3) weights and activations with block scales: accuracy and speed",
+    "10_warp_specialization": "a warp-specialized Hopper FP8 GEMM in Gluon: a TMA producer warp, MMA warpgroups",
 }
 for name, what in NOTEBOOKS.items():
     print(f"{name:<26} {what}")

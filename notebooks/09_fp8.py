@@ -31,7 +31,8 @@ if importlib.util.find_spec("moe_lab_bootstrap"):  # this notebook sits in a clo
 
     moe_lab_bootstrap.ensure_moe_lab()
 elif importlib.util.find_spec("moe_lab") is None:
-    raise RuntimeError("moe-lab is not installed: open this notebook from a clone of moe-lab (docs/hosted.md)")
+    raise RuntimeError("moe-lab is not installed here: clone it and run from its notebooks/ (in a cell: "
+                       "!git clone -q <moe-lab repo> moe-lab, then %cd moe-lab/notebooks; docs/hosted.md)")
 # %matplotlib inline
 
 # %%

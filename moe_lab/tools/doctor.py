@@ -238,9 +238,9 @@ def report() -> Report:
         find(
             Finding(
                 "note",
-                f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed beside it",
-                "in this JupyterLab: pip install 'ipywidgets>=8' (a hosted notebook "
-                "with its own front end is fine with 7.7)",
+                f"JupyterLab {lab} draws ipywidgets 8 only; ipywidgets {widgets} is installed beside it (a hosted "
+                "notebook's own front end, built for 7.7, draws them: there, change nothing)",
+                "only if you work in this JupyterLab itself: pip install 'ipywidgets>=8'",
             )
         )
 

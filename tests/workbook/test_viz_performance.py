@@ -33,8 +33,15 @@ def test_load_results_picks_newest_by_date(tmp_path, monkeypatch):
     monkeypatch.setattr(perf, "results_dir", lambda: str(tmp_path))
     assert perf.load_results()["path"].endswith("a-new.json")
     monkeypatch.setattr(perf, "results_dir", lambda: str(tmp_path / "missing"))
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(FileNotFoundError, match="benchmarks/results is not beside this moe-lab .*is missing.*Clone it"):
         perf.load_results()
+    # the committed studies the notebooks read, where a pip install has none: the same words, the file named
+    from moe_lab.workbook.viz import schedule, warp_specialization
+
+    with pytest.raises(FileNotFoundError, match="benchmarks/results/gluon_fp8/gluon_fp8.json is not beside"):
+        warp_specialization.load_gluon_results()
+    with pytest.raises(FileNotFoundError, match="benchmarks/results/studies/persistent-.*json is not beside"):
+        schedule.load_persistent_experiment()
 
 
 def test_layer_cost_matches_preset_flops():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -172,9 +171,9 @@ def load_fp8_experiment(path: Optional[str] = None) -> dict:
     Raises FileNotFoundError where the file is not there (not committed yet, or moe-lab installed as a
     copy without the repository's benchmarks/)."""
     if path is None:
-        from .performance import results_dir
+        from .performance import committed_result
 
-        path = os.path.join(results_dir(), "studies", FP8_EXPERIMENT)
+        path = committed_result("studies", FP8_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
 

@@ -46,6 +46,22 @@ def results_dir() -> str:
     return os.path.join(os.path.dirname(package), "benchmarks", "results")
 
 
+def committed_result(*parts: str) -> str:
+    """The path of a committed result under benchmarks/results/ (`parts`, e.g. "studies", "x.json"). Raises
+    FileNotFoundError saying what to do where it is not there: a copy of moe-lab installed without the repository
+    (pip from a git address) has no benchmarks/ beside it."""
+    path = os.path.join(results_dir(), *parts)
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{os.path.join('benchmarks', 'results', *parts)} is not beside this moe-lab ({results_dir()} "
+            f"{'holds no such file' if os.path.isdir(results_dir()) else 'is missing'}): the committed H200 results "
+            "come with the repository, not with a pip install. Clone it, open the notebooks from its notebooks/ "
+            "folder and run the setup cell (docs/hosted.md), or `pip install --no-deps -e <clone>` and restart the "
+            "kernel"
+        )
+    return path
+
+
 def load_results(path: Optional[str] = None) -> dict:
     """Load committed benchmark results.
 
@@ -60,7 +76,7 @@ def load_results(path: Optional[str] = None) -> dict:
         FileNotFoundError if no results file exists.
     """
     if path is None:
-        files = glob.glob(os.path.join(results_dir(), "*.json"))
+        files = glob.glob(os.path.join(committed_result(), "*.json"))
         if not files:
             raise FileNotFoundError(f"no benchmark results (*.json) in {results_dir()}")
 

@@ -10,7 +10,6 @@ the plot functions return a matplotlib `Figure` and take an optional `ax`.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
@@ -172,9 +171,9 @@ def load_persistent_experiment(path: Optional[str] = None) -> dict:
     (the JSON file `PERSISTENT_EXPERIMENT`; docs/experiments.md, "Persistent grouped GEMM"):
     {"environment": {...}, "rows": [{"model", "T", "gemm", "tile", "persistent", "no_flatten", "ws", ...}]}."""
     if path is None:
-        from .performance import results_dir
+        from .performance import committed_result
 
-        path = os.path.join(results_dir(), "studies", PERSISTENT_EXPERIMENT)
+        path = committed_result("studies", PERSISTENT_EXPERIMENT)
     with open(path) as f:
         return json.load(f)
 
@@ -230,9 +229,9 @@ def load_prefill_anatomy(path: Optional[str] = None) -> dict:
     ...}]}, TFLOP/s counting real rows only: the benchmark's routing (padded M-blocks), a routing with exactly T*k/E
     rows per expert (no padding), and cuBLAS's batched matmul on that padding-free problem."""
     if path is None:
-        from .performance import results_dir
+        from .performance import committed_result
 
-        path = os.path.join(results_dir(), "studies", PREFILL_ANATOMY)
+        path = committed_result("studies", PREFILL_ANATOMY)
     with open(path) as f:
         return json.load(f)
 
@@ -279,9 +278,9 @@ def load_fold_tails(path: Optional[str] = None) -> dict:
     "up": {"ms": {variant: ms}, "bitwise_per_tile": {...}}, "down": {...}}]}; variants "shipped", "per tile",
     "fold 32 s3", "fold 32 s4", "fold 64 s3", "fold 64 s4" (folded rows, pipeline stages)."""
     if path is None:
-        from .performance import results_dir
+        from .performance import committed_result
 
-        path = os.path.join(results_dir(), "studies", FOLD_TAILS)
+        path = committed_result("studies", FOLD_TAILS)
     with open(path) as f:
         return json.load(f)
 

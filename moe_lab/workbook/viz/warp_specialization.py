@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .performance import results_dir
+from .performance import committed_result
 
 # Made-up durations of one K block's work (time units of the schematic): a TMA load of a stage, its wgmma, the
 # scaling of its float32 product (a multiply-add per accumulator element, on the CUDA cores), and one tile's
@@ -163,7 +163,7 @@ STEPS = {
 
 def load_gluon_results(path: Optional[str] = None) -> dict:
     """The committed H200 results of `benchmarks/gluon_fp8.py` (benchmarks/results/gluon_fp8/gluon_fp8.json)."""
-    with open(path or os.path.join(results_dir(), GLUON_RESULTS)) as f:
+    with open(path or committed_result(GLUON_RESULTS)) as f:
         return json.load(f)
 
 

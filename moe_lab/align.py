@@ -104,6 +104,18 @@ def check_routing(routing) -> None:
     (num_tokens_post_padded of one entry) and int sizes: one built by hand is read as `moe_align`'s is."""
     if not isinstance(routing, AlignedRouting):
         raise TypeError(f"routing must be an AlignedRouting (from moe_align), got {type(routing).__name__}")
+    ids, experts, used = routing.sorted_token_ids, routing.expert_ids, routing.num_tokens_post_padded
+    if (  # moe_align's, at each GEMM of a layer: a few attribute reads; the messages below only where one is off
+        type(ids) is type(experts) is type(used) is torch.Tensor
+        and ids.dtype in INDEX_DTYPES
+        and experts.dtype in INDEX_DTYPES
+        and used.dtype in INDEX_DTYPES
+        and ids.dim() == experts.dim() == 1
+        and used.shape == (1,)
+        and type(routing.block_size_m) is type(routing.num_tokens) is type(routing.top_k) is int
+        and type(routing.num_experts) is int
+    ):
+        return
     for name, layout in (
         ("sorted_token_ids", "[max_num_tokens_padded]"),
         ("expert_ids", "[max_num_m_blocks]"),

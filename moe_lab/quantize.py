@@ -197,7 +197,7 @@ def quantize_weights_fp8(
         fit = _fit_block(block, n, k)
     for e in range(experts):
         we = w[e].detach().float()  # offline: the results carry no autograd history
-        if not torch.isfinite(we).all():  # (offline: a host sync per expert costs nothing here)
+        if we.device.type != "meta" and not torch.isfinite(we).all():  # offline: a host sync per expert is free
             where = torch.nonzero(~torch.isfinite(we))[0].tolist()
             raise ValueError(
                 f"w must be finite: w[{e}, {where[0]}, {where[1]}] = {we[where[0], where[1]].item()}; an inf or NaN "

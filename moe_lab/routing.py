@@ -127,12 +127,14 @@ def uniform_routing(num_tokens: int, num_experts: int, top_k: int, *, device="cu
 
 
 def _scaling_factor(value) -> float:
-    """routed_scaling_factor as a float: a real number (numpy's and 0-d tensors' too, as read from a config),
-    finite and > 0."""
-    if is_bool(value) or not (
-        isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0)
-    ):
-        raise TypeError(f"routed_scaling_factor must be a real number, got {type_name(value)}")
+    """routed_scaling_factor as a float: a real number (numpy's and 0-d CPU tensors' too, as read from a config;
+    not a GPU tensor, which each call would synchronize to read), finite and > 0."""
+    cpu_scalar = isinstance(value, torch.Tensor) and value.dim() == 0 and value.device.type == "cpu"
+    if is_bool(value) or not (isinstance(value, numbers.Real) or cpu_scalar):
+        raise TypeError(
+            f"routed_scaling_factor must be a real number, got {type_name(value)}"
+            + (f" on {value.device} (read it once with .item())" if isinstance(value, torch.Tensor) else "")
+        )
     factor = float(value)
     if not (math.isfinite(factor) and factor > 0):
         raise ValueError(f"routed_scaling_factor must be a finite number > 0, got {factor}")

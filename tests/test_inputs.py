@@ -204,7 +204,7 @@ def test_a_routing_built_by_hand_is_checked():
 
 
 def test_mixed_float_dtypes_name_both():
-    """float16 hidden_states with bfloat16 weights: neither is wrong alone, so the message names both."""
+    """float16 hidden_states with float32 weights: neither is wrong alone, so the message names both."""
     hs, w1, w2, tw, ti = small_layer()
     with pytest.raises(TypeError, match="hidden_states is float16 but w1 is float32: the layer computes in one dtype"):
         fused_moe(hs.half(), w1, w2, tw, ti)

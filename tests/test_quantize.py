@@ -304,6 +304,8 @@ def test_bad_weight_arguments():
         quantize_weights_fp8(w, None, per_channel="yes")
     with pytest.raises(ValueError, match="N >= 1 and K >= 1"):
         quantize_weights_fp8(w[:, :0])
+    q_meta, _ = quantize_weights_fp8(torch.empty(2, 64, 64, device="meta"))  # no values read (compile checks)
+    assert q_meta.device.type == "meta"
     for bad in (float("inf"), float("nan")):
         broken = w.clone()
         broken[1, 3, 5] = bad

@@ -226,7 +226,20 @@ def _check_ids(
         if low < 0 or high >= num_global:
             where = " (E_global: expert_map's length)" if expert_map is not None else ""
             raise ValueError(f"topk_ids must hold experts in [0, {num_global}){where}, got values from {low} to {high}")
-    if expert_map is not None and expert_map.numel():
+    if expert_map is not None:
+        _check_expert_map_values(expert_map, num_experts)
+
+
+_SHARED_WITH_EXPERT_MAP = (
+    "shared_w1 with expert_map is not supported: every rank would add the shared experts' output; run them on one "
+    "rank (a fused_moe call of their own) instead"
+)
+
+
+def _check_expert_map_values(expert_map: torch.Tensor, num_experts: int) -> None:
+    """Raise ValueError for expert_map entries outside [-1, E) or repeated (two global experts on one local one);
+    reads the values (a sync on a GPU; none on the meta device, which holds none)."""
+    if expert_map.numel() and expert_map.device.type != "meta":
         low, high = int(expert_map.min()), int(expert_map.max())
         if low < -1 or high >= num_experts:
             raise ValueError(
@@ -350,10 +363,7 @@ def _check_expert_kind(hidden_states, w1, w2, expert_map, kind: ExpertKind) -> N
             raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
         _check_weights(shared_w1, shared_w2, (dtype,), hidden_states.shape[1], "hidden_states", "shared_")
         if expert_map is not None:
-            raise ValueError(
-                "shared_w1 with expert_map is not supported: every rank would add the shared experts' output; "
-                "run them on one rank (a fused_moe call of their own) instead"
-            )
+            raise ValueError(_SHARED_WITH_EXPERT_MAP)
         if shared_weights is not None:
             check_tensor(
                 "shared_weights",
@@ -949,8 +959,11 @@ class FusedMoE(torch.nn.Module):
         self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
         self.register_buffer("w1_scale", w1_scale)
         self.register_buffer("w2_scale", w2_scale)
-        if expert_map is not None:
+        if expert_map is not None:  # checked once here, as a module is built once (fused_moe reads them on the CPU)
             check_tensor("expert_map", expert_map, ndim=1, dtypes=INDEX_DTYPES, layout="[E_global]")
+            _check_expert_map_values(expert_map, w1.shape[0])
+            if shared_w1 is not None:
+                raise ValueError(_SHARED_WITH_EXPERT_MAP)
         check_use_tma(use_tma)
         self.w1 = torch.nn.Parameter(w1, requires_grad=False)
         self.w2 = torch.nn.Parameter(w2, requires_grad=False)

@@ -36,6 +36,7 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 import torch
 import triton
 
+from ._validate import check_positive_int
 from .configs import ConfigLike, GemmConfig, MoEConfig, as_moe_config, heuristic_config
 from .runtime import interpreter_active, version_tuple
 
@@ -349,8 +350,24 @@ def default_config(
 ) -> MoEConfig:
     """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
     that serves the current CUDA device for this shape and the nearest token bucket if there is one
-    (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises nothing
-    of its own; a malformed tuned table raises ValueError naming its file."""
+    (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises TypeError /
+    ValueError naming the argument for sizes that are not ints (num_tokens >= 0, the others >= 1) or a dtype
+    other than float16, bfloat16, float32 and float8_e4m3fn; a malformed tuned table raises ValueError naming
+    its file."""
+    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+    num_experts, top_k, hidden_size, intermediate_size = (
+        check_positive_int(name, value)
+        for name, value in (
+            ("num_experts", num_experts),
+            ("top_k", top_k),
+            ("hidden_size", hidden_size),
+            ("intermediate_size", intermediate_size),
+        )
+    )
+    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+    if dtype not in dtypes:
+        names = ", ".join(str(d)[6:] for d in dtypes)
+        raise TypeError(f"dtype must be one of {names} (the weights' dtype), got {dtype!r}")
     if tuned:
         return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
     return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)

@@ -177,6 +177,12 @@ def test_fused_moe_module_checks_weights_at_construction():
         FusedMoE(torch.randn(2, 5, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE))
     with pytest.raises(TypeError, match="the dtype of w1"):
         FusedMoE(torch.randn(2, 4, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE, dtype=torch.float16))
+    # its expert_map too, once, as fused_moe would refuse it at the first forward
+    w1, w2 = torch.randn(2, 4, 8, device=DEVICE), torch.randn(2, 8, 2, device=DEVICE)
+    with pytest.raises(ValueError, match=r"expert_map must hold local experts in \[0, 2\) or -1, got values from 10"):
+        FusedMoE(w1, w2, expert_map=torch.arange(4, device=DEVICE) + 10)
+    with pytest.raises(ValueError, match="shared_w1 with expert_map is not supported"):
+        FusedMoE(w1, w2, expert_map=torch.arange(2, device=DEVICE), shared_w1=w1[:1], shared_w2=w2[:1])
 
 
 def test_a_routing_built_by_hand_is_checked():

@@ -311,3 +311,16 @@ def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
     )
     with pytest.warns(UserWarning, match="table format 99"):
         assert not tuned.select_table("X", (9, 0), "3.6.0", str(tmp_path))
+
+
+def test_default_config_names_a_bad_argument():
+    """default_config is public: a string size, a negative T or an integer dtype is named, not looked up."""
+    for args, kwargs, error, words in (
+        (("8", 4, 2, 64, 32), {}, TypeError, "num_tokens must be an int, got str"),
+        ((-1, 4, 2, 64, 32), {}, ValueError, "num_tokens must be >= 0, got -1"),
+        ((8, 4, 2, 0, 32), {}, ValueError, "hidden_size must be >= 1, got 0"),
+        ((8, 4, 2, 64, 32), dict(dtype=torch.int32), TypeError, "dtype must be one of float16, bfloat16"),
+    ):
+        with pytest.raises(error, match=words):
+            default_config(*args, **kwargs)
+    assert default_config(0, 4, 2, 64, 32) == default_config(0, 4, 2, 64, 32, torch.bfloat16)

@@ -112,7 +112,7 @@ def _check_weights(w1, w2, dtypes=FLOAT_DTYPES, hidden=None, dtype_of=None, pref
             f"{n1} must have shape [{e}, 2{i}, H] with H = {hidden} (the last dimension of {hidden_of}), got "
             f"{tuple(w1.shape)}"
         )
-    check_tensor(n1, w1, ndim=3, dtypes=dtypes, shape=(None, None, hidden), layout=f"[{e}, 2{i}, H]", dtype_of=dtype_of)
+    check_tensor(n1, w1, ndim=3, dtypes=dtypes, layout=f"[{e}, 2{i}, H]", dtype_of=dtype_of)  # H: checked above
     num_experts, two_inter, hidden = w1.shape
     if num_experts == 0:
         raise ValueError(f"{n1} must have shape [{e}, 2{i}, H] with at least one expert, got {tuple(w1.shape)}")

@@ -234,6 +234,12 @@ def never_ends_message(seconds: float, accesses: int, program) -> str:
     )
 
 
+# A numpy array's repr inside a message (several numbers between brackets, over lines); the interpreter's
+# "cannot cast [...] to <[shape], type>".
+_NUMBERS = re.compile(r"\[[-+0-9.eE\s|]{20,}\]")
+_CAST = re.compile(r"cannot cast .*? to <\[[^\]]*\], (\w+)>")
+
+
 def describe_error(exc: BaseException) -> str:
     """The first lines of what a kernel raised, without the interpreter's traceback noise."""
     for cause in (exc, exc.__cause__, exc.__context__):
@@ -256,12 +262,6 @@ def describe_error(exc: BaseException) -> str:
             f"(integers stored into a float8 buffer?): store float values, or .to() the buffer's element type first"
         )
     return f"the kernel raised {type(exc).__name__}: " + text[:600]
-
-
-# A numpy array's repr inside a message (several numbers between brackets, over lines); the interpreter's
-# "cannot cast [...] to <[shape], type>".
-_NUMBERS = re.compile(r"\[[-+0-9.eE\s|]{20,}\]")
-_CAST = re.compile(r"cannot cast .*? to <\[[^\]]*\], (\w+)>")
 
 
 @dataclass

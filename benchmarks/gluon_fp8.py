@@ -13,7 +13,8 @@
    routed weights; no activation between) as moe-lab's Triton FP8 kernels (tuned FP8 config), as the Gluon
    kernel (each variant; the up GEMM's time includes permuting its rows and scales), and as the bf16 Triton
    pair (tuned bf16 config); ceilings at the same FLOPs (2 * T * k * 3 * H * I): dense bf16 torch.matmul and
-   dense FP8 torch._scaled_mm (per-tensor scales), each [T*k, H] x [H, 2I] then [T*k, I] x [I, H].
+   dense FP8 torch._scaled_mm with per-tensor scales and with the same block scales (cuBLAS's block-scaled
+   FP8 GEMM, CUDA >= 12.9), each [T*k, H] x [H, 2I] then [T*k, I] x [I, H].
    CUDA-graph medians with L2 flushed (`moe_lab.tools.timing.graph_ms`), the variants in a rotating order over
    two rounds, the least median kept. Each Gluon variant's output is also compared with the Triton FP8 pair's.
 Prints a markdown table (ms, TFLOP/s, ratios) and writes DIR/gluon_fp8.json and DIR/gluon_fp8.md. Every
@@ -111,6 +112,41 @@ def compare(got: torch.Tensor, want: torch.Tensor) -> float:
     if torch.isnan(got[keep]).any():
         return float("inf")  # a row the kernel should have written and did not
     return relative_error(got[keep].float(), want[keep])
+
+
+def block_scaled_mm(a: torch.Tensor, w: torch.Tensor):
+    """The dense ceiling with the GEMMs' own scaling (DeepSeek-V3's: 1x128 activation and [128, 128] weight
+    scales), cuBLAS's block-scaled FP8 GEMM through torch._scaled_mm (CUDA >= 12.9, sm_90): a callable for
+    a [M, K] @ w [N, K].T, or None (a line says why) where this torch takes none of the scale layouts that
+    torch versions have asked for. The layout that runs is checked against the dequantized product."""
+    a_q, a_s = quantize_activations_fp8(a, group_size=128)
+    w_q, w_s = quantize_weights_fp8(w[None], BLOCK)
+    w_q, w_s = w_q[0], w_s[0]  # [N, K], [N/128, K/128]
+    want = dequantize_fp8(a_q, a_s, (1, 128)) @ dequantize_fp8(w_q[None], w_s[None], BLOCK)[0].T
+    nb, kb = w_s.shape
+    scale_a = a_s.t().contiguous().t()  # [M, K/128], M-major
+    padded = torch.zeros(nb, -(-kb // 4) * 4, device=w_s.device)
+    padded[:, :kb] = w_s
+    wide = torch.zeros(kb, -(-nb // 4) * 4, device=w_s.device)
+    wide[:, :nb] = w_s.t()
+    # [K/128, N/128] row-major; the same with rows padded to a multiple of 4; [K/128 (padded to 4), N/128] N-major
+    layouts = (w_s.t().contiguous(), wide[:, :nb], padded.t())
+    errors = []
+    for scale_b in layouts:
+
+        def run(scale_b=scale_b):
+            return torch._scaled_mm(a_q, w_q.T, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+
+        try:
+            err = relative_error(run().float(), want)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            errors.append(f"{tuple(scale_b.shape)}/{scale_b.stride()}: {str(exc).strip().splitlines()[0][:160]}")
+            continue
+        if err < 1e-2:
+            return run
+        errors.append(f"{tuple(scale_b.shape)}/{scale_b.stride()}: error {err:.1e} against the dequantized product")
+    print(f"note: no block-scaled _scaled_mm ceiling for {tuple(a.shape)} x {tuple(w.shape)}: {'; '.join(errors)}")
+    return None
 
 
 # --- 1. correctness --------------------------------------------------------------------------------------
@@ -343,6 +379,13 @@ def measure(model: str, tokens, check_first: bool) -> list:
             )
         except Exception as exc:  # noqa: BLE001
             fail(f"{model} T={t} ceilings", exc)
+        try:
+            up = block_scaled_mm(da, dw1)
+            down = block_scaled_mm(db, dw2)
+            if up and down:
+                fns["dense fp8 block-scaled _scaled_mm"] = lambda: (up(), down())
+        except Exception as exc:  # noqa: BLE001
+            fail(f"{model} T={t} block-scaled ceiling", exc)
 
         ms = timed(fns)
         base = ms.get("triton fp8")

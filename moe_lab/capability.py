@@ -24,6 +24,7 @@ driver's `cuTensorMapEncodeTiled` requirements.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -80,9 +81,15 @@ def _device_key(device) -> str:
             if (torch.cuda.is_available() and not interpreter_active())
             else torch.device("cpu")
         )
-    device = torch.device(device)
-    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
-        device = torch.device("cuda", torch.cuda.current_device())
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise TypeError(f"device: expected a torch.device or a string such as 'cuda:0', got {device!r}") from exc
+    if device.type == "cuda" and torch.cuda.is_available():
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        elif device.index >= torch.cuda.device_count():
+            raise ValueError(f"device: {device} does not exist ({torch.cuda.device_count()} CUDA device(s) visible)")
     return str(device)
 
 
@@ -235,7 +242,14 @@ def gluon_fp8_support(device: Optional[torch.device | str] = None) -> Optional[s
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:
     """None if a tensor descriptor with `block_shape` can be built over `tensor`, else the rule it breaks.
     Checks what Triton's host TensorDescriptor asserts and what the TMA unit needs beyond it (box dims of
-    at most 256 elements, at least 16 bytes in the inner one)."""
+    at most 256 elements, at least 16 bytes in the inner one). Raises TypeError if `tensor` is not a tensor
+    or `block_shape` not a sequence of ints."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor: expected a torch.Tensor, got {type(tensor).__name__}")
+    try:
+        block_shape = [operator.index(b) for b in block_shape]
+    except TypeError:
+        raise TypeError(f"block_shape: expected a sequence of ints, got {block_shape!r}") from None
     item = tensor.element_size()
     if tensor.dim() != len(block_shape):
         return f"rank {tensor.dim()} does not match block shape {list(block_shape)}"

@@ -15,6 +15,7 @@ def on_gpu_world(monkeypatch):
     monkeypatch.setattr(capability, "interpreter_active", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "Fake GPU")
     monkeypatch.delenv(capability.ENV_VAR, raising=False)
     capability._tma_support_cached.cache_clear()
@@ -118,3 +119,25 @@ def test_fp8_interpreter_reports_emulation(monkeypatch):
     support = fp8_support("cpu")
     capability._fp8_support_cached.cache_clear()
     assert support.available and support.emulated and "interpreter" in support.reason
+
+
+@pytest.mark.parametrize("query", [tma_support, fp8_support, capability.gluon_fp8_support])
+def test_a_device_that_is_not_one_is_named(query, on_gpu_world):
+    with pytest.raises(TypeError, match="device: expected a torch.device .* got 'nope'"):
+        query("nope")
+    with pytest.raises(ValueError, match=r"device: cuda:3 does not exist \(1 CUDA device"):
+        query("cuda:3")
+
+
+@pytest.mark.parametrize(
+    "tensor, block_shape, message",
+    [
+        (3, [16], "tensor: expected a torch.Tensor, got int"),
+        (torch.ones(4, 16), 16, "block_shape: expected a sequence of ints, got 16"),
+        (torch.ones(4, 16), [4, "a"], "block_shape: expected a sequence of ints"),
+        (torch.ones(4, 16), [4.0, 16], "block_shape: expected a sequence of ints"),
+    ],
+)
+def test_descriptor_problem_names_a_bad_argument(tensor, block_shape, message):
+    with pytest.raises(TypeError, match=message):
+        descriptor_problem(tensor, block_shape)

@@ -97,6 +97,49 @@ def _destinations(topk_ids: torch.Tensor, num_experts: int, world_size: int):
     return torch.where(valid, rank, world_size), local
 
 
+# The facts each rank adds to its counts: (ids outside [0, E), H, dtype index, num_experts, refused).
+_FACTS = 5
+
+
+def _exchange_counts(counts: torch.Tensor, facts: torch.Tensor, group, world: int):
+    """The collective every rank's dispatch starts with: row r of `send` goes to rank r, (rows for r, this
+    rank's facts [_FACTS]), so every rank sees every rank's facts. Returns (send_counts, recv_counts, facts
+    per rank) as Python ints: the one host sync."""
+    send = torch.cat((counts[:, None], facts.expand(world, _FACTS)), dim=1)
+    recv = torch.empty_like(send)
+    dist.all_to_all_single(recv, send, group=group)
+    both = torch.cat((send[:, 0], recv[:, 0], recv[:, 1:].reshape(-1))).tolist()
+    facts = [tuple(both[2 * world + r * _FACTS : 2 * world + (r + 1) * _FACTS]) for r in range(world)]
+    return both[:world], both[world : 2 * world], facts
+
+
+def _check_agreement(seen: list) -> None:
+    """Raise on every rank if a rank refused its arguments or the ranks disagree on num_experts."""
+    refused = [r for r, fact in enumerate(seen) if fact[4]]
+    if refused:
+        raise ValueError(
+            f"rank {', '.join(map(str, refused))} of the group refused its arguments (its own error says why); "
+            "every rank of the group raises this instead of waiting for it"
+        )
+    experts = [fact[3] for fact in seen]
+    if len(set(experts)) > 1:
+        raise ValueError(
+            "num_experts must be the same on every rank of the group, got "
+            + ", ".join(f"rank {r}: {e}" for r, e in enumerate(experts))
+        )
+
+
+def _refuse_together(hidden_states, group, world: int) -> None:
+    """This rank's arguments failed its checks: join the counts' exchange (sending no rows) with the refusal
+    flag set, so that the other ranks raise too instead of waiting in a collective."""
+    if isinstance(hidden_states, torch.Tensor):
+        device = hidden_states.device
+    else:  # the backend's device: NCCL exchanges CUDA tensors only
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    counts = torch.zeros(world, dtype=torch.int64, device=device)
+    _exchange_counts(counts, counts.new_tensor([0, 0, 0, 0, 1]), group, world)
+
+
 def dispatch(
     hidden_states: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -117,16 +160,16 @@ def dispatch(
     top_k = topk_ids.shape[1]
     dest, local = _destinations(topk_ids, num_experts, world)
     order = torch.argsort(dest, stable=True)  # by rank, each rank's slots in (token, slot) order
-    # Row r of the counts goes to rank r: (rows for r, this rank's invalid ids), so every rank sees them all.
-    # H and the rows' dtype travel too, so that ranks that disagree all raise instead of a collective failing.
     counts = torch.bincount(dest, minlength=world + 1)
-    facts = counts.new_tensor([hidden_states.shape[1], FLOAT_DTYPES.index(hidden_states.dtype)])
-    send = torch.cat((counts[:world, None], counts[world].expand(world, 1), facts.expand(world, 2)), dim=1)
-    recv = torch.empty_like(send)
-    dist.all_to_all_single(recv, send, group=group)
-    both = torch.cat((send[:, 0], recv.t().reshape(-1))).tolist()  # the host sync
-    send_counts, recv_counts, bad = both[:world], both[world : 2 * world], both[2 * world : 3 * world]
-    widths, dtypes = both[3 * world : 4 * world], both[4 * world :]
+    facts = torch.cat(
+        (
+            counts[world:],
+            counts.new_tensor([hidden_states.shape[1], FLOAT_DTYPES.index(hidden_states.dtype), num_experts, 0]),
+        )
+    )
+    send_counts, recv_counts, seen = _exchange_counts(counts[:world], facts, group, world)
+    _check_agreement(seen)
+    bad, widths, dtypes = ([fact[i] for fact in seen] for i in range(3))
     if any(bad):
         worst = next(r for r, b in enumerate(bad) if b)
         raise ValueError(
@@ -223,10 +266,42 @@ def fused_moe_expert_parallel(
         experts among layer_options, or (on every rank) experts outside [0, num_experts) on any rank or ranks
         whose hidden_states differ in H or dtype; RuntimeError without torch.distributed initialized;
         `fused_moe`'s TypeError / ValueError for bad shapes, dtypes and options.
+        all_to_all: a rank whose own arguments fail these checks (`fused_moe`'s included, run on no tokens
+        first) raises its error after telling the others in the counts' exchange, where they raise a
+        ValueError naming it; ranks that disagree on num_experts all raise. all_reduce has no exchange to
+        tell them in (no host sync): a rank refused alone raises alone and the others wait in the all-reduce
+        until the group's timeout, as they do for a T that differs between ranks (gloo may abort the
+        process). Ranks in different modes wait in different collectives: the mode must be the same.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     rank, world = _group_rank_and_size(group)
+    if mode == "all_reduce":
+        _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options)
+        expert_map = expert_map_for_rank(num_experts, rank, world, hidden_states.device)
+        out = fused_moe(
+            hidden_states, w1_local, w2_local, topk_weights, topk_ids, expert_map=expert_map, out=out, **layer_options
+        )
+        dist.all_reduce(out, group=group)  # the shares of every rank's experts
+        return out
+    try:
+        _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options)
+        # fused_moe's own checks of the local experts and options, on no rows (the received rows' routing:
+        # top_k = 1, float32 weights, int32 local ids): before the first collective.
+        no_weights = topk_weights.new_empty((0, 1), dtype=torch.float32)
+        fused_moe(hidden_states[:0], w1_local, w2_local, no_weights, no_weights.int(), **layer_options)
+    except (TypeError, ValueError):
+        _refuse_together(hidden_states, group, world)
+        raise
+    dispatched = dispatch(hidden_states, topk_weights, topk_ids, num_experts=num_experts, group=group)
+    expert_out = fused_moe(
+        dispatched.hidden_states, w1_local, w2_local, dispatched.topk_weights, dispatched.topk_ids, **layer_options
+    )
+    return combine(expert_out, dispatched, topk_ids, num_experts=num_experts, group=group, out=out)
+
+
+def _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options):
+    """The checks of fused_moe_expert_parallel's arguments that need no other rank."""
     lo, hi = expert_range(num_experts, rank, world)
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     check_tensor(
@@ -251,15 +326,3 @@ def fused_moe_expert_parallel(
             f"shared experts ({', '.join(shared)}) are not split over ranks: every rank holds them, so run them on "
             "this rank's tokens with fused_moe or a dense MLP and add that to this function's output"
         )
-    if mode == "all_reduce":
-        expert_map = expert_map_for_rank(num_experts, rank, world, hidden_states.device)
-        out = fused_moe(
-            hidden_states, w1_local, w2_local, topk_weights, topk_ids, expert_map=expert_map, out=out, **layer_options
-        )
-        dist.all_reduce(out, group=group)  # the shares of every rank's experts
-        return out
-    dispatched = dispatch(hidden_states, topk_weights, topk_ids, num_experts=num_experts, group=group)
-    expert_out = fused_moe(
-        dispatched.hidden_states, w1_local, w2_local, dispatched.topk_weights, dispatched.topk_ids, **layer_options
-    )
-    return combine(expert_out, dispatched, topk_ids, num_experts=num_experts, group=group, out=out)

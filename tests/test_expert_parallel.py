@@ -110,9 +110,29 @@ def _worker(rank, world, init_file, single_outputs):
         fused_moe_expert_parallel(*args, num_experts=num_experts, expert_map=torch.arange(num_experts))
     with pytest.raises(ValueError, match=r"shared experts \(shared_w1, shared_w2\) are not split over ranks"):
         fused_moe_expert_parallel(*args, num_experts=num_experts, shared_w1=w1[:1], shared_w2=w2[:1])
-    mixed = hs[mine].float() if rank == 1 else hs[mine]  # ranks that disagree on the dtype: all raise
+    # Ranks that disagree on the dtype, each consistent with its own weights: all raise.
+    mixed = (hs[mine].float(), w1_local.float(), w2_local.float()) if rank == 1 else args[:3]
     with pytest.raises(ValueError, match=r"the same H and dtype on every rank of the group, got rank 0: H=\d+ "):
-        fused_moe_expert_parallel(mixed, *args[1:], num_experts=num_experts)
+        fused_moe_expert_parallel(*mixed, *args[3:], num_experts=num_experts)
+    # A mistake on the last rank only (all experts, a w2 of the wrong I, a bad config): it raises its own
+    # error, the others one that names it, none waits for the others in a collective.
+    last = rank == world - 1
+    mistakes = {
+        r"w1_local must be \[E_local, 2I, H\]": dict(w1_local=w1),
+        r"w2 must have shape \[E, H, I\]": dict(w2_local=w2_local[:, :, :-1]),
+        "config": dict(config="fastest"),
+        "hidden_states is float32 but w1 is bfloat16": dict(hidden_states=hs[mine].float()),
+    }
+    for own_error, mistake in mistakes.items():
+        call = dict(zip(("hidden_states", "w1_local", "w2_local", "topk_weights", "topk_ids"), args))
+        if last:
+            call.update(mistake)
+        expected = own_error if last else rf"rank {world - 1} of the group refused its arguments"
+        with pytest.raises((TypeError, ValueError), match=expected):
+            fused_moe_expert_parallel(**call, num_experts=num_experts)
+    if num_experts >= world + 1:  # ranks that disagree on E (each one's block still fits its weights' count)
+        with pytest.raises(ValueError, match="num_experts must be the same on every rank|refused its arguments"):
+            fused_moe_expert_parallel(*args, num_experts=num_experts + (1 if last else 0))
     dist.destroy_process_group()
 
 

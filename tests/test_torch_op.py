@@ -20,6 +20,18 @@ def test_custom_op_and_module_under_torch_compile():
     assert torch.equal(compiled(hs, tw, ti), eager)
 
 
+def test_custom_op_refuses_grad_in_the_forward_eager_and_compiled():
+    hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
+    message = "hidden_states requires grad: fused_moe is inference-only"
+    with pytest.raises(ValueError, match=message):  # the op's body sees no grad: its autograd says so
+        torch.ops.moe_lab.fused_moe(hs.requires_grad_(), w1, w2, tw, ti)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=message):  # Dynamo wraps the op's error, and quotes it
+        torch.compile(FusedMoE(w1, w2), fullgraph=True, backend="aot_eager")(hs, tw, ti)
+    with torch.no_grad():
+        torch.ops.moe_lab.fused_moe(hs, w1, w2, tw, ti)
+
+
 def test_custom_op_opcheck():
     hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
     torch.library.opcheck(

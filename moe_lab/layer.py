@@ -256,6 +256,20 @@ def _check_expert_map_values(expert_map: torch.Tensor, num_experts: int) -> None
             )
 
 
+def _check_scale_values(name: str, scale: torch.Tensor) -> None:
+    """Raise ValueError unless every weight scale is finite and positive (a NaN, zero or negative scale makes
+    its block's products NaN, zero or of the wrong sign); reads the values (a sync on a GPU; none on meta)."""
+    if scale.numel() and scale.device.type != "meta":
+        bad = ~(torch.isfinite(scale) & (scale > 0))
+        if bad.any():
+            where = tuple(torch.nonzero(bad)[0].tolist())
+            raise ValueError(
+                f"{name} must be finite and positive, got {name}[{', '.join(map(str, where))}] = "
+                f"{scale[where].item()} ({int(bad.sum())} of {scale.numel()} scales): a scale multiplies its "
+                "block's products (moe_lab.quantize_weights_fp8 makes them)"
+            )
+
+
 @dataclass(frozen=True)
 class Fp8Weights:
     """The float8 side of a layer call, checked once: the weight scales, block_shape, and the static
@@ -471,10 +485,11 @@ def fused_moe(
             accumulates in float32; the output has hidden_states' dtype. Needs FP8 tensor cores (compute
             capability >= 8.9) or the interpreter: elsewhere RuntimeError with the reason
             (`moe_lab.fp8_support`).
-            Scales are taken as given: positive and finite, not checked (a zero scale gives zeros, an inf
-            one inf or NaN). A NaN in hidden_states makes its 128-channel group NaN, which reaches that
-            token's output. Source: DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument
-            names are vLLM's fused_experts' (use_fp8_w8a8).
+            Scales are taken as given: positive and finite, not checked here (a zero scale gives zeros, an
+            inf one inf or NaN); `FusedMoE` checks its weight scales' values once, when it is built. A NaN
+            in hidden_states makes its 128-channel group NaN, which reaches that token's output. Source:
+            DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument names are vLLM's
+            fused_experts' (use_fp8_w8a8).
         return_info: also return a FusedMoEInfo (config used and where it came from, load paths, for
             the last chunk; of the routed experts).
         activation: the experts' gated activation and how w1's rows hold gate and up: a `moe_lab.Activation`
@@ -942,7 +957,8 @@ class FusedMoE(torch.nn.Module):
     The router stays with the caller: forward(hidden_states [T, H], topk_weights [T, k], topk_ids [T, k]).
     use_tma: "auto", True or False, as in `fused_moe`. Inference only (the weights do not require grad).
     FP8: float8_e4m3fn w1 and w2 with w1_scale, w2_scale and block_shape as `fused_moe` takes them (kept as
-    buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically.
+    buffers; `moe_lab.quantize_weights_fp8` makes them), activations quantized dynamically; ValueError at
+    construction for a scale that is not finite and positive.
     activation, w1_bias, w2_bias, shared_w1, shared_w2: as in `fused_moe` (biases kept as buffers, shared
     experts as parameters, none of them copied); forward then takes shared_weights [T, S] (None: 1)."""
 
@@ -977,6 +993,9 @@ class FusedMoE(torch.nn.Module):
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2
         self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
+        if fp8 is not None:  # their values checked once here, as a module is built once (fused_moe does not)
+            _check_scale_values("w1_scale", w1_scale)
+            _check_scale_values("w2_scale", w2_scale)
         self.register_buffer("w1_scale", w1_scale)
         self.register_buffer("w2_scale", w2_scale)
         if expert_map is not None:  # checked once here, as a module is built once (fused_moe reads them on the CPU)

@@ -468,6 +468,14 @@ def test_fp8_after_a_breaker_trial():
     module = FusedMoE(w1_q, w2_q, w1_scale=scales["w1_scale"], w2_scale=scales["w2_scale"], block_shape=(128, 128))
     with pytest.raises(TypeError, match=r"module.to\(dtype\) cast them"):
         module.to(torch.bfloat16)(x, topk_weights, topk_ids)
+    # A checkpoint's scales read wrong (NaN, zero, negative): the module says so once, when it is built.
+    for value, shown in ((float("nan"), "nan"), (0.0, "0.0"), (-0.5, "-0.5")):
+        bad = scales["w2_scale"].clone()
+        bad[1, 0, 0] = value
+        with pytest.raises(
+            ValueError, match=rf"w2_scale must be finite and positive, got w2_scale\[1, 0, 0\] = {shown}"
+        ):
+            FusedMoE(w1_q, w2_q, w1_scale=scales["w1_scale"], w2_scale=bad, block_shape=(128, 128))
 
 
 def test_fp8_newcomer_mistakes_are_named():

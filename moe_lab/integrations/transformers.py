@@ -264,7 +264,9 @@ def experts_modules(model: torch.nn.Module) -> list:
     return [
         (name, module)
         for name, module in model.named_modules()
-        if hasattr(module, "_is_expert_parallel") and hasattr(type(module).forward, "__wrapped__")
+        if hasattr(module, "_is_expert_parallel")
+        # the decorated forward: the class's own, or a base class's that an override calls
+        and any(hasattr(vars(cls).get("forward"), "__wrapped__") for cls in type(module).__mro__)
     ]
 
 

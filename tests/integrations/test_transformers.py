@@ -76,6 +76,15 @@ def test_experts_modules_lists_what_the_registry_dispatches():
     assert moe_tf.experts_modules(llama4) == []  # its experts keep their own code: the setting changes nothing
     with pytest.raises(TypeError, match="model must be a torch.nn.Module"):
         moe_tf.experts_modules("mixtral")
+    # A subclass whose forward calls the decorated one (transformers' ErgoExperts): reached, so listed.
+    experts = model.model.layers[0].mlp.experts
+
+    class Subclassed(type(experts)):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    experts.__class__ = Subclassed
+    assert [name for name, _ in moe_tf.experts_modules(model)] == names
 
 
 def test_register_is_idempotent_and_checks_its_name():

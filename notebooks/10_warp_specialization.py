@@ -407,7 +407,11 @@ print(ws_viz.steps_table(results, tokens=512))
 #   comes within 5 % of the dense FP8 ceiling at Mixtral-8x7B (about 1,150 TFLOP/s at T = 16384) but reaches
 #   about 930 at DeepSeek-V3 and 830 at Qwen3-30B-A3B, whose short K (16 and 6 K blocks in the down GEMM) leave
 #   the epilogue a larger share. So at Mixtral the scaling of each product costs about a fifth; at DeepSeek-V3
-#   and Qwen3 the epilogue costs about as much as the scaling (each about 10 to 20 %). A step
+#   and Qwen3 the epilogue costs about as much as the scaling (each about 10 to 20 %). The fairer ceiling, a
+#   dense GEMM with the same block scales (cuBLAS's, through `torch._scaled_mm`), reaches about 1,110 TFLOP/s
+#   at Mixtral-8x7B and 1,100 at DeepSeek-V3 (T = 16384): the kernel is at 86 % and 76 % of it. Handing the
+#   epilogue to a warpgroup of its own, through shared memory, measured slower (0.79 to 0.99x: the hand-over
+#   costs more than the stores it moves; docs/experiments.md, "The Gluon epilogue in a warpgroup"). A step
 #   tried before this kernel, Gluon without warp
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped

@@ -125,6 +125,22 @@ def _fp8(test: Callable[[torch.nn.Module], bool]) -> Callable[[torch.nn.Module],
     return lambda m: FP8Experts is not None and isinstance(m, FP8Experts) and test(m)
 
 
+def _scale_grid_differs(module: torch.nn.Module) -> bool:
+    """A block-scaled FP8 module whose scales do not have one entry per [block_n, block_k] block of its weights,
+    the grid fused_moe reads (transformers keeps two gate/up scale rows where 2I <= block_n)."""
+    if module.block_size is None or module.gate_up_proj.dtype != torch.float8_e4m3fn:
+        return False
+    block_n, block_k = module.block_size
+    for weight, scale in (
+        (module.gate_up_proj, module.gate_up_proj_scale_inv),
+        (module.down_proj, module.down_proj_scale_inv),
+    ):
+        n, k = weight.shape[-2:][::-1] if getattr(module, "is_transposed", False) else weight.shape[-2:]
+        if tuple(scale.shape) != (weight.shape[0], -(-n // block_n), -(-k // block_k)):
+            return True
+    return False
+
+
 # Every trait of transformers' experts that moe-lab knows of. A feature fused_moe gains is one `arguments=`
 # here.
 TRAITS: Tuple[Trait, ...] = (
@@ -140,6 +156,7 @@ TRAITS: Tuple[Trait, ...] = (
     Trait("per-tensor float8 scales (block_size=None)", _fp8(lambda m: m.block_size is None)),
     Trait("static activation scales (activation_scheme='static')", _fp8(lambda m: m.activation_scheme != "dynamic")),
     Trait("float8 scales that are not float32 (UE8M0)", _fp8(lambda m: _scales_dtype(m) != torch.float32)),
+    Trait("float8 scales not one per [block_n, block_k] block of the weights", _fp8(_scale_grid_differs)),
 )
 
 

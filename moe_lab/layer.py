@@ -157,7 +157,11 @@ def _stored_transposed(w1, w2, hidden) -> bool:
             (w1.shape[0], w1.shape[2] // 2, hidden),
         )
         return w1.shape[2] != hidden and w1.shape[1] == hidden and fits
-    return isinstance(w2, torch.Tensor) and tuple(w2.shape) == (w1.shape[0], w1.shape[1], w1.shape[2] // 2)
+    # w2 [E, H, I], or stored transposed too ([E, I, H])
+    return isinstance(w2, torch.Tensor) and tuple(w2.shape) in (
+        (w1.shape[0], w1.shape[1], w1.shape[2] // 2),
+        (w1.shape[0], w1.shape[2] // 2, w1.shape[1]),
+    )
 
 
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):

@@ -323,6 +323,8 @@ def test_weights_stored_transposed_are_named_with_the_view_to_pass():
         fused_moe(hs, stored, w2, tw, ti)
     with pytest.raises(ValueError, match=r"Pass w1.transpose\(1, 2\)"):
         FusedMoE(stored, w2)
+    with pytest.raises(ValueError, match=r"Pass w1.transpose\(1, 2\)"):  # both stored transposed: w1 first
+        FusedMoE(stored, w2.transpose(1, 2).contiguous())
     fused_moe(hs, stored.transpose(1, 2), w2, tw, ti)  # the view runs
     # a shared w1 whose H is wrong, with 2I_s = H: not taken for transposed where its w2 does not fit that
     with pytest.raises(ValueError, match=r"shared_w1 must have shape \[S, 2I_s, H\] with H = 16 \(the last dimension"):

@@ -234,6 +234,16 @@ def experts_forward(
     judged = _verdict(self)
     if judged.refusal is not None:
         raise NotImplementedError(judged.refusal)
+    if torch.is_grad_enabled():
+        named = dict(hidden_states=hidden_states, top_k_weights=top_k_weights)
+        named.update(gate_up_proj=self.gate_up_proj, down_proj=self.down_proj)
+        requiring = [name for name, t in named.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+        if requiring:
+            raise ValueError(
+                f"{requiring[0]} requires grad: moe-lab's experts are inference-only (no backward): run the model "
+                "under torch.no_grad() or torch.inference_mode(), or train with experts_implementation='eager' "
+                "or 'grouped_mm'"
+            )
     arguments = dict(w1=self.gate_up_proj, w2=self.down_proj)
     for read in judged.arguments:
         arguments.update(read(self))

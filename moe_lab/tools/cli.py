@@ -66,7 +66,7 @@ def cmd_info(_args) -> int:
 
     print(f"numpy   {numpy.__version__}")
     print(f"device  {_device_name(device)}")
-    print(f"interpreter (TRITON_INTERPRET=1): {'on' if interpreter_active() else 'off'}")
+    print(f"interpreter (TRITON_INTERPRET): {'on' if interpreter_active() else 'off'}")
     print(f"TMA path: {'available' if support.available else 'not available'}: {support.reason}")
     print(f"tuned table: {table_for_device(device).reason}")
     return 0
@@ -110,6 +110,13 @@ def cmd_demo(args) -> int:
     scale = args.scale if args.scale is not None else (1 if on_gpu else CPU_SCALE)
     use_tma = USE_TMA_WORDS[args.use_tma]
     models = [get_preset(name) for name in args.model or DEFAULT_MODELS]
+    if not on_gpu and not interpreter_active():
+        print(
+            "moe-lab demo: no GPU and Triton's interpreter is off (TRITON_INTERPRET=0): the kernels cannot run "
+            "here. Unset TRITON_INTERPRET (moe-lab turns the interpreter on without a GPU), or see moe-lab doctor.",
+            file=sys.stderr,
+        )
+        return 2
     if not on_gpu and not args.force:
         slots = max(tokens) * max(p.top_k for p in models)
         limit = CPU_MAX_SLOTS_FP8 if fp8 else CPU_MAX_SLOTS
@@ -119,6 +126,14 @@ def cmd_demo(args) -> int:
                 f"that takes minutes per model (about {20 if fp8 else 4} s per 500 slots"
                 f"{' in FP8' if fp8 else ''}). Pass --force to run it anyway, or use token counts up to "
                 f"{limit // max(p.top_k for p in models)}.",
+                file=sys.stderr,
+            )
+            return 2
+        if scale < CPU_SCALE // 2:  # the work grows as H * I: (CPU_SCALE / scale)^2 times the default's
+            print(
+                f"moe-lab demo: --scale {scale} gives each layer about {round((CPU_SCALE / scale) ** 2)} times the "
+                f"work of the CPU default (--scale {CPU_SCALE}): under Triton's interpreter (no GPU) minutes to hours "
+                f"per model. Pass --force to run it anyway, or use --scale {CPU_SCALE // 2} or more.",
                 file=sys.stderr,
             )
             return 2

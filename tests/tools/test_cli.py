@@ -61,6 +61,18 @@ def test_demo_asks_before_minutes_of_interpreter(capsys):
         pytest.skip("a GPU runs large token counts without asking")
     assert main(["demo", "--tokens", "100000"]) == 2
     assert "--force" in capsys.readouterr().err
+    assert main(["demo", "--scale", "1"]) == 2  # full-size H and I: 4096 times the default's work
+    assert "about 4096 times the work" in capsys.readouterr().err
+
+
+def test_demo_without_gpu_or_interpreter_says_so_in_a_line(capsys, monkeypatch):
+    from moe_lab.tools import cli
+
+    monkeypatch.setattr(cli, "interpreter_active", lambda: False)
+    monkeypatch.setattr(cli, "default_device", lambda: __import__("torch").device("cpu"))
+    assert main(["demo"]) == 2
+    err = capsys.readouterr().err
+    assert "Triton's interpreter is off (TRITON_INTERPRET=0): the kernels cannot run here" in err
 
 
 def test_demo_help_explains_every_option(capsys):

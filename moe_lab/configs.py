@@ -74,7 +74,12 @@ class GemmConfig:
         if checked["num_stages"] > MAX_STAGES:
             raise ValueError(f"config.num_stages must be <= {MAX_STAGES}, got {checked['num_stages']}")
         if isinstance(self.fold_tail_rows, bool) or self.fold_tail_rows != 0:  # 0 is off; bools are refused
-            checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
+            try:
+                checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
+            except ValueError:  # say that 0, the default, is valid too
+                raise ValueError(
+                    f"config.fold_tail_rows must be 0 (off) or a power of two >= 16, got {self.fold_tail_rows}"
+                ) from None
             if checked["BLOCK_SIZE_M"] < 32:
                 raise ValueError(
                     f"config.fold_tail_rows needs BLOCK_SIZE_M >= 32 (folded rows are 16 at least and "
@@ -160,8 +165,9 @@ def _merged(base: GemmConfig, changes, where: str) -> GemmConfig:
         raise TypeError(f"{where} must be a GemmConfig or a dict, got {type(changes).__name__}")
     unknown = sorted(set(changes) - set(GemmConfig.__dataclass_fields__))
     if unknown:
+        also = " (or only 'up' and 'down', each a dict of these)" if where == "config" else ""
         raise TypeError(
-            f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}"
+            f"{where} has unknown key(s) {unknown}; expected some of {list(GemmConfig.__dataclass_fields__)}{also}"
         )
     if "BLOCK_SIZE_M" in changes and "fold_tail_rows" not in changes:  # the default's fold was for its own block
         changes = dict(changes, fold_tail_rows=0)

@@ -44,7 +44,9 @@ class Activation:
             )
         for name in ("alpha", "limit"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"activation {name} must be a finite number, got {type(value).__name__} {value!r}")
+            if not math.isfinite(value):
                 raise ValueError(f"activation {name} must be a finite number, got {value!r}")
             object.__setattr__(self, name, float(value))  # frozen; the kernels take it as a float32 scalar
         if self.limit <= 0:

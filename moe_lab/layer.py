@@ -1014,6 +1014,19 @@ class FusedMoE(torch.nn.Module):
         self.register_buffer("expert_map", expert_map)
         self.use_tma = use_tma
 
+    def extra_repr(self) -> str:
+        e, two_i, h = self.w1.shape
+        parts = [f"E={e}, H={h}, I={two_i // 2}, dtype={str(self.w1.dtype)[6:]}"]
+        if self.block_shape is not None:
+            parts.append(f"block_shape={self.block_shape}")
+        if self.activation != Activation():
+            parts.append(f"activation={self.activation.kind}/{self.activation.gate_up_layout}")
+        if self.shared_w1 is not None:
+            parts.append(f"shared experts={self.shared_w1.shape[0]}")
+        if self.expert_map is not None:
+            parts.append(f"expert_map of {self.expert_map.shape[0]}")
+        return ", ".join(parts + [f"use_tma={self.use_tma!r}"])
+
     def forward(self, hidden_states, topk_weights, topk_ids, shared_weights=None):
         if self.w1_scale is not None and self.w1.dtype != FP8_DTYPE:
             raise TypeError(

@@ -71,7 +71,10 @@ class MoEPreset:
 
     def build(self, num_tokens: int, *, dtype=torch.bfloat16, device=None, seed: int = 0):
         """Random layer at this shape: hidden_states ~ N(0, 1), weights with nn.Linear's init scale
-        (uniform ±1/sqrt(fan_in)), a random router. Returns (hidden_states, w1, w2, TopKRouting)."""
+        (uniform ±1/sqrt(fan_in)), a random router. Returns (hidden_states, w1, w2, TopKRouting).
+        Raises TypeError for a dtype that is not a floating torch.dtype."""
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
         device = torch.device(device or "cpu")
         gen = torch.Generator(device=device).manual_seed(seed)
         h, i, e = self.hidden_size, self.intermediate_size, self.num_experts

@@ -124,7 +124,8 @@ def fused_moe_reference(
     Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
     wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
     and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts
-    likewise ([S, 2I_s, H], [S, H, I_s]) and for experts outside [0, E).
+    likewise ([S, 2I_s, H], [S, H, I_s]) and for experts outside [0, E). Unlike `fused_moe` it takes float
+    weights of another float dtype than hidden_states' (everything is computed in `dtype`).
     """
     from .layer import _check_ids, _check_weights  # the layer imports the kernels: only when called
 
@@ -185,7 +186,10 @@ def fused_moe_reference(
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check).
     Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped result
-    must not pass as a match)."""
+    must not pass as a match); TypeError unless both are tensors (torch.as_tensor makes one of an array)."""
+    for name, value in (("out", out), ("ref", ref)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__} (torch.as_tensor makes one)")
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"out and ref must have the same shape, got {tuple(out.shape)} and {tuple(ref.shape)}")
     out64, ref64 = out.double().cpu(), ref.double().cpu()

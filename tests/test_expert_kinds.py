@@ -199,6 +199,8 @@ def test_bad_expert_kinds_name_what_is_wrong():
         Activation("swigluoai", limit=0)
     with pytest.raises(ValueError, match="activation alpha must be a finite number, got nan"):
         Activation("swigluoai", alpha=float("nan"))
+    with pytest.raises(TypeError, match="activation alpha must be a finite number, got str '1'"):
+        Activation("swigluoai", alpha="1")
     hs, w1, w2, tw, ti = random_layer(4, 3, 2, 32, 32, torch.bfloat16)
     with pytest.raises(
         TypeError, match="activation must be a moe_lab.Activation, 'silu', 'swigluoai' or None, got int"

@@ -132,8 +132,10 @@ def test_bad_config():
     hs, w1, w2, tw, ti = random_layer(5, 4, 2, 32, 16, torch.float32)
     with pytest.raises(ValueError, match="BLOCK_SIZE_N must be a power of two"):
         fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_SIZE_N": 48})
-    with pytest.raises(TypeError, match="unknown key"):
+    with pytest.raises(TypeError, match=r"unknown key.* \(or only 'up' and 'down', each a dict of these\)"):
         fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_M": 16})
+    with pytest.raises(ValueError, match=r"fold_tail_rows must be 0 \(off\) or a power of two >= 16, got 4"):
+        fused_moe(hs, w1, w2, tw, ti, config={"fold_tail_rows": 4})
     with pytest.raises(TypeError, match="config must be"):
         fused_moe(hs, w1, w2, tw, ti, config=16)
 

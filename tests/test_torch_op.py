@@ -13,6 +13,7 @@ pytestmark = pytest.mark.kernels  # the kernel subset, run under every supported
 def test_custom_op_and_module_under_torch_compile():
     hs, w1, w2, tw, ti = random_layer(8, 4, 2, 32, 16, torch.float32)
     module = FusedMoE(w1, w2)
+    assert "FusedMoE(E=4, H=32, I=16, dtype=float32, use_tma='auto')" == repr(module)
     eager = module(hs, tw, ti)
     assert relative_error(eager, fused_moe_reference(hs, w1, w2, tw, ti)) < TOL[torch.float32]
     torch._dynamo.reset()

@@ -128,13 +128,14 @@ def _fp8(test: Callable[[torch.nn.Module], bool]) -> Callable[[torch.nn.Module],
 def _scale_grid_differs(module: torch.nn.Module) -> bool:
     """A block-scaled FP8 module whose scales do not have one entry per [block_n, block_k] block of its weights,
     the grid fused_moe reads (transformers keeps two gate/up scale rows where 2I <= block_n)."""
-    if module.block_size is None or module.gate_up_proj.dtype != torch.float8_e4m3fn:
+    weights = [getattr(module, name, None) for name in ("gate_up_proj", "down_proj")]
+    scales = [getattr(module, f"{name}_scale_inv", None) for name in ("gate_up_proj", "down_proj")]
+    if module.block_size is None or any(not isinstance(t, torch.Tensor) for t in weights + scales):
+        return False  # (no gate projection, or no weights: refused by their own traits)
+    if weights[0].dtype != torch.float8_e4m3fn:
         return False
     block_n, block_k = module.block_size
-    for weight, scale in (
-        (module.gate_up_proj, module.gate_up_proj_scale_inv),
-        (module.down_proj, module.down_proj_scale_inv),
-    ):
+    for weight, scale in zip(weights, scales):
         n, k = weight.shape[-2:][::-1] if getattr(module, "is_transposed", False) else weight.shape[-2:]
         if tuple(scale.shape) != (weight.shape[0], -(-n // block_n), -(-k // block_k)):
             return True
@@ -155,7 +156,7 @@ TRAITS: Tuple[Trait, ...] = (
     Trait("block-scaled float8 weights", _fp8(lambda m: m.block_size is not None), _fp8_arguments),
     Trait("per-tensor float8 scales (block_size=None)", _fp8(lambda m: m.block_size is None)),
     Trait("static activation scales (activation_scheme='static')", _fp8(lambda m: m.activation_scheme != "dynamic")),
-    Trait("float8 scales that are not float32 (UE8M0)", _fp8(lambda m: _scales_dtype(m) != torch.float32)),
+    Trait("float8 scales that are not float32 (UE8M0)", _fp8(lambda m: _scales_dtype(m) not in (None, torch.float32))),
     Trait("float8 scales not one per [block_n, block_k] block of the weights", _fp8(_scale_grid_differs)),
 )
 
@@ -182,7 +183,7 @@ def _judge(module: torch.nn.Module, dtype: Optional[torch.dtype]) -> _Verdict:
     missing = [trait.name for trait in present if trait.arguments is None]
     if dtype is not None and dtype not in RUNS:
         missing.append(f"weights of dtype {str(dtype)[6:]} (moe-lab runs bfloat16, float16, float32, float8_e4m3fn)")
-    if dtype is None or not hasattr(module, "down_proj"):
+    if dtype is None or not (hasattr(module, "gate_up_proj") and hasattr(module, "down_proj")):
         missing.append("no gate_up_proj/down_proj weights")
     if missing:
         cls = type(module)

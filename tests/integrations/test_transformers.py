@@ -320,7 +320,7 @@ def test_grad_on_is_refused_by_name():
 # -- block-scaled FP8 (transformers' finegrained-fp8 experts) ---------------------------------------------------
 
 
-def fp8_experts(block_size=(128, 128), activation_scheme="dynamic", intermediate_size=128):
+def fp8_experts(block_size=(128, 128), activation_scheme="dynamic", intermediate_size=128, **options):
     fp8 = pytest.importorskip("transformers.integrations.finegrained_fp8")
 
     class TinyFP8Experts(fp8.FP8Experts):  # decorated as transformers' FP8 quantizer does, without touching FP8Experts
@@ -329,7 +329,7 @@ def fp8_experts(block_size=(128, 128), activation_scheme="dynamic", intermediate
     cls = use_experts_implementation(TinyFP8Experts, experts_interface=fp8.ALL_FP8_EXPERTS_FUNCTIONS)
     config = transformers.MixtralConfig(hidden_size=128, intermediate_size=intermediate_size, num_local_experts=3)
     config._experts_implementation = "moe_lab"
-    return cls(config, block_size=block_size, activation_scheme=activation_scheme).to(DEVICE)
+    return cls(config, block_size=block_size, activation_scheme=activation_scheme, **options).to(DEVICE)
 
 
 def test_block_scaled_fp8_experts(calls):
@@ -361,6 +361,7 @@ def test_block_scaled_fp8_experts(calls):
         (dict(activation_scheme="static"), "static activation scales"),
         # 2I = 64 <= block_n: transformers keeps two gate/up scale rows where fused_moe reads one
         (dict(intermediate_size=32), r"float8 scales not one per \[block_n, block_k\] block"),
+        (dict(has_gate=False), "no gate_up_proj/down_proj weights"),  # up_proj alone
     ],
 )
 def test_fp8_refusals(changes, trait):

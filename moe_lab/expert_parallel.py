@@ -18,6 +18,7 @@ The experts are split by `expert_range`: the first E % world ranks hold one expe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
@@ -25,7 +26,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_one_device, check_positive_int, check_tensor
 from .layer import fused_moe
 from .reduce import topk_reduce
 
@@ -117,9 +118,12 @@ def _check_agreement(seen: list) -> None:
     """Raise on every rank if a rank refused its arguments or the ranks disagree on num_experts."""
     refused = [r for r, fact in enumerate(seen) if fact[4]]
     if refused:
+        ranks, its = (
+            (f"ranks {', '.join(map(str, refused))}", "their") if len(refused) > 1 else (f"rank {refused[0]}", "its")
+        )
         raise ValueError(
-            f"rank {', '.join(map(str, refused))} of the group refused its arguments (its own error says why); "
-            "every rank of the group raises this instead of waiting for it"
+            f"{ranks} of the group refused {its} arguments ({its} own error says why); every rank of the group "
+            "raises this instead of waiting for it"
         )
     experts = [fact[3] for fact in seen]
     if len(set(experts)) > 1:
@@ -132,10 +136,16 @@ def _check_agreement(seen: list) -> None:
 def _refuse_together(hidden_states, group, world: int) -> None:
     """This rank's arguments failed its checks: join the counts' exchange (sending no rows) with the refusal
     flag set, so that the other ranks raise too instead of waiting in a collective."""
-    if isinstance(hidden_states, torch.Tensor):
-        device = hidden_states.device
-    else:  # the backend's device: NCCL exchanges CUDA tensors only
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    # The backend's device, not hidden_states' (which may be the mistake): NCCL exchanges CUDA tensors, gloo CPU
+    # ones; a group of both (the default "cpu:gloo,cuda:nccl") takes the rows' device where it is one of the two.
+    backend = str(dist.get_backend(group))
+    cuda = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    if backend == "nccl" or (backend != "gloo" and cuda is not None):
+        device = cuda
+        if backend != "nccl" and isinstance(hidden_states, torch.Tensor) and hidden_states.device.type == "cpu":
+            device = hidden_states.device
+    else:
+        device = torch.device("cpu")
     counts = torch.zeros(world, dtype=torch.int64, device=device)
     _exchange_counts(counts, counts.new_tensor([0, 0, 0, 0, 1]), group, world)
 
@@ -290,8 +300,9 @@ def fused_moe_expert_parallel(
         # top_k = 1, float32 weights, int32 local ids): before the first collective.
         no_weights = topk_weights.new_empty((0, 1), dtype=torch.float32)
         fused_moe(hidden_states[:0], w1_local, w2_local, no_weights, no_weights.int(), **layer_options)
-    except (TypeError, ValueError):
-        _refuse_together(hidden_states, group, world)
+    except (TypeError, ValueError, RuntimeError):
+        with contextlib.suppress(Exception):  # this rank's own error is the one to raise
+            _refuse_together(hidden_states, group, world)
         raise
     dispatched = dispatch(hidden_states, topk_weights, topk_ids, num_experts=num_experts, group=group)
     expert_out = fused_moe(
@@ -310,6 +321,9 @@ def _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_
     check_tensor(
         "topk_weights", topk_weights, ndim=2, dtypes=FLOAT_DTYPES, shape=tuple(topk_ids.shape), layout="[T, k]"
     )
+    check_one_device(hidden_states=hidden_states, topk_ids=topk_ids, topk_weights=topk_weights)
+    if "return_info" in layer_options:
+        raise ValueError("return_info is fused_moe's alone: fused_moe_expert_parallel returns the output only")
     if not 1 <= topk_ids.shape[1] <= num_experts:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_experts} columns, got shape {tuple(topk_ids.shape)}")
     if not isinstance(w1_local, torch.Tensor) or w1_local.dim() != 3 or w1_local.shape[0] != hi - lo:

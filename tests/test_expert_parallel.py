@@ -122,17 +122,21 @@ def _worker(rank, world, init_file, single_outputs):
         r"w2 must have shape \[E, H, I\]": dict(w2_local=w2_local[:, :, :-1]),
         "config": dict(config="fastest"),
         "hidden_states is float32 but w1 is bfloat16": dict(hidden_states=hs[mine].float()),
+        "all tensors must be on one device": dict(topk_ids=ids[mine].to("meta")),  # the counts' device is not it
+        "return_info is fused_moe's alone": dict(return_info=True),
     }
     for own_error, mistake in mistakes.items():
         call = dict(zip(("hidden_states", "w1_local", "w2_local", "topk_weights", "topk_ids"), args))
         if last:
             call.update(mistake)
+        call["num_experts"] = num_experts
         expected = own_error if last else rf"rank {world - 1} of the group refused its arguments"
         with pytest.raises((TypeError, ValueError), match=expected):
-            fused_moe_expert_parallel(**call, num_experts=num_experts)
-    if num_experts >= world + 1:  # ranks that disagree on E (each one's block still fits its weights' count)
-        with pytest.raises(ValueError, match="num_experts must be the same on every rank|refused its arguments"):
-            fused_moe_expert_parallel(*args, num_experts=num_experts + (1 if last else 0))
+            fused_moe_expert_parallel(**call)
+    # Ranks that disagree on E (6, and 7 on the last rank, whose block has as many experts either way, so its own
+    # checks pass): the counts' exchange finds them apart, every rank raises.
+    with pytest.raises(ValueError, match=r"num_experts must be the same on every rank of the group, got rank 0: 6"):
+        fused_moe_expert_parallel(*args, num_experts=num_experts + (1 if last else 0))
     dist.destroy_process_group()
 
 

@@ -911,13 +911,11 @@ def _(
     return hidden_states.new_empty(hidden_states.shape)
 
 
-_OP_INPUTS = ("hidden_states", "w1", "w2", "topk_weights", "topk_ids")
-
-
 def _refuse_grad(ctx, inputs, output):
     """The op's autograd: PyTorch calls this in the forward where an input requires grad and grad is on (the
     op's body then sees tensors that do not, so `fused_moe`'s own check cannot): the same ValueError."""
-    requiring = [name for name, t in zip(_OP_INPUTS, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+    names = [argument.name for argument in torch.ops.moe_lab.fused_moe.default._schema.arguments]
+    requiring = [name for name, t in zip(names, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
     raise ValueError(
         f"{(requiring or ['an input'])[0]} requires grad: fused_moe is inference-only (no backward): call it "
         "under torch.no_grad() or torch.inference_mode(), or pass tensors that do not require grad"

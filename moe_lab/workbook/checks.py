@@ -44,7 +44,7 @@ def check_equal(label: str, got: torch.Tensor, want: torch.Tensor) -> None:
             f"FAIL {label}: {len(diff)} element(s) differ; first at {i}: got "
             f"{got_c[i].item()}, expected {want_c[i].item()}"
         )
-    print(f"PASS {label}" + (f": all {want_c.numel()} values equal" if want_c.numel() != 1 else ""))
+    print(f"PASS {label}: all {want_c.numel()} values equal")
 
 
 def timing_allowed(what: str = "this timing cell") -> bool:

@@ -164,6 +164,14 @@ def _stored_transposed(w1, w2, hidden) -> bool:
     )
 
 
+def _grad_refused(name: str) -> ValueError:
+    """The error for an input that requires grad while grad is on: the layer and its custom op say the same."""
+    return ValueError(
+        f"{name} requires grad: fused_moe is inference-only (no backward): call it under torch.no_grad() or "
+        "torch.inference_mode(), or pass tensors that do not require grad"
+    )
+
+
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
@@ -201,10 +209,7 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     named = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights)
     requiring = [name for name, t in named.items() if t.requires_grad]
     if requiring and torch.is_grad_enabled():
-        raise ValueError(
-            f"{requiring[0]} requires grad: fused_moe is inference-only (no backward): call it under "
-            "torch.no_grad() or torch.inference_mode(), or pass tensors that do not require grad"
-        )
+        raise _grad_refused(requiring[0])
     check_kernel_device(
         hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map
     )
@@ -916,10 +921,7 @@ def _refuse_grad(ctx, inputs, output):
     op's body then sees tensors that do not, so `fused_moe`'s own check cannot): the same ValueError."""
     names = [argument.name for argument in torch.ops.moe_lab.fused_moe.default._schema.arguments]
     requiring = [name for name, t in zip(names, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
-    raise ValueError(
-        f"{(requiring or ['an input'])[0]} requires grad: fused_moe is inference-only (no backward): call it "
-        "under torch.no_grad() or torch.inference_mode(), or pass tensors that do not require grad"
-    )
+    raise _grad_refused((requiring or ["an input"])[0])
 
 
 def _no_backward(ctx, grad):  # never reached: _refuse_grad raises in the forward

@@ -41,6 +41,7 @@ except ImportError:  # pragma: no cover - a transformers without its FP8 experts
     FP8Experts = FP8ExpertsInterface = None
 
 from ..expert_kind import Activation
+from ..gemm import check_weight_scale
 from ..layer import fused_moe, fused_moe_through_op
 from ..quantize import FP8_DTYPE
 
@@ -126,19 +127,21 @@ def _fp8(test: Callable[[torch.nn.Module], bool]) -> Callable[[torch.nn.Module],
 
 
 def _scale_grid_differs(module: torch.nn.Module) -> bool:
-    """A block-scaled FP8 module whose scales do not have one entry per [block_n, block_k] block of its weights,
-    the grid fused_moe reads (transformers keeps two gate/up scale rows where 2I <= block_n)."""
+    """A block-scaled FP8 module whose scales fused_moe's own check refuses (not one per [block_n, block_k]
+    block of the weights: transformers keeps two gate/up scale rows where 2I <= block_n)."""
     weights = [getattr(module, name, None) for name in ("gate_up_proj", "down_proj")]
     scales = [getattr(module, f"{name}_scale_inv", None) for name in ("gate_up_proj", "down_proj")]
     if module.block_size is None or any(not isinstance(t, torch.Tensor) for t in weights + scales):
         return False  # (no gate projection, or no weights: refused by their own traits)
-    if weights[0].dtype != torch.float8_e4m3fn:
-        return False
-    block_n, block_k = module.block_size
-    for weight, scale in zip(weights, scales):
-        n, k = weight.shape[-2:][::-1] if getattr(module, "is_transposed", False) else weight.shape[-2:]
-        if tuple(scale.shape) != (weight.shape[0], -(-n // block_n), -(-k // block_k)):
-            return True
+    if weights[0].dtype != torch.float8_e4m3fn or any(t.dtype != torch.float32 for t in scales):
+        return False  # (other weights, or UE8M0 scales: their own traits)
+    if getattr(module, "is_transposed", False):
+        weights = [w.transpose(1, 2) for w in weights]  # as fused_moe reads them
+    try:
+        for name, weight, scale in zip(("w1_scale", "w2_scale"), weights, scales):
+            check_weight_scale(name, scale, weight, tuple(module.block_size))
+    except (TypeError, ValueError):
+        return True
     return False
 
 

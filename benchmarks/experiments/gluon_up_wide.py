@@ -15,9 +15,9 @@ register bit of the wgmma layout) into the same four sums as the shipped kernel,
 in flight per warpgroup (four sums and two products would pass the 240 registers): the other warpgroup's wgmma runs
 while one scales. The sums, the epilogue and its stores are the shipped kernel's; each output should be bitwise the
 shipped kernel's (same K blocks, same scaling order): checked first, outputs poisoned.
-Timing: per preset (full size) at T = 4096 and 16384, the up GEMM (128- and 64-row tiles) (rows permuted first, float8 out with scales) and
-the layer (fused_moe with the Gluon GEMMs, MOE_LAB_GLUON=1); CUDA-graph medians, L2 flushed, order alternated over
-4 rounds, least median kept; ratio = shipped time / wide time.
+Timing: per preset (full size) at T = 4096 and 16384, the up GEMM with 128- and 64-row tiles (rows permuted first,
+float8 out with scales) and the layer (fused_moe with the Gluon GEMMs, MOE_LAB_GLUON=1); CUDA-graph medians, L2
+flushed, order alternated over 4 rounds, least median kept; ratio = shipped time / wide time.
 """
 
 from __future__ import annotations

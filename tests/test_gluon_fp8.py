@@ -364,6 +364,31 @@ def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, bl
     assert not act_s[:padded].isnan().any() and not act[:padded].float().isnan().any()  # padding rows too
 
 
+@pytest.mark.gpu
+@GPU_GLUON
+@pytest.mark.parametrize("block_m", [64, 128])
+@pytest.mark.parametrize("block_n", [32, 64, 128])
+def test_gluon_swiglu_epilogue_with_a_bfloat16_output_at_each_tile_width(block_n, block_m):
+    from moe_lab.quantize import dequantize_fp8
+    from moe_lab.reference import relative_error
+
+    torch.manual_seed(0)
+    t, e, k, h, i = 150, 5, 2, 640, 384
+    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    ids = torch.randint(0, e - 1, (t, k), device="cuda", dtype=torch.int32)  # one expert empty
+    routing = moe_align(ids, e, block_m)
+    act = torch.full((routing.max_num_tokens_padded, i), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = GemmConfig(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n)
+    grouped_matmul_fp8_gluon(
+        x_q, w1_q, routing, cfg, gather_a=True, a_scale=x_s, w_scale=w1_s, activation="silu", out=act
+    )
+    used, _, gate_up = _reference(
+        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
+    )
+    assert relative_error(act[used].float(), _activation_reference(gate_up, "silu")) < 1e-2
+
+
 def _layer_both_ways(monkeypatch, x, w1, w2, tw, ids, **kw):
     """fused_moe with the Gluon GEMMs forced on, then off: (out, info) each; outputs poisoned with NaN first."""
     results = []

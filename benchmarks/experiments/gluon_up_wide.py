@@ -15,6 +15,11 @@ register bit of the wgmma layout) into the same four sums as the shipped kernel,
 in flight per warpgroup (four sums and two products would pass the 240 registers): the other warpgroup's wgmma runs
 while one scales. The sums, the epilogue and its stores are the shipped kernel's; each output should be bitwise the
 shipped kernel's (same K blocks, same scaling order): checked first, outputs poisoned.
+Run it on a tree whose shipped kernel still has the half-width loop (its launcher halves the shipped W box); the
+commit that adds this script also adds gluon_up_wide.patch: the same loop ported into the shipped kernel (the load
+partition's four boxes, `_halves`, `_k_loop_swiglu`, the host's [BLOCK_SIZE_N / 2, 128] W box, docstrings, notebook
+10's text), compiled for sm_90 under Triton 3.6.0 to 3.9.0 without spills, for when the times say keep: `git apply`,
+then regenerate notebook 10 (`make notebooks`) and run `pytest -m gpu tests/test_gluon_fp8.py` on the GPU.
 Timing: per preset (full size) at T = 4096 and 16384, the up GEMM with 128- and 64-row tiles (rows permuted first,
 float8 out with scales) and the layer (fused_moe with the Gluon GEMMs, MOE_LAB_GLUON=1); CUDA-graph medians, L2
 flushed, order alternated over 4 rounds, least median kept; ratio = shipped time / wide time.

@@ -333,6 +333,23 @@ def _activation_reference(gate_up: torch.Tensor, activation) -> torch.Tensor:
     return (up + 1) * gate * torch.sigmoid(1.702 * gate)
 
 
+def _up_operands(t, e, k, h, i, block_m, empty):
+    """Float8 tokens and w1 with their scales, a routing leaving the last `empty` experts without rows, and the
+    float32 gate_up of the dequantized operands on the routed rows: (x_q, x_s, w1_q, w1_s, routing, used rows,
+    gate_up)."""
+    from moe_lab.quantize import dequantize_fp8
+
+    torch.manual_seed(0)
+    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    ids = torch.randint(0, e - empty, (t, k), device="cuda", dtype=torch.int32)
+    routing = moe_align(ids, e, block_m)
+    used, _, gate_up = _reference(
+        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
+    )
+    return x_q, x_s, w1_q, w1_s, routing, used, gate_up
+
+
 @pytest.mark.gpu
 @GPU_GLUON
 @pytest.mark.parametrize("activation", ["silu", "swigluoai"])
@@ -341,20 +358,13 @@ def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, bl
     from moe_lab.quantize import dequantize_fp8
     from moe_lab.reference import relative_error
 
-    torch.manual_seed(0)
-    t, e, k, h, i = 200, 6, 2, 1024, 384
-    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
-    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
-    ids = torch.randint(0, e - 2, (t, k), device="cuda", dtype=torch.int32)  # two experts empty
-    routing = moe_align(ids, e, block_m)
+    i = 384
+    x_q, x_s, w1_q, w1_s, routing, used, gate_up = _up_operands(200, 6, 2, 1024, i, block_m, empty=2)
     rows = routing.max_num_tokens_padded
     act = torch.full((rows, i), float("nan"), device="cuda").to(FP8)
     act_s = torch.full((rows, i // 128), float("nan"), device="cuda")
     grouped_matmul_fp8_gluon(
         x_q, w1_q, routing, gather_a=True, a_scale=x_s, w_scale=w1_s, activation=activation, out=act, out_scale=act_s
-    )
-    used, _, gate_up = _reference(
-        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
     )
     want_q, want_s = quantize_activations_fp8(_activation_reference(gate_up, activation), group_size=128)
     assert relative_error(act_s[used], want_s) < 1e-3  # the same amax/448 rule on the same sums
@@ -369,22 +379,14 @@ def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, bl
 @pytest.mark.parametrize("block_m", [64, 128])
 @pytest.mark.parametrize("block_n", [32, 64, 128])
 def test_gluon_swiglu_epilogue_with_a_bfloat16_output_at_each_tile_width(block_n, block_m):
-    from moe_lab.quantize import dequantize_fp8
     from moe_lab.reference import relative_error
 
-    torch.manual_seed(0)
-    t, e, k, h, i = 150, 5, 2, 640, 384
-    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
-    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
-    ids = torch.randint(0, e - 1, (t, k), device="cuda", dtype=torch.int32)  # one expert empty
-    routing = moe_align(ids, e, block_m)
+    i = 384
+    x_q, x_s, w1_q, w1_s, routing, used, gate_up = _up_operands(150, 5, 2, 640, i, block_m, empty=1)
     act = torch.full((routing.max_num_tokens_padded, i), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = GemmConfig(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n)
     grouped_matmul_fp8_gluon(
         x_q, w1_q, routing, cfg, gather_a=True, a_scale=x_s, w_scale=w1_s, activation="silu", out=act
-    )
-    used, _, gate_up = _reference(
-        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
     )
     assert relative_error(act[used].float(), _activation_reference(gate_up, "silu")) < 1e-2
 

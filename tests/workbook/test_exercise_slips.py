@@ -286,6 +286,7 @@ def test_the_stop_button_gets_a_message_not_a_traceback(monkeypatch, capsys):
     assert verdict.status == "NOT YET"
     for words in ("stopped by a keyboard interrupt", "in program (0, 0, 0)", "does a loop never end"):
         assert words in verdict.message, verdict.message
-    assert capsys.readouterr().out.startswith("NOT YET persistent_copy_kernel: stopped by a keyboard interrupt")
+    # labelled like the check's other verdicts: with the learner's function's name
+    assert capsys.readouterr().out.startswith("NOT YET persistent_without_step: stopped by a keyboard interrupt")
     with pytest.raises(KeyboardInterrupt, match="stopped by a keyboard interrupt"):  # strict: it goes on
         _interrupted(strict=True)

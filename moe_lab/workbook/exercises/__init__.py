@@ -59,8 +59,8 @@ def _verdict_for_any_kernel(checker, exercise: str):
     """The checker, answering NOT YET (not a traceback) when handed something that is not a kernel taking
     the exercise's arguments: None, a plain function, kernel[grid], renamed parameters (labelled with the
     learner's function's name, or `exercise` where there is none: None, kernel[grid]); and when the learner
-    stops a check that runs too long (a keyboard interrupt, labelled `exercise`: where the kernel was; with
-    `strict`, it propagates)."""
+    stops a check that runs too long (a keyboard interrupt, labelled the same way, saying where the kernel was;
+    with `strict`, it propagates)."""
 
     @functools.wraps(checker)
     def checked(kernel, *args, strict: bool = False, **kwargs):
@@ -76,6 +76,6 @@ def _verdict_for_any_kernel(checker, exercise: str):
             why = (
                 str(stop) if isinstance(stop, Stopped) else "stopped by a keyboard interrupt before the check finished"
             )
-            return report(exercise, why, "", strict)
+            return report(label, why, "", strict)
 
     return checked

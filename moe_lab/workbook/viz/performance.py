@@ -55,9 +55,8 @@ def committed_result(*parts: str) -> str:
         raise FileNotFoundError(
             f"{os.path.join('benchmarks', 'results', *parts)} is not beside this moe-lab ({results_dir()} "
             f"{'holds no such file' if os.path.isdir(results_dir()) else 'is missing'}): the committed H200 results "
-            "come with the repository, not with a pip install. Clone it, open the notebooks from its notebooks/ "
-            "folder and run the setup cell (docs/hosted.md), or `pip install --no-deps -e <clone>` and restart the "
-            "kernel"
+            "come with the repository, not with a pip install. Clone it, `pip install --no-deps -e <clone>` and "
+            "restart the kernel (a clone's setup cell installs nothing while this copy is installed; docs/hosted.md)"
         )
     return path
 

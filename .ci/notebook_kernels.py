@@ -380,7 +380,7 @@ def _uses_float8(args: dict) -> bool:
 
 
 def _fake_gpu_has_fp8() -> bool:
-    import moe_lab  # its fp8_support answers for the fake GPU (moe_lab.tools.compile_only.patch_moe_lab)
+    import moe_lab  # its fp8_support answers for the fake GPU (assumed by moe_lab.tools.compile_only.fake_gpu)
 
     return bool(moe_lab.fp8_support())
 

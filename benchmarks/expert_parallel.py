@@ -4,7 +4,8 @@ checked against one GPU's `fused_moe` of the whole batch and timed per layer.
     NCCL_NVLS_ENABLE=0 torchrun --nproc_per_node 8 benchmarks/expert_parallel.py [--models ...] [--tokens ...]
     python benchmarks/expert_parallel.py --cpu --world 2    # gloo and the interpreter at tiny sizes: the logic only
 
-Per model (Qwen3-30B-A3B and DeepSeek-V3 by default, random weights) and T tokens per rank (1, 64, 512, 4096):
+Per model (Qwen3-30B-A3B and DeepSeek-V3 by default, random weights; gpt-oss's with its kind of experts,
+`preset.expert_kind()`: the activation and biases) and T tokens per rank (1, 64, 512, 4096):
 the whole batch is W*T tokens, rank r owning rows [r*T, (r+1)*T).
 - all_to_all: each rank runs `fused_moe_expert_parallel(mode="all_to_all")` on its T tokens. Checked against
   one GPU (bitwise? and the relative Frobenius error); timed as a whole and by phase (dispatch, experts,
@@ -41,20 +42,66 @@ TOKENS = (1, 64, 512, 4096)
 TOLERANCE = 1e-2  # relative Frobenius error against one GPU's fused_moe (both round in bf16)
 
 
-def parse_args(argv=None):
+def _check_json_path(parser, path):
+    """--json must be a file rank 0 can write at the end: refused now, not after the whole run (its folder is
+    made now and probed with a temporary file of its own name, so ranks checking at once do not collide)."""
+    from moe_lab.tools.timing import folder_write_problem
+
+    target = pathlib.Path(path)
+    if not path or target.is_dir():
+        parser.error(f"--json {path!r}: give a file name (such as results.json), not a folder")
+    existing = next(p for p in (target.parent.absolute(), *target.parent.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        parser.error(f"--json {path}: {existing} is not a folder")
+    problem = folder_write_problem(str(target.parent))
+    if problem is None and target.exists() and not os.access(target, os.W_OK):
+        problem = "the file is not writable"
+    if problem:
+        parser.error(f"--json {path}: cannot write there ({problem}); give a file in a writable folder")
+
+
+def parse_args(argv=None, world_from_torchrun=None):
+    """The options, checked before any process starts (argparse's error, exit status 2, on a mistake)."""
+    from moe_lab import get_preset
+    from moe_lab.presets import EXPERT_KIND_PRESETS, PRESETS
+    from moe_lab.tools.cli import int_at_least_one
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=list(MODELS))
-    parser.add_argument("--tokens", nargs="+", type=int, default=None, help="tokens per rank (default 1 64 512 4096)")
-    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="fp8: [128, 128] block-scaled weights")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per point (default 20; 1 with --cpu)")
-    parser.add_argument("--json", default=None, help="where to write the results")
-    parser.add_argument("--cpu", action="store_true", help="gloo and Triton's interpreter, H and I divided by --scale")
-    parser.add_argument("--world", type=int, default=2, help="with --cpu: the number of processes to spawn")
-    parser.add_argument("--scale", type=int, default=64, help="with --cpu: divide H and I by this")
     parser.add_argument(
-        "--experts", type=int, default=None, help="with --cpu: this many experts (default: the model's)"
+        "--models", nargs="+", type=str.lower, choices=(*PRESETS, *EXPERT_KIND_PRESETS), default=list(MODELS)
+    )
+    parser.add_argument(
+        "--tokens",
+        nargs="+",
+        type=int_at_least_one,
+        default=None,
+        help="tokens per rank, each >= 1 (default 1 64 512 4096)",
+    )
+    parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="fp8: [128, 128] block-scaled weights")
+    parser.add_argument(
+        "--iters", type=int_at_least_one, default=None, help="timed calls per point (default 20; 1 with --cpu)"
+    )
+    parser.add_argument("--json", default=None, help="where to write the results (a file; checked before the run)")
+    parser.add_argument("--cpu", action="store_true", help="gloo and Triton's interpreter, H and I divided by --scale")
+    parser.add_argument(
+        "--world", type=int_at_least_one, default=2, help="with --cpu: the number of processes to spawn (1 to E)"
+    )
+    parser.add_argument("--scale", type=int_at_least_one, default=64, help="with --cpu: divide H and I by this")
+    parser.add_argument(
+        "--experts", type=int_at_least_one, default=None, help="with --cpu: this many experts (default: the model's)"
     )
     args = parser.parse_args(argv)
+    world, where = (args.world, "--world") if world_from_torchrun is None else (world_from_torchrun, "WORLD_SIZE")
+    for name in args.models:
+        preset = get_preset(name)
+        experts = args.experts if args.cpu and args.experts else preset.num_experts
+        source = "--experts" if args.cpu and args.experts else f"{name}'s"
+        if experts < preset.top_k:
+            parser.error(f"--experts {experts}: {name} routes each token to {preset.top_k}; give at least that many")
+        if world > experts:
+            parser.error(f"{where} {world}: at most {source} {experts} experts (each rank holds one or more)")
+    if args.json is not None:
+        _check_json_path(parser, args.json)
     args.tokens = args.tokens or ([1, 4] if args.cpu else list(TOKENS))
     args.iters = args.iters or (1 if args.cpu else 20)
     args.warmup = 0 if args.cpu else 2  # the interpreter compiles nothing
@@ -104,9 +151,10 @@ def run_model(name, args, rank, world, device):
     scales = {}
     if args.dtype == "fp8":
         w1, w2, scales = preset.quantize_fp8(w1, w2, block_shape=(128, 128))
+    scales.update(preset.expert_kind(dtype=torch.bfloat16, device=device, seed=1))  # gpt-oss: activation, biases
     lo, hi = expert_range(E, rank, world)
     w1_local, w2_local = w1[lo:hi].contiguous(), w2[lo:hi].contiguous()
-    local_scales = {k: (v[lo:hi].contiguous() if k.endswith("_scale") else v) for k, v in scales.items()}
+    local_scales = {k: (v[lo:hi].contiguous() if k.endswith(("_scale", "_bias")) else v) for k, v in scales.items()}
     item = hs_all.element_size()
     rows = []
     for T in args.tokens:
@@ -232,7 +280,7 @@ def worker(rank, world, args, init_method=None):
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    args = parse_args(argv, int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ else None)
     if "RANK" in os.environ:  # under torchrun
         worker(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, init_method="env://")
         return 0

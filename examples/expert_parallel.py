@@ -10,6 +10,10 @@ docs/expert_parallel.md says which mode wins where.
 
     torchrun --nproc_per_node 2 examples/expert_parallel.py [--model qwen3-30b-a3b] [--tokens 512]
     python examples/expert_parallel.py          # no GPU: 2 processes over gloo, H and I divided by 64
+
+Any preset runs, gpt-oss's too (with its kind of experts: `preset.expert_kind()`, the activation and the
+biases, each rank passing its block of the biases as of the weights). The arguments are checked before any
+process starts: --world (or torchrun's world size) from 1 to the model's number of experts, --tokens >= 1.
 """
 
 import argparse
@@ -21,6 +25,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_lab import expert_range, fused_moe, fused_moe_expert_parallel, fused_moe_reference, get_preset, relative_error
+from moe_lab.presets import EXPERT_KIND_PRESETS, PRESETS
+from moe_lab.tools.cli import int_at_least_one
+
+MODELS = (*PRESETS, *EXPERT_KIND_PRESETS)
 
 
 def run(rank: int, world: int, args, init_method: str) -> int:
@@ -35,17 +43,19 @@ def run(rank: int, world: int, args, init_method: str) -> int:
     preset = get_preset(args.model) if on_gpu else get_preset(args.model).scaled(64)
     tokens = args.tokens or (512 if on_gpu else 4)
     hs, w1, w2, (tw, ti) = preset.build(world * tokens, dtype=torch.bfloat16, device=device, seed=0)
+    kind = preset.expert_kind(dtype=torch.bfloat16, device=device, seed=1)  # gpt-oss: activation, biases; else {}
     lo, hi = expert_range(preset.num_experts, rank, world)
     w1_local, w2_local = w1[lo:hi].contiguous(), w2[lo:hi].contiguous()
+    local_kind = {k: (v[lo:hi].contiguous() if k.endswith("_bias") else v) for k, v in kind.items()}  # this block's
     mine = slice(rank * tokens, (rank + 1) * tokens)
 
-    single = fused_moe(hs, w1, w2, tw, ti)
-    reference = fused_moe_reference(hs, w1, w2, tw, ti)
+    single = fused_moe(hs, w1, w2, tw, ti, **kind)
+    reference = fused_moe_reference(hs, w1, w2, tw, ti, **kind)
     outputs = {
         "all_to_all": (fused_moe_expert_parallel(hs[mine], w1_local, w2_local, tw[mine], ti[mine],
-                                                 num_experts=preset.num_experts), mine),
+                                                 num_experts=preset.num_experts, **local_kind), mine),
         "all_reduce": (fused_moe_expert_parallel(hs, w1_local, w2_local, tw, ti, num_experts=preset.num_experts,
-                                                 mode="all_reduce"), slice(None)),
+                                                 mode="all_reduce", **local_kind), slice(None)),
     }  # fmt: skip
     failed = 0
     for mode, (out, rows) in outputs.items():
@@ -69,13 +79,31 @@ def _spawned(rank, world, args, init_method):
         raise SystemExit(1)
 
 
-def main() -> int:
+def parse_args(argv=None, world_from_torchrun=None):
+    """The options, checked before any process starts (argparse's error, exit status 2, on a mistake)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen3-30b-a3b")
-    parser.add_argument("--tokens", type=int, default=None, help="tokens per rank (512 on GPUs, 4 on the CPU)")
-    parser.add_argument("--world", type=int, default=2, help="without torchrun: the number of processes")
-    args = parser.parse_args()
-    if "RANK" in os.environ:  # under torchrun
+    parser.add_argument("--model", default="qwen3-30b-a3b", type=str.lower, choices=MODELS, help="a model preset")
+    parser.add_argument(
+        "--tokens",
+        type=int_at_least_one,
+        default=None,
+        help="tokens per rank, >= 1 (default: 512 on GPUs, 4 on the CPU)",
+    )
+    parser.add_argument(
+        "--world", type=int_at_least_one, default=2, help="without torchrun: the number of processes (1 to E)"
+    )
+    args = parser.parse_args(argv)
+    num_experts = get_preset(args.model).num_experts
+    world, where = (args.world, "--world") if world_from_torchrun is None else (world_from_torchrun, "WORLD_SIZE")
+    if world > num_experts:
+        parser.error(f"{where} {world}: at most {args.model}'s {num_experts} experts (each rank holds one or more)")
+    return args
+
+
+def main(argv=None) -> int:
+    torchrun = "RANK" in os.environ
+    args = parse_args(argv, int(os.environ["WORLD_SIZE"]) if torchrun else None)
+    if torchrun:
         return run(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args, "env://")
     with tempfile.TemporaryDirectory() as tmp:  # a file:// rendezvous: no network
         mp.spawn(_spawned, args=(args.world, args, f"file://{tmp}/init"), nprocs=args.world)

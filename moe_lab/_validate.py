@@ -100,26 +100,38 @@ def is_bool(value) -> bool:
     return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
 
 
-def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as a Python int, if it is an int or int-like (a numpy integer: operator.index) >= minimum;
-    bools of every kind are refused (`is_bool`)."""
+def _as_int(name: str, value) -> int:
+    """`value` as a Python int if it is an int or int-like (a numpy integer: operator.index); bools of every
+    kind are refused (`is_bool`)."""
     kind = type_name(value)
     try:
         if is_bool(value):
             raise TypeError
-        value = operator.index(value)
+        return operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be an int, got {kind}") from None
+
+
+def check_positive_int(name: str, value, minimum: int = 1) -> int:
+    """`value` as a Python int (`_as_int`) if it is >= minimum."""
+    value = _as_int(name, value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
 
 
-def check_power_of_two(name: str, value: int, minimum: int = 1, maximum: Optional[int] = None) -> int:
-    value = check_positive_int(name, value, minimum)
-    if value & (value - 1) or (maximum is not None and value > maximum):
+def check_power_of_two(
+    name: str, value: int, minimum: int = 1, maximum: Optional[int] = None, *, zero_means: Optional[str] = None
+) -> int:
+    """`value` as a Python int (`_as_int`) if it is a power of two in [minimum, maximum]. `zero_means` (such
+    as "off"): 0 passes too, and the error says so."""
+    value = _as_int(name, value)
+    if zero_means is not None and value == 0:
+        return 0
+    if value < minimum or value & (value - 1) or (maximum is not None and value > maximum):
+        zero = f"0 ({zero_means}) or " if zero_means is not None else ""
         bound = f" and <= {maximum}" if maximum is not None else ""
-        raise ValueError(f"{name} must be a power of two >= {minimum}{bound}, got {value}")
+        raise ValueError(f"{name} must be {zero}a power of two >= {minimum}{bound}, got {value}")
     return value
 
 

@@ -43,16 +43,12 @@ MAX_EXPERTS = 4096  # the block map holds one row of all experts per program
 BLOCKS_PER_PROGRAM = 16  # M-blocks per program in the block map
 # Few slots (decode) take one program that works in registers (`align_in_registers_kernel`): one launch instead of
 # three. Its comparisons cost slots x (slots + M-blocks), so it runs up to ONE_PROGRAM_MAX_SLOTS slots where the
-# schedule's bound on M-blocks (`max_num_tokens_padded` / BLOCK_SIZE_M) is at most ONE_PROGRAM_MAX_M_BLOCKS. On an H200
-# (CUDA-graph replays, L2 flushed; docs/experiments.md) it took 5.0 to 9.4 us up to 64 slots, where three launches took
-# 11.6 to 16.4 and the one-program kernel before it (the three steps in sequence) 8.3 to 11.7; at 128 slots over 128 or
-# 256 experts (128 M-blocks) 15.6 to 15.9 against 12.2 to 12.4 for three launches, but over Mixtral's 8 experts (11
-# M-blocks) 11.1 against 16.6. 64 lies between the two.
+# schedule's bound on M-blocks (`max_num_tokens_padded` / BLOCK_SIZE_M) is at most ONE_PROGRAM_MAX_M_BLOCKS: past
+# those, three launches measured faster (docs/experiments.md, "Align in registers").
 ONE_PROGRAM_MAX_SLOTS = 128
 ONE_PROGRAM_MAX_M_BLOCKS = 64
 ONE_PROGRAM_MAX_EXPERTS = 512
-# Warps of that program at every size: on an H200 1 and 2 warps came within 0.3 us of 4 up to 16 slots;
-# 1 warp was slower at 64 slots, both at 128 (docs/experiments.md).
+# Warps of that program at every size: fewer were no faster at few slots and slower at many (same paragraph).
 ONE_PROGRAM_NUM_WARPS = 4
 
 
@@ -339,8 +335,8 @@ def slot_order_routing(
     ids. Ids outside [0, E) are skipped by the GEMMs, as the align drops them; a repeated expert's
     weights are read once per slot. From top-k routing a token's k experts are distinct, so the align's
     schedule holds the same blocks, one row each, in expert order: the GEMMs compute the same tiles and
-    sums (bit for bit), and the layer saves a launch (the align took 1.6 us and its launch gap about 1
-    more of a 37 us layer at Qwen3-30B-A3B, T = 1, on an H200; docs/experiments.md).
+    sums (bit for bit), and the layer saves the align's launch (docs/experiments.md, "One token in slot
+    order").
     A skipped block's rows are not padding (they name their slot) but nothing writes them: the unfused
     activation and the FP8 quantization read them as they are, and nothing reads what they make of them.
 

@@ -16,6 +16,11 @@ Two questions, asked at two moments:
 A third, for the FP8 path: `fp8_support(device)` (cached): is the device an NVIDIA GPU of compute capability
 >= 8.9 (Ada, Hopper and later: FP8 e4m3 tensor cores; Triton has no float8e4nv below that), or is the
 interpreter on (e4m3 emulated on the CPU)?
+`require_fp8(device, what)` raises the FP8 launchers' "cannot run here" RuntimeError with its reason.
+
+Every rule reads the device through one function (`_device_facts`). `assumed_device(...)` makes them all,
+and the shared-memory limit, budget and SM count, answer for a GPU that is not there: the compile-only check
+(`moe_lab.tools.compile_only`) compiles kernels for sm_80/90/100 on meta tensors with the real rules.
 
 Source: Triton's `TensorDescriptor` checks (python/triton/tools/tensor_descriptor.py) and the CUDA
 driver's `cuTensorMapEncodeTiled` requirements.
@@ -23,11 +28,12 @@ driver's `cuTensorMapEncodeTiled` requirements.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 import os
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -93,27 +99,117 @@ def _device_key(device) -> str:
     return str(device)
 
 
-def _not_a_cuda_gpu(device_key: str) -> Optional[str]:
-    """Why tensors on this device are not on a CUDA GPU (a ROCm/HIP build, another device type, no GPU
-    visible), or None when they are."""
-    if getattr(torch.version, "hip", None):
-        return f"ROCm/HIP build of PyTorch ({torch.version.hip}): an NVIDIA feature"
-    device = torch.device(device_key)
-    if device.type != "cuda":
-        return f"device {device} is not a CUDA GPU"
-    if not torch.cuda.is_available():
-        return "no CUDA GPU is visible to PyTorch"
-    return None
+@dataclass(frozen=True)
+class DeviceFacts:
+    """An NVIDIA GPU as moe-lab's device rules read it: `name`, CUDA compute `capability` (major, minor),
+    `max_shared_mem` (bytes of shared memory one program may use, opt-in) and `multiprocessor_count`."""
+
+    name: str
+    capability: Tuple[int, int]
+    max_shared_mem: int
+    multiprocessor_count: int
+
+    problem = None  # not a field: an assumed device is an NVIDIA CUDA GPU (`_VisibleDevice.problem` asks)
 
 
-def _name_and_capability(device_key: str):
-    """(name, (major, minor)) of the CUDA GPU `device_key` names (one that `_not_a_cuda_gpu` let through)."""
-    device = torch.device(device_key)
-    return torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+class _VisibleDevice:
+    """The device a tensor is on, as the rules read it, each fact when first asked: `problem` (why it is not an
+    NVIDIA CUDA GPU, or None), `name` and `capability` (PyTorch's; ask only where `problem` is None),
+    `max_shared_mem` and `multiprocessor_count` (Triton's driver, on any GPU it drives; read only by the two
+    functions that answer them, so the TMA/FP8/Gluon rules never start the driver)."""
+
+    def __init__(self, device_key: str):
+        self.device = torch.device(device_key)
+
+    @property
+    def problem(self) -> Optional[str]:
+        if getattr(torch.version, "hip", None):
+            return f"ROCm/HIP build of PyTorch ({torch.version.hip}): an NVIDIA feature"
+        if self.device.type != "cuda":
+            return f"device {self.device} is not a CUDA GPU"
+        if not torch.cuda.is_available():
+            return "no CUDA GPU is visible to PyTorch"
+        return None
+
+    @property
+    def name(self) -> str:
+        return torch.cuda.get_device_name(self.device)
+
+    @property
+    def capability(self) -> Tuple[int, int]:
+        return tuple(torch.cuda.get_device_capability(self.device))
+
+    def _properties(self) -> dict:
+        import triton
+
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return triton.runtime.driver.active.utils.get_device_properties(index)
+
+    @property
+    def max_shared_mem(self) -> int:
+        return int(self._properties()["max_shared_mem"])
+
+    @property
+    def multiprocessor_count(self) -> int:
+        return int(self._properties()["multiprocessor_count"])
+
+
+# The device every rule answers for while `assumed_device` is on; None: each asks about the real one.
+# Process-wide, not per thread: the compile check assumes one fake GPU at a time.
+_ASSUMED: Optional[DeviceFacts] = None
+
+
+@contextlib.contextmanager
+def assumed_device(
+    name: str, capability: Tuple[int, int], max_shared_mem: int, multiprocessor_count: int
+) -> Iterator[DeviceFacts]:
+    """Within: moe-lab's device rules answer for this NVIDIA GPU, whatever device they are asked about (the
+    default one, CPU or meta tensors): `tma_support`, `fp8_support`, `gluon_fp8_support`, `shared_memory_limit`,
+    `multiprocessor_count` and `shared_memory_budget` (then counted for any device). For compiling kernels
+    for a GPU that is not there (`moe_lab.tools.compile_only.fake_gpu`); kernels are not launched on it. The
+    interpreter and `MOE_LAB_TMA` still count as they do on a real GPU. Nests: leaving restores the device
+    assumed before, or none. This module's answers are cached per assumed device, so none outlives it; layer
+    plans made before (`moe_lab.plan.clear_layer_plans`) are the caller's to clear. Yields the facts.
+    `capability`: (major, minor), e.g. (9, 0). Raises TypeError/ValueError for a capability that is not two
+    ints >= 0, or a shared-memory size or SM count that is not an int >= 1."""
+    try:
+        major, minor = (operator.index(v) for v in capability)
+        max_shared_mem, multiprocessor_count = operator.index(max_shared_mem), operator.index(multiprocessor_count)
+    except (TypeError, ValueError):
+        raise TypeError(
+            "assumed_device: capability must be (major, minor) ints, max_shared_mem and multiprocessor_count ints; "
+            f"got {capability!r}, {max_shared_mem!r}, {multiprocessor_count!r}"
+        ) from None
+    if major < 0 or minor < 0 or max_shared_mem < 1 or multiprocessor_count < 1:
+        raise ValueError(
+            f"assumed_device: capability ({major}, {minor}) must be >= 0, max_shared_mem {max_shared_mem} and "
+            f"multiprocessor_count {multiprocessor_count} >= 1"
+        )
+    global _ASSUMED
+    facts = DeviceFacts(str(name), (major, minor), max_shared_mem, multiprocessor_count)
+    previous, _ASSUMED = _ASSUMED, facts
+    try:
+        yield facts
+    finally:
+        _ASSUMED = previous
+
+
+def _asked(device, default=None) -> Tuple[str, Optional[DeviceFacts]]:
+    """The cache key of a device question: the device asked about (`_device_key`; `default` for None) and the
+    device assumed now (None if none), so that no answer for one is given for the other."""
+    return _device_key(device if device is not None else default), _ASSUMED
+
+
+def _device_facts(device_key: str, assumed: Optional[DeviceFacts]) -> Union[DeviceFacts, _VisibleDevice]:
+    """The device the rules answer for: `assumed` (the `assumed_device`, whatever `device_key` names), or
+    else the device `device_key` names (its facts read when asked)."""
+    return assumed if assumed is not None else _VisibleDevice(device_key)
 
 
 @functools.lru_cache(maxsize=None)
-def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> TmaSupport:
+def _tma_support_cached(
+    device_key: str, assumed: Optional[DeviceFacts], override: str, interpreted: bool
+) -> TmaSupport:
     import triton
 
     if override == "0":
@@ -130,10 +226,10 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
             "(checks correctness, says nothing about speed)",
             emulated=True,
         )
-    problem = _not_a_cuda_gpu(device_key)
-    if problem:
-        return TmaSupport(False, problem.replace("an NVIDIA feature", "TMA is an NVIDIA Hopper feature"))
-    name, (major, minor) = _name_and_capability(device_key)
+    device = _device_facts(device_key, assumed)
+    if device.problem:
+        return TmaSupport(False, device.problem.replace("an NVIDIA feature", "TMA is an NVIDIA Hopper feature"))
+    name, (major, minor) = device.name, device.capability
     if (major, minor) < (9, 0):
         if override == "1":
             return TmaSupport(
@@ -146,8 +242,9 @@ def _tma_support_cached(device_key: str, override: str, interpreted: bool) -> Tm
 
 def tma_support(device: Optional[torch.device | str] = None) -> TmaSupport:
     """Whether the TMA path can be used for tensors on `device` (default: the current CUDA device, or
-    the CPU under the interpreter), with the reason. Cached per device and setting."""
-    return _tma_support_cached(_device_key(device), env_override(), interpreter_active())
+    the CPU under the interpreter; the assumed one within `assumed_device`), with the reason. Cached per
+    device and setting."""
+    return _tma_support_cached(*_asked(device), env_override(), interpreter_active())
 
 
 @dataclass(frozen=True)
@@ -164,7 +261,7 @@ class Fp8Support:
 
 
 @functools.lru_cache(maxsize=None)
-def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
+def _fp8_support_cached(device_key: str, assumed: Optional[DeviceFacts], interpreted: bool) -> Fp8Support:
     import triton
 
     if interpreted:
@@ -173,16 +270,16 @@ def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
             "Triton interpreter: float8 e4m3 is emulated on the CPU (checks correctness, says nothing about speed)",
             emulated=True,
         )
-    problem = _not_a_cuda_gpu(device_key)
-    if problem:
+    device = _device_facts(device_key, assumed)
+    if device.problem:
         return Fp8Support(
             False,
-            problem.replace(
+            device.problem.replace(
                 "an NVIDIA feature",
                 "moe-lab's FP8 path targets NVIDIA's float8_e4m3fn tensor cores (compute capability >= 8.9)",
             ),
         )
-    name, (major, minor) = _name_and_capability(device_key)
+    name, (major, minor) = device.name, device.capability
     if (major, minor) < (8, 9):
         return Fp8Support(
             False, f"{name} has compute capability {major}.{minor}; FP8 tensor cores need >= 8.9 (Ada, Hopper)"
@@ -192,10 +289,19 @@ def _fp8_support_cached(device_key: str, interpreted: bool) -> Fp8Support:
 
 def fp8_support(device: Optional[torch.device | str] = None) -> Fp8Support:
     """Whether FP8 (float8_e4m3fn) kernels can run for tensors on `device` (default: the current CUDA
-    device, or the CPU under the interpreter), with the reason. Cached per device. Source: NVIDIA's FP8
-    tensor cores arrived with compute capability 8.9 (Ada) and 9.0 (Hopper); Triton's float8e4nv type
-    compiles only there ("fp8e4nv not supported" below)."""
-    return _fp8_support_cached(_device_key(device), interpreter_active())
+    device, or the CPU under the interpreter; the assumed one within `assumed_device`), with the reason.
+    Cached per device. Source: NVIDIA's FP8 tensor cores arrived with compute capability 8.9 (Ada) and 9.0
+    (Hopper); Triton's float8e4nv type compiles only there ("fp8e4nv not supported" below)."""
+    return _fp8_support_cached(*_asked(device), interpreter_active())
+
+
+def require_fp8(device: Optional[torch.device | str], what: str) -> None:
+    """Returns if FP8 kernels can run for tensors on `device` (`fp8_support`); else raises
+    RuntimeError(f"{what} cannot run here: {reason}"), `what` naming the refused inputs or kernels (e.g.
+    "float8_e4m3fn weights")."""
+    support = fp8_support(device)
+    if not support:
+        raise RuntimeError(f"{what} cannot run here: {support.reason}")
 
 
 def _gluon_problem() -> Optional[str]:
@@ -216,16 +322,16 @@ def _gluon_problem() -> Optional[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _gluon_fp8_support_cached(device_key: str, interpreted: bool) -> Optional[str]:
+def _gluon_fp8_support_cached(device_key: str, assumed: Optional[DeviceFacts], interpreted: bool) -> Optional[str]:
     problem = _gluon_problem()
     if problem:
         return problem
     if interpreted:
         return "the Triton interpreter is on: Gluon kernels compile for a GPU and are not interpreted"
-    problem = _not_a_cuda_gpu(device_key)
-    if problem:
-        return problem.replace("an NVIDIA feature", "the Gluon FP8 kernel is written for NVIDIA Hopper (sm_90)")
-    name, (major, minor) = _name_and_capability(device_key)
+    device = _device_facts(device_key, assumed)
+    if device.problem:
+        return device.problem.replace("an NVIDIA feature", "the Gluon FP8 kernel is written for NVIDIA Hopper (sm_90)")
+    name, (major, minor) = device.name, device.capability
     if (major, minor) != (9, 0):
         return f"{name} has compute capability {major}.{minor}; the Gluon FP8 kernel uses Hopper's wgmma (sm_90 only)"
     return None
@@ -233,10 +339,11 @@ def _gluon_fp8_support_cached(device_key: str, interpreted: bool) -> Optional[st
 
 def gluon_fp8_support(device: Optional[torch.device | str] = None) -> Optional[str]:
     """None if the warp-specialized Gluon FP8 grouped GEMM (`moe_lab.gluon_fp8`) can run for tensors on
-    `device` (default: the current CUDA device, or the CPU under the interpreter), else why not in words:
+    `device` (default: the current CUDA device, or the CPU under the interpreter; the assumed one within
+    `assumed_device`), else why not in words:
     no Gluon or no `warp_specialize` in this Triton, the interpreter, not a CUDA GPU, not sm_90 (its wgmma
     and register layouts are Hopper's). Cached per device. The Triton FP8 kernel runs wherever this says no."""
-    return _gluon_fp8_support_cached(_device_key(device), interpreter_active())
+    return _gluon_fp8_support_cached(*_asked(device), interpreter_active())
 
 
 def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Optional[str]:
@@ -270,20 +377,33 @@ def descriptor_problem(tensor: torch.Tensor, block_shape: Sequence[int]) -> Opti
 
 
 @functools.lru_cache(maxsize=None)
-def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
-    """Bytes of shared memory one program may use on a CUDA device (default: the current one)."""
-    import triton
-
-    device = torch.device(device if device is not None else "cuda")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+def _limits_cached(device_key: str, assumed: Optional[DeviceFacts]) -> Tuple[int, int]:
+    device = _device_facts(device_key, assumed)
+    return device.max_shared_mem, device.multiprocessor_count
 
 
 @functools.lru_cache(maxsize=None)
-def multiprocessor_count(device: Optional[torch.device | str] = None) -> int:
-    """Streaming multiprocessors of a CUDA device (132 on an H200): the grid of a persistent kernel."""
-    import triton
+def _limits(device, assumed: Optional[DeviceFacts]) -> Tuple[int, int]:
+    # keyed on the device as given: a launch's repeated question costs a cache hit, not `_device_key`
+    return _limits_cached(_device_key(device if device is not None else "cuda"), assumed)
 
-    device = torch.device(device if device is not None else "cuda")
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return int(triton.runtime.driver.active.utils.get_device_properties(index)["multiprocessor_count"])
+
+def shared_memory_limit(device: Optional[torch.device | str] = None) -> int:
+    """Bytes of shared memory one program may use on a GPU (default: the current CUDA device; the assumed one
+    within `assumed_device`), as Triton's driver reports it. Cached per device."""
+    return _limits(device, _ASSUMED)[0]
+
+
+def multiprocessor_count(device: Optional[torch.device | str] = None) -> int:
+    """Streaming multiprocessors of a GPU (default: the current CUDA device; the assumed one within
+    `assumed_device`): the grid of a persistent kernel. Cached per device."""
+    return _limits(device, _ASSUMED)[1]
+
+
+def shared_memory_budget(device: torch.device | str) -> Optional[int]:
+    """Bytes of shared memory one program may use where kernels compile for a GPU: tensors on a CUDA device,
+    or on any device within `assumed_device` (the compile check's meta tensors); None under the interpreter
+    and elsewhere (no limit to fit)."""
+    if interpreter_active() or (torch.device(device).type != "cuda" and _ASSUMED is None):
+        return None
+    return shared_memory_limit(device)

@@ -26,7 +26,9 @@ MAX_STAGES = 16
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """Block shape and launch parameters of one grouped matmul. Sizes are powers of two >= 16.
+    """Block shape and launch parameters of one grouped matmul. BLOCK_SIZE_M/N/K: powers of two from 16 to
+    256 (the largest TMA box); GROUP_SIZE_M a power of two up to 1024; num_warps a power of two up to 32;
+    num_stages 1 to 16 (MAX_STAGES). Raises TypeError/ValueError naming the field otherwise.
     `tma`: with use_tma="auto", take the TMA path where it is available (tuning may find pointer loads
     faster for a shape).
     `tail_tiles`: run an expert's last M-block as a half or quarter tile (not below 16 rows) when its
@@ -73,13 +75,10 @@ class GemmConfig:
         checked["num_stages"] = check_positive_int("config.num_stages", self.num_stages)
         if checked["num_stages"] > MAX_STAGES:
             raise ValueError(f"config.num_stages must be <= {MAX_STAGES}, got {checked['num_stages']}")
-        if isinstance(self.fold_tail_rows, bool) or self.fold_tail_rows != 0:  # 0 is off; bools are refused
-            try:
-                checked["fold_tail_rows"] = check_power_of_two("config.fold_tail_rows", self.fold_tail_rows, minimum=16)
-            except ValueError:  # say that 0, the default, is valid too
-                raise ValueError(
-                    f"config.fold_tail_rows must be 0 (off) or a power of two >= 16, got {self.fold_tail_rows}"
-                ) from None
+        checked["fold_tail_rows"] = check_power_of_two(
+            "config.fold_tail_rows", self.fold_tail_rows, minimum=16, zero_means="off"
+        )
+        if checked["fold_tail_rows"]:
             if checked["BLOCK_SIZE_M"] < 32:
                 raise ValueError(
                     f"config.fold_tail_rows needs BLOCK_SIZE_M >= 32 (folded rows are 16 at least and "
@@ -90,8 +89,6 @@ class GemmConfig:
                     f"config.fold_tail_rows must be 0 or at most BLOCK_SIZE_M/2 = "
                     f"{checked['BLOCK_SIZE_M'] // 2}, got {checked['fold_tail_rows']}"
                 )
-        else:
-            checked["fold_tail_rows"] = 0
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen dataclass
         for name in ("tma", "tail_tiles", "fuse_swiglu", "persistent"):
@@ -171,7 +168,10 @@ def _merged(base: GemmConfig, changes, where: str) -> GemmConfig:
         )
     if "BLOCK_SIZE_M" in changes and "fold_tail_rows" not in changes:  # the default's fold was for its own block
         changes = dict(changes, fold_tail_rows=0)
-    return replace(base, **changes)
+    try:
+        return replace(base, **changes)
+    except (TypeError, ValueError) as exc:  # a field it left may be what fails: say whose
+        raise type(exc)(f"{exc} ({where} changes the default {base})") from None
 
 
 def as_moe_config(config: ConfigLike, default: MoEConfig) -> MoEConfig:
@@ -221,8 +221,8 @@ def heuristic_config(
     rows_per_expert = num_tokens * top_k / max(num_experts, 1)
     if full_precision_fp32(dtype) and rows_per_expert > 4:
         # Full-precision float32 dots run on the CUDA cores, not the tensor cores: the bf16 prefill tile's
-        # 128x256 accumulator spills. 64x128x32 with pointer loads was fastest on an H200 at 16 and 1024
-        # rows per expert, 2.5x the bf16 tile, 25x the same tile through TMA (docs/experiments.md).
+        # 128x256 accumulator spills; a smaller tile with pointer loads measured fastest (docs/experiments.md,
+        # "Full-precision float32 tiles").
         cfg = GemmConfig(64, 128, 32, 4, 4, 3, tma=False)
         return MoEConfig(cfg, cfg)
     if rows_per_expert <= 4:
@@ -235,13 +235,13 @@ def heuristic_config(
         up = GemmConfig(64, 128, 64, 8, 4, 4)
         down = GemmConfig(64, 128, 64, 8, 4, 4)
     else:
-        # The tile that wins most prefill points on an H200.
+        # The tile that won most prefill points (docs/experiments.md, "bf16 tiles, configs and TMA loads").
         up = GemmConfig(128, 256, 64, 8, 8, 4)
         down = GemmConfig(128, 256, 64, 8, 8, 4)
     if dtype.itemsize == 1:
         # float8 (w8a8): K steps of one 128-channel scale block. Each step's float32 product is scaled and
         # added apart from the sum, two float32 tiles live in registers: tiles of at most 64 x 128 won every
-        # point above 16 rows per expert on an H200 (docs/experiments.md).
+        # point above 16 rows per expert (docs/experiments.md, "FP8 w8a8, block-scaled").
         if rows_per_expert <= 4:
             cfg = GemmConfig(16, 64, 128, 1, 4, 4)
         elif rows_per_expert <= 16:

@@ -26,7 +26,7 @@ class Activation:
         Biases of w1 ([E, 2I]) follow the same order.
     alpha, limit: swigluoai's sigmoid scale and clamp (gpt-oss: 1.702 and 7.0); finite, limit > 0. kind
         "silu" has neither: other values than the defaults raise ValueError.
-    Raises ValueError naming the field for anything else."""
+    Raises ValueError naming the field for anything else (TypeError for an alpha or limit that is not a number)."""
 
     kind: str = "silu"
     gate_up_layout: str = "halves"
@@ -72,7 +72,7 @@ SILU = Activation()
 GPT_OSS = Activation("swigluoai", "interleaved")
 
 
-def check_activation(activation: Union[Activation, str, None], name: str = "activation") -> Activation:
+def check_activation(activation: Union[Activation, str, None]) -> Activation:
     """`activation` as an Activation: None means SILU; a string is a kind with gate and up in halves
     ("silu", "swigluoai"). Raises TypeError/ValueError naming the argument otherwise."""
     if activation is None:
@@ -80,10 +80,7 @@ def check_activation(activation: Union[Activation, str, None], name: str = "acti
     if isinstance(activation, Activation):
         return activation
     if isinstance(activation, str):
-        try:
-            return Activation(activation)
-        except ValueError as exc:
-            raise ValueError(str(exc).replace("activation kind", f"{name} kind", 1)) from None
+        return Activation(activation)
     raise TypeError(
-        f"{name} must be a moe_lab.Activation, 'silu', 'swigluoai' or None, got {type(activation).__name__}"
+        f"activation must be a moe_lab.Activation, 'silu', 'swigluoai' or None, got {type(activation).__name__}"
     )

@@ -36,7 +36,8 @@ MODES = ("all_to_all", "all_reduce")
 def expert_range(num_experts: int, rank: int, world_size: int) -> Tuple[int, int]:
     """The experts [lo, hi) that `rank` of `world_size` holds: contiguous blocks, the first
     num_experts % world_size ranks one expert more (E = 6 over 4 ranks: [0, 2), [2, 4), [4, 5), [5, 6)).
-    Raises ValueError unless 0 <= rank < world_size <= num_experts (every rank holds an expert)."""
+    Raises TypeError for an argument that is not an int, ValueError unless 0 <= rank < world_size <=
+    num_experts (every rank holds an expert)."""
     num_experts = check_positive_int("num_experts", num_experts)
     world_size = check_positive_int("world_size", world_size)
     if world_size > num_experts:
@@ -44,8 +45,9 @@ def expert_range(num_experts: int, rank: int, world_size: int) -> Tuple[int, int
             f"world_size must be at most num_experts={num_experts} (each rank holds at least one expert), "
             f"got {world_size}"
         )
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
-        raise ValueError(f"rank must be an int in [0, {world_size}), got {rank!r}")
+    rank = check_positive_int("rank", rank, minimum=0)
+    if rank >= world_size:
+        raise ValueError(f"rank must be in [0, {world_size}) (world_size={world_size}), got {rank}")
     per_rank, extra = divmod(num_experts, world_size)
     lo = rank * per_rank + min(rank, extra)
     return lo, lo + per_rank + (rank < extra)
@@ -139,13 +141,11 @@ def _refuse_together(hidden_states, group, world: int) -> None:
     # The backend's device, not hidden_states' (which may be the mistake): NCCL exchanges CUDA tensors, gloo CPU
     # ones; a group of both (the default "cpu:gloo,cuda:nccl") takes the rows' device where it is one of the two.
     backend = str(dist.get_backend(group))
-    cuda = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-    if backend == "nccl" or (backend != "gloo" and cuda is not None):
-        device = cuda
-        if backend != "nccl" and isinstance(hidden_states, torch.Tensor) and hidden_states.device.type == "cpu":
-            device = hidden_states.device
-    else:
+    rows_on_cpu = isinstance(hidden_states, torch.Tensor) and hidden_states.device.type == "cpu"
+    if backend == "gloo" or not torch.cuda.is_available() or (backend != "nccl" and rows_on_cpu):
         device = torch.device("cpu")
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
     counts = torch.zeros(world, dtype=torch.int64, device=device)
     _exchange_counts(counts, counts.new_tensor([0, 0, 0, 0, 1]), group, world)
 
@@ -247,7 +247,9 @@ def fused_moe_expert_parallel(
         hidden_states: [T, H] this rank's tokens (all_to_all: its own, T may differ between ranks and be 0;
             all_reduce: the same T tokens on every rank).
         w1_local: [E_local, 2I, H] and w2_local: [E_local, H, I]: this rank's experts, global experts
-            [lo, hi) = `expert_range(num_experts, rank, world_size)` (the first E % world ranks hold one more).
+            [lo, hi) = `expert_range(num_experts, rank, world_size)` (the first E % world ranks hold one more):
+            pass `w1[lo:hi]` and `w2[lo:hi]`. Only their number of experts can be checked (E_local = hi - lo);
+            which experts they hold cannot: another block of the same size gives a wrong result silently.
         topk_weights, topk_ids: [T, k] routing over the global experts [0, num_experts).
         num_experts: E, the global number of experts (world_size <= E).
         mode: "all_to_all" (dispatch and combine) or "all_reduce" (`fused_moe` with the rank's
@@ -272,12 +274,13 @@ def fused_moe_expert_parallel(
     all_reduce: no host sync, CUDA-graph safe; the output is the sum of world_size rounded shares, in the
     order NCCL chooses, so it matches one GPU to rounding only.
     Raises:
-        ValueError for an unknown mode, a w1_local that does not hold this rank's block, expert_map or shared
-        experts among layer_options, or (on every rank) experts outside [0, num_experts) on any rank or ranks
+        ValueError for an unknown mode, a w1_local whose number of experts is not this rank's block's
+        (hi - lo; which experts it holds is the caller's to get right), expert_map or shared experts among
+        layer_options, or (on every rank) experts outside [0, num_experts) on any rank or ranks
         whose hidden_states differ in H or dtype; RuntimeError without torch.distributed initialized;
         `fused_moe`'s TypeError / ValueError for bad shapes, dtypes and options.
         all_to_all: a rank whose own arguments fail these checks (`fused_moe`'s included, run on no rows
-        first: about 10 to 25 us of host time per call) raises its error after telling the others in the
+        first, which costs host time per call) raises its error after telling the others in the
         counts' exchange, where they raise a ValueError naming it; ranks that disagree on num_experts all
         raise. A failure after the exchange (the received rows' launch) is not shared. all_reduce has no exchange to
         tell them in (no host sync): a rank refused alone raises alone and the others wait in the all-reduce
@@ -331,7 +334,7 @@ def _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_
         got = tuple(w1_local.shape) if isinstance(w1_local, torch.Tensor) else type(w1_local).__name__
         raise ValueError(
             f"w1_local must be [E_local, 2I, H] with this rank's {hi - lo} experts (global [{lo}, {hi}) of "
-            f"{num_experts} over {world} ranks: expert_range), got {got}"
+            f"{num_experts} over {world} ranks: expert_range), got {got}; pass w1[{lo}:{hi}] of the global w1"
         )
     if "expert_map" in layer_options:
         raise ValueError("expert_map is set per rank by fused_moe_expert_parallel (expert_range); do not pass it")

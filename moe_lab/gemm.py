@@ -40,7 +40,7 @@ from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persi
 from ._launch import LaunchSite, launch
 from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
 from .align import AlignedRouting, check_routing
-from .capability import fp8_support
+from .capability import require_fp8
 from .configs import GemmConfig
 from .expert_kind import SILU, Activation
 from .plan import LaunchPlan, LoadPath, UseTma, check_use_tma, plan_gemm, select_load_path, weight_box
@@ -100,9 +100,9 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
         )
     if isinstance(w_scale, torch.Tensor) and w_scale.dim() == 1:
         check_tensor(name, w_scale, ndim=1, dtypes=(torch.float32,), shape=(num_experts,), layout=layout)
-        return w_scale[:, None, None].expand(num_experts, n, 1)
-    check_tensor(name, w_scale, ndim=2, dtypes=(torch.float32,), shape=(num_experts, n), layout=layout)
-    return w_scale[:, :, None]
+    else:
+        check_tensor(name, w_scale, ndim=2, dtypes=(torch.float32,), shape=(num_experts, n), layout=layout)
+    return _weight_scale_view(w_scale, num_experts, n)
 
 
 def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: Optional[tuple]) -> torch.Tensor:
@@ -120,9 +120,19 @@ def check_activation_scale(name: str, a_scale, rows: int, k: int, block_shape: O
         return a_scale
     layout = "[1] or [] (per tensor) or [rows, 1] (per token)"
     if isinstance(a_scale, torch.Tensor) and a_scale.dim() <= 1:
-        return check_static_scale(name, a_scale, layout)[:, None].expand(rows, 1)
+        return _activation_scale_view(check_static_scale(name, a_scale, layout), rows)
     check_tensor(name, a_scale, ndim=2, dtypes=(torch.float32,), shape=(rows, 1), layout=layout)
     return a_scale
+
+
+# The kernel's views of per-expert / per-channel / per-tensor / per-token scales (size-1 dims expanded, stride 0):
+# checked (check_weight_scale, check_activation_scale) or taken as checked (kernel_scales).
+def _weight_scale_view(w_scale: torch.Tensor, num_experts: int, n: int) -> torch.Tensor:
+    return w_scale[:, None, None].expand(num_experts, n, 1) if w_scale.dim() == 1 else w_scale[:, :, None]
+
+
+def _activation_scale_view(a_scale: torch.Tensor, rows: int) -> torch.Tensor:
+    return a_scale.reshape(1)[:, None].expand(rows, 1) if a_scale.dim() <= 1 else a_scale
 
 
 def kernel_scales(
@@ -133,10 +143,7 @@ def kernel_scales(
     if block_shape is not None:
         return Fp8Scales("block", a_scale, w_scale, *block_shape)
     num_experts, n, _ = w.shape
-    w_scale = w_scale[:, None, None].expand(num_experts, n, 1) if w_scale.dim() == 1 else w_scale[:, :, None]
-    if a_scale.dim() <= 1:
-        a_scale = a_scale.reshape(1)[:, None].expand(rows, 1)
-    return Fp8Scales("outer", a_scale, w_scale)
+    return Fp8Scales("outer", _activation_scale_view(a_scale, rows), _weight_scale_view(w_scale, num_experts, n))
 
 
 def check_fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_shape, rows: int) -> Optional[Fp8Scales]:
@@ -154,9 +161,7 @@ def check_fp8_scales(a: torch.Tensor, w: torch.Tensor, a_scale, w_scale, block_s
             "float8_e4m3fn a and w need a_scale and w_scale (moe_lab.quantize_weights_fp8 and "
             "quantize_activations_fp8 make them)"
         )
-    support = fp8_support(a.device)
-    if not support.available:
-        raise RuntimeError(f"float8_e4m3fn operands cannot run here: {support.reason}")
+    require_fp8(a.device, "float8_e4m3fn operands")
     w_scale = check_weight_scale("w_scale", w_scale, w, block_shape)
     a_scale = check_activation_scale("a_scale", a_scale, rows, w.shape[2], block_shape)
     if block_shape is not None:

@@ -34,7 +34,14 @@ from .configs import GemmConfig
 from .expert_kind import Activation, check_activation
 from .gemm import check_fp8_scales, check_gemm_rows
 from .permute import permute_tokens
-from .plan import GLUON_PARTITION_ROWS, GluonFp8Plan, plan_gluon_fp8
+from .plan import (
+    GLUON_BLOCK_SIZE_N,
+    GLUON_PARTITION_ROWS,
+    GluonFp8Plan,
+    gluon_block_shape_problem,
+    gluon_weight_problem,
+    plan_gluon_fp8,
+)
 from .quantize import FP8_DTYPE
 
 __all__ = ["GluonFp8Plan", "grouped_matmul_fp8_gluon", "gluon_fp8_support"]
@@ -64,15 +71,17 @@ def grouped_matmul_fp8_gluon(
         a: float8_e4m3fn [T, K] token rows (gather_a=True, the up projection) or [routing.max_num_tokens_padded,
             K] rows in padded sorted order (gather_a=False); any strides with gather_a (the rows are copied
             into sorted order first), else a last stride of 1 and 16-byte aligned rows (TMA).
-        w: float8_e4m3fn [E, N, K] weights whose [E * N, K] view is a plain matrix (last stride 1, stride(0) =
-            N * stride(1)); K a multiple of 16.
+        w: float8_e4m3fn [E, N, K] weights read as one [E * N, K] TMA matrix: last stride 1, stride(1) a
+            multiple of 16, stride(0) = N * stride(1) (unless E = 1), a 16-byte aligned base; K a multiple of
+            16 (`moe_lab.plan.gluon_weight_problem`).
         routing: the schedule from `moe_align`, BLOCK_SIZE_M 64 or 128.
         config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N (dividing block_n), GROUP_SIZE_M and num_stages;
             BLOCK_SIZE_K and num_warps are the kernel's (128, one warpgroup per 64 rows). Default:
             `plan_gluon_fp8`'s.
         gather_a, scatter, topk_weights: as in `moe_lab.grouped_matmul` (topk_weights only with scatter).
         a_scale: float32 [rows, ceil(K/128)], rows as for a; w_scale: float32 [E, ceil(N/block_n), ceil(K/128)].
-        block_shape: [block_n, block_k] of the weight scales; block_k must be 128.
+        block_shape: [block_n, block_k] of the weight scales; block_k must be 128, block_n a multiple of
+            BLOCK_SIZE_N (`moe_lab.plan.gluon_block_shape_problem`).
         out: optional output [rows_sorted, N] (or [T*k, N] with scatter), last stride 1; out_dtype: bfloat16
             (default), float16 or float32. Rows of blocks past num_tokens_post_padded are left as they were.
         activation: None (the plain GEMM), or the SwiGLU epilogue's `moe_lab.Activation` ("silu" or
@@ -84,8 +93,9 @@ def grouped_matmul_fp8_gluon(
     Returns:
         out, or (out, GluonFp8Plan) with return_plan.
     Raises:
-        RuntimeError where the kernel cannot run (`moe_lab.capability.gluon_fp8_support`'s reason);
-        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides, devices or configs.
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides, devices or configs
+        (checked first: the arguments' errors come before the device's);
+        RuntimeError where the kernel cannot run (`moe_lab.capability.gluon_fp8_support`'s reason).
     """
     check_gemm_rows(routing, topk_weights, gather_a=gather_a, scatter=scatter, return_plan=return_plan)
     if config is not None and not isinstance(config, GemmConfig):
@@ -97,7 +107,7 @@ def grouped_matmul_fp8_gluon(
     elif out_scale is not None:
         raise ValueError("out_scale needs activation: only the SwiGLU epilogue quantizes its output")
     check_tensor("w", w, ndim=3, dtypes=(FP8_DTYPE,), shape=(routing.num_experts, None, None), layout="[E, N, K]")
-    num_experts, n, k = w.shape
+    _, n, k = w.shape
     rows = routing.num_tokens if gather_a else routing.max_num_tokens_padded
     layout = "[T, K]" if gather_a else "[max_num_tokens_padded, K]"
     check_tensor("a", a, ndim=2, dtypes=(FP8_DTYPE,), shape=(rows, k), layout=layout)
@@ -136,11 +146,10 @@ def grouped_matmul_fp8_gluon(
         out_scale=out_scale,
     )
     check_not_aliased(out, a=a, w=w, a_scale=a_scale, w_scale=w_scale, topk_weights=topk_weights, out_scale=out_scale)
-    if w.stride(2) != 1 or (num_experts > 1 and w.stride(0) != n * w.stride(1)):
-        raise ValueError(
-            f"w must view as one [E * N, K] matrix for the Gluon kernel's descriptor (last stride 1, stride(0) "
-            f"= N * stride(1)), got strides {tuple(w.stride())} for shape {tuple(w.shape)}"
-        )
+    block_size_n = config.BLOCK_SIZE_N if config is not None else GLUON_BLOCK_SIZE_N
+    problem = gluon_weight_problem("w", w) or gluon_block_shape_problem(block_shape, block_size_n)
+    if problem:
+        raise ValueError(problem)
     reason = gluon_fp8_support(a.device)
     if reason is not None:
         raise RuntimeError(f"the Gluon FP8 grouped GEMM cannot run here: {reason}")

@@ -14,6 +14,7 @@ own kernels.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
@@ -36,7 +37,7 @@ from ._validate import (
 )
 from .activation import Activation, check_activation, silu_and_mul
 from .align import AlignedRouting, align_buffers, run_align, run_slot_order
-from .capability import fp8_support
+from .capability import require_fp8
 from .configs import ConfigLike, GemmConfig, MoEConfig
 from .gemm import (
     check_bias,
@@ -78,7 +79,7 @@ class FusedMoEInfo:
     this shape: ...)". `routing` is the schedule (at T = 1 in slot order: `moe_lab.align.slot_order_routing`,
     whose expert_ids is topk_ids' own view). `config` is the config chosen;
     `up_plan` / `down_plan` are what each GEMM launched
-    (`moe_lab.gemm.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
+    (`moe_lab.LaunchPlan`: the config as fitted to the device, fewer stages where its shared
     memory needed it; the load paths, also in `up_path` / `down_path`; the grid). None at T = 0.
     `gemm_kernel`: "triton", or "gluon" where the warp-specialized Gluon FP8 GEMMs ran instead
     (`moe_lab.plan.gluon_applies`; `gluon_plan` is then what they launched, and up_plan / down_plan the
@@ -172,6 +173,23 @@ def _grad_refused(name: str) -> ValueError:
     )
 
 
+def _check_no_grad(**tensors) -> None:
+    """Where grad is on, `_grad_refused` for the first of `tensors` (None skipped) that requires grad."""
+    if torch.is_grad_enabled():
+        for name, t in tensors.items():
+            if t is not None and t.requires_grad:
+                raise _grad_refused(name)
+
+
+def _check_shared_weights(shared_w1, shared_w2, dtypes, hidden, **named):
+    """Shared experts' shared_w1 [S, 2I_s, H] and shared_w2 [S, H, I_s]: both or neither, then checked as w1
+    and w2 are (`_check_weights`, `named`: dtype_of, hidden_of)."""
+    if (shared_w1 is None) != (shared_w2 is None):
+        raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
+    if shared_w1 is not None:
+        _check_weights(shared_w1, shared_w2, dtypes, hidden, prefix="shared_", **named)
+
+
 def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     num_tokens, hidden = hidden_states.shape
@@ -206,10 +224,7 @@ def _check_layer(hidden_states, w1, w2, topk_weights, topk_ids, expert_map):
         )
     if topk_ids.shape[1] > num_global or topk_ids.shape[1] == 0:
         raise ValueError(f"topk_ids must have 1 <= k <= E={num_global} columns, got shape {tuple(topk_ids.shape)}")
-    named = dict(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights)
-    requiring = [name for name, t in named.items() if t.requires_grad]
-    if requiring and torch.is_grad_enabled():
-        raise _grad_refused(requiring[0])
+    _check_no_grad(hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights)
     check_kernel_device(
         hidden_states=hidden_states, w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map
     )
@@ -331,16 +346,8 @@ def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> O
     if a2_scale is not None:
         a2_scale = check_static_scale("a2_scale", a2_scale)
     check_same_device(w1=w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (w1_scale, w2_scale, a1_scale, a2_scale)
-    ):
-        raise ValueError(
-            "a scale requires grad: fused_moe is inference-only (no backward); call it under "
-            "torch.no_grad() or torch.inference_mode()"
-        )
-    support = fp8_support(w1.device)
-    if not support.available:
-        raise RuntimeError(f"float8_e4m3fn weights cannot run here: {support.reason}")
+    _check_no_grad(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
+    require_fp8(w1.device, "float8_e4m3fn weights")
     return _fp8_weights(w1, w1_scale, w2_scale, a1_scale, a2_scale, block_shape)
 
 
@@ -378,13 +385,11 @@ def _check_expert_kind(hidden_states, w1, w2, expert_map, kind: ExpertKind) -> N
     check_bias("w1_bias", kind.w1_bias, w1, dtype, "[E, 2I]")
     check_bias("w2_bias", kind.w2_bias, w2, dtype, "[E, H]")
     shared_w1, shared_w2, shared_weights = kind.shared_w1, kind.shared_w2, kind.shared_weights
-    if shared_w1 is None and shared_w2 is None:
+    _check_shared_weights(shared_w1, shared_w2, (dtype,), hidden_states.shape[1], dtype_of="hidden_states")
+    if shared_w1 is None:
         if shared_weights is not None:
             raise ValueError("shared_weights given without shared_w1 and shared_w2: the shared experts' weights")
     else:
-        if shared_w1 is None or shared_w2 is None:
-            raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
-        _check_weights(shared_w1, shared_w2, (dtype,), hidden_states.shape[1], "hidden_states", "shared_")
         if expert_map is not None:
             raise ValueError(_SHARED_WITH_EXPERT_MAP)
         if shared_weights is not None:
@@ -396,10 +401,9 @@ def _check_expert_kind(hidden_states, w1, w2, expert_map, kind: ExpertKind) -> N
                 shape=(hidden_states.shape[0], shared_w1.shape[0]),
                 layout="[T, S]",
             )
-    for name, t in zip(_EXPERT_TENSORS, kind.tensors):
-        if t is not None and t.requires_grad and torch.is_grad_enabled():
-            raise ValueError(f"{name} requires grad: fused_moe is inference-only (no backward)")
-    check_same_device(hidden_states=hidden_states, **dict(zip(_EXPERT_TENSORS, kind.tensors)))
+    expert_tensors = dict(zip(_EXPERT_TENSORS, kind.tensors))
+    _check_no_grad(**expert_tensors)
+    check_same_device(hidden_states=hidden_states, **expert_tensors)
 
 
 _EXPERT_TENSORS = ("w1_bias", "w2_bias", "shared_w1", "shared_w2", "shared_weights")
@@ -875,7 +879,7 @@ def fused_moe_op(
 
 
 @fused_moe_op.register_fake
-def _(
+def _fused_moe_fake(
     hidden_states,
     w1,
     w2,
@@ -919,7 +923,7 @@ def _(
 def _refuse_grad(ctx, inputs, output):
     """The op's autograd: PyTorch calls this in the forward where an input requires grad and grad is on (the
     op's body then sees tensors that do not, so `fused_moe`'s own check cannot): the same ValueError."""
-    names = [argument.name for argument in torch.ops.moe_lab.fused_moe.default._schema.arguments]
+    names = inspect.signature(_fused_moe_fake).parameters  # the op's arguments, in the order of `inputs`
     requiring = [name for name, t in zip(names, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
     raise _grad_refused((requiring or ["an input"])[0])
 
@@ -990,10 +994,8 @@ class FusedMoE(torch.nn.Module):
         # float weights are the activations' dtype; with float8 ones each call checks against hidden_states
         self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, w1.dtype, "[E, 2I]"))
         self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, w1.dtype, "[E, H]"))
-        if (shared_w1 is None) != (shared_w2 is None):
-            raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
+        _check_shared_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], hidden_of="w1")
         if shared_w1 is not None:
-            _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], prefix="shared_", hidden_of="w1")
             shared_w1 = torch.nn.Parameter(shared_w1, requires_grad=False)
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2

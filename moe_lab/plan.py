@@ -36,7 +36,7 @@ from .capability import (
     env_setting,
     gluon_fp8_support,
     multiprocessor_count,
-    shared_memory_limit,
+    shared_memory_budget,
     tma_support,
 )
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
@@ -68,6 +68,14 @@ class LoadPath:
     def name(self) -> str:
         """Short form for tables, e.g. "a:ptr w:tma"."""
         return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
+
+
+def gate_up_halves(swiglu: bool, activation: Activation) -> bool:
+    """Whether a GEMM with the SwiGLU epilogue (`swiglu`) of `activation` reads gate and up rows as halves of w
+    (the weight descriptor's [E, 2, I, K] view, `select_load_path(swiglu=True)`); interleaved gate and up rows
+    are read as rows in a row, as the plain GEMM reads them. The kernels' own rule, from the activation's
+    name: `moe_lab._kernels.common.gate_up_halves`."""
+    return swiglu and not activation.interleaved
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,7 @@ class LaunchPlan:
     def gate_up_halves(self) -> bool:
         """The SwiGLU epilogue reads gate and up rows as halves of w: the weight descriptor views w as
         [E, 2, I, K] (`weight_box`)."""
-        return self.swiglu and not self.activation.interleaved
+        return gate_up_halves(self.swiglu, self.activation)
 
     @property
     def fold_m(self) -> int:
@@ -257,7 +265,7 @@ def plan_gemm(
     `ScaleLayout` holds them).
     `activation`: the SwiGLU epilogue's (`moe_lab.Activation`; only read with swiglu). `w_name`: w's name in
     the error. Launches nothing. Callers get the plan with `grouped_matmul(..., return_plan=True)`."""
-    halves = swiglu and not activation.interleaved  # interleaved gate/up rows are read as rows in a row
+    halves = gate_up_halves(swiglu, activation)
     if not routing.expert_sorted and config.persistent:  # its blocks may name no expert: skipped per program
         config = replace(config, persistent=False)
     if scales is not None and config.BLOCK_SIZE_K < MIN_FP8_DOT_K:
@@ -336,14 +344,6 @@ def weight_box(w: torch.Tensor, block_size_n: int, swiglu: bool, box_k: int):
     if swiglu:
         return w.unflatten(1, (2, w.shape[1] // 2)), [1, 2, block_size_n // 2, box_k]
     return w, [1, block_size_n, box_k]
-
-
-def shared_memory_budget(device: torch.device) -> Optional[int]:
-    """Bytes of shared memory one program may use where kernels compile for a CUDA GPU; None under the
-    interpreter (no limit to fit)."""
-    if device.type != "cuda" or interpreter_active():
-        return None
-    return shared_memory_limit(device)
 
 
 # --- The layer: one plan per call's key, cached. ---
@@ -552,7 +552,7 @@ def plan_chunk(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tenso
     x = torch.empty((num_tokens, hidden), dtype=w1.dtype, device="meta")  # read by pointer (gathered rows)
     if num_tokens == 0 or hidden == 0:  # nothing to launch, but use_tma=True holds to its rules as with work
         if use_tma is True:  # the up GEMM gathers token rows; the down GEMM reads [rows, I] sorted rows
-            halves = swiglu and not key.activation.interleaved  # the weight descriptor's 4-D view
+            halves = gate_up_halves(swiglu, key.activation)  # the weight descriptor's 4-D view
             select_load_path(x, w1, cfg.up, gather_a=True, use_tma=True, swiglu=halves, w_name="w1")
             act = torch.empty((cfg.block_size_m, inter), dtype=w2.dtype, device="meta")
             select_load_path(act, w2, cfg.down, gather_a=False, use_tma=True, w_name="w2")
@@ -702,6 +702,11 @@ def layer_plan_cache(enabled: bool):
 GLUON_LOAD_REGS = 24
 # The TMA producer's warp counts as a whole warpgroup when registers are shared out.
 _WARPGROUP = 4
+# The Gluon FP8 kernel's K step: the weight scales' block_k (one wgmma chain per scale block), and the column
+# group of its float8 output's scales.
+GLUON_BLOCK_K = 128
+# Its default BLOCK_SIZE_N (`plan_gluon_fp8`'s, and so `fused_moe`'s).
+GLUON_BLOCK_SIZE_N = 128
 
 
 def _launch_regs(warps: int) -> int:
@@ -778,7 +783,7 @@ def plan_gluon_fp8(
     tile)."""
     block_n, block_k = block_shape
     if config is None:
-        config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=128, num_stages=4)
+        config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=GLUON_BLOCK_SIZE_N, num_stages=4)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
             f"config.BLOCK_SIZE_M={config.BLOCK_SIZE_M} must equal the routing's block_size_m={routing.block_size_m}"
@@ -787,20 +792,12 @@ def plan_gluon_fp8(
         raise ValueError(
             f"the Gluon FP8 kernel takes BLOCK_SIZE_M 64 or 128 (one warpgroup per 64 rows), got {config.BLOCK_SIZE_M}"
         )
-    if block_k != 128:
-        raise ValueError(f"the Gluon FP8 kernel needs block_shape [block_n, 128] (its K step), got {list(block_shape)}")
-    if block_n % config.BLOCK_SIZE_N:
-        raise ValueError(
-            f"config.BLOCK_SIZE_N={config.BLOCK_SIZE_N} must divide block_shape's block_n={block_n} (the Gluon "
-            f"FP8 kernel reads one weight scale per tile and K block)"
-        )
-    if k % 16:
-        raise ValueError(
-            f"the Gluon FP8 kernel needs K a multiple of 16 (TMA strides of float8 rows are 16-byte aligned), got K={k}"
-        )
+    problem = gluon_block_shape_problem(block_shape, config.BLOCK_SIZE_N) or gluon_k_problem(k)
+    if problem:
+        raise ValueError(problem)
     parts, n_out = 1, n
     if activation is not None:
-        problem = gluon_swiglu_problem(activation, n // 2, config.BLOCK_SIZE_N, block_k, out_itemsize == 1)
+        problem = gluon_swiglu_problem(activation, n // 2, config.BLOCK_SIZE_N, out_itemsize == 1)
         if problem:
             raise ValueError(f"the Gluon FP8 kernel's SwiGLU epilogue cannot run here: {problem}")
         parts, n_out = 2, n // 2
@@ -820,11 +817,65 @@ def plan_gluon_fp8(
     return GluonFp8Plan(config, max(1, min(sms, tiles)), _launch_regs(warps), block_n, activation)
 
 
+def gluon_block_shape_problem(block_shape, block_size_n: int = GLUON_BLOCK_SIZE_N) -> Optional[str]:
+    """None if the Gluon FP8 kernel can take weight scales in blocks of `block_shape` [block_n, block_k] with
+    tiles of `block_size_n` weight rows, else what is wrong: block_k must be its K step GLUON_BLOCK_K (one
+    wgmma chain per scale block), and block_size_n must divide block_n (one weight scale per tile and K block)."""
+    block_n, block_k = block_shape
+    if block_k != GLUON_BLOCK_K:
+        return (
+            f"the Gluon FP8 kernel needs block_shape [block_n, {GLUON_BLOCK_K}] (its K step), got {list(block_shape)}"
+        )
+    if block_n % block_size_n:
+        return (
+            f"block_shape's block_n={block_n} must be a multiple of BLOCK_SIZE_N={block_size_n} (the Gluon FP8 "
+            f"kernel reads one weight scale per tile and K block), got block_shape {list(block_shape)}"
+        )
+    return None
+
+
+def gluon_k_problem(k: int, name: str = "K") -> Optional[str]:
+    """None if the Gluon FP8 kernel can take a GEMM of depth `k` (a's columns, w's last dimension; `name` in
+    the message), else why not: a multiple of 16, so that float8 rows of k bytes keep TMA's 16-byte strides."""
+    if k % 16:
+        return (
+            f"the Gluon FP8 kernel needs {name} a multiple of 16 (TMA strides of float8 rows are 16-byte "
+            f"aligned), got {name}={k}"
+        )
+    return None
+
+
+def gluon_weight_problem(name: str, w: torch.Tensor) -> Optional[str]:
+    """None if the Gluon FP8 kernel can read weights `w` [E, N, K] (named `name` in the message) through one
+    tensor descriptor over their [E * N, K] view (`run_gluon_fp8`), else what is wrong: K a multiple of 16
+    (`gluon_k_problem`), and what Triton's `TensorDescriptor.from_tensor` asserts of that view: last stride 1,
+    the row stride (stride(1)) a multiple of 16 bytes, a 16-byte aligned base; and stride(0) = N * stride(1)
+    where E > 1 (with one expert the view does not read stride(0))."""
+    num_experts, n, k = w.shape
+    problem = gluon_k_problem(k, f"{name}.shape[2]")
+    if problem:
+        return problem
+    strides = tuple(w.stride())
+    if strides[2] != 1 or (strides[1] * w.element_size()) % 16 or (num_experts > 1 and strides[0] != n * strides[1]):
+        return (
+            f"{name} must view as one [E * N, K] matrix for the Gluon FP8 kernel's descriptor (last stride 1, "
+            f"stride(1) a multiple of 16 bytes, stride(0) = N * stride(1) unless E = 1), got strides {strides} "
+            f"for shape {tuple(w.shape)}"
+        )
+    if w.data_ptr() % 16:
+        return (
+            f"{name} must start at a 16-byte aligned address for the Gluon FP8 kernel's descriptor, got an "
+            f"address {w.data_ptr() % 16} bytes past one"
+        )
+    return None
+
+
 def gluon_swiglu_problem(
-    activation: Activation, inter: int, block_n: int = 128, group_k: int = 128, quantized: bool = True
+    activation: Activation, inter: int, block_n: int = GLUON_BLOCK_SIZE_N, quantized: bool = True
 ) -> Optional[str]:
     """None if the Gluon FP8 kernel's SwiGLU epilogue can compute `activation` for I = `inter` with tiles of
-    `block_n` output columns (a float8 output quantized per `group_k` columns where `quantized`), else why not."""
+    `block_n` output columns (a float8 output quantized per GLUON_BLOCK_K columns where `quantized`), else why
+    not."""
     if activation.interleaved:
         return (
             "gate and up rows interleaved (gpt-oss's layout) are not built: the tile would hold gate and up in "
@@ -832,8 +883,10 @@ def gluon_swiglu_problem(
         )
     if inter % block_n:
         return f"I={inter} is not a multiple of BLOCK_SIZE_N={block_n} (each tile's up rows in one scale block)"
-    if quantized and block_n != group_k:
-        return f"BLOCK_SIZE_N={block_n} must equal the output's scale group {group_k} (one scale per row and tile)"
+    if quantized and block_n != GLUON_BLOCK_K:
+        return (
+            f"BLOCK_SIZE_N={block_n} must equal the output's scale group {GLUON_BLOCK_K} (one scale per row and tile)"
+        )
     return None
 
 
@@ -870,9 +923,10 @@ def gluon_applies(
 ) -> Tuple[bool, str]:
     """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel, and why (or why not), in
     words. It runs where it can (`moe_lab.capability.gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU,
-    no interpreter; float8_e4m3fn w1 [E, 2I, H] and w2 [E, H, I] with block_shape [128 n, 128]; the SwiGLU of
-    `activation` on gate and up halves; no biases; I a multiple of 128; H a multiple of 16; each weight viewable
-    as one [E * N, K] matrix) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
+    no interpreter; float8_e4m3fn w1 [E, 2I, H] and w2 [E, H, I] with block_shape [128 n, 128]
+    (`gluon_block_shape_problem`); the SwiGLU of `activation` on gate and up halves, I a multiple of 128
+    (`gluon_swiglu_problem`); no biases; each weight read as one [E * N, K] TMA matrix, H a multiple of 16
+    (`gluon_weight_problem`)) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
     "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
     least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles)."""
     setting = gluon_setting() if setting is None else setting
@@ -885,20 +939,14 @@ def gluon_applies(
     problem = gluon_fp8_support(w1.device)
     if problem:
         return False, problem
-    num_experts, two_inter, hidden = w1.shape
-    inter = two_inter // 2
-    if block_shape[1] != 128 or block_shape[0] % 128:
-        return False, f"block_shape {list(block_shape)}: the Gluon kernel takes [128 n, 128]"
-    problem = gluon_swiglu_problem(activation, inter)
+    problem = gluon_block_shape_problem(block_shape) or gluon_swiglu_problem(activation, w1.shape[1] // 2)
     if problem:
         return False, problem
     if has_bias:
         return False, "w1_bias or w2_bias given: the Gluon kernel adds no bias"
-    if hidden % 16:
-        return False, f"H={hidden} is not a multiple of 16 (TMA strides of float8 rows)"
-    for name, w in (("w1", w1), ("w2", w2)):
-        if w.stride(2) != 1 or w.stride(0) != w.shape[1] * w.stride(1) or (w.stride(1) % 16) or w.data_ptr() % 16:
-            return False, f"{name} strides {tuple(w.stride())} do not view as one [E * N, K] TMA matrix"
+    problem = gluon_weight_problem("w1", w1) or gluon_weight_problem("w2", w2)
+    if problem:
+        return False, problem
     if setting == "1":
         return True, f"{GLUON_ENV_VAR}=1"
     if config_given:

@@ -43,7 +43,7 @@ from ._validate import (
     output_buffer,
     type_name,
 )
-from .capability import fp8_support
+from .capability import require_fp8
 from .runtime import interpreter_active, interpreter_serialized
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -123,12 +123,6 @@ def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type_name(value)}")
     return value
-
-
-def _require_fp8(device: torch.device) -> None:
-    support = fp8_support(device)
-    if not support:
-        raise RuntimeError(f"FP8 (float8_e4m3fn) kernels cannot run here: {support.reason}")
 
 
 def _fit_block(block: Tuple[int, int], rows: int, cols: int) -> Tuple[int, int]:
@@ -380,7 +374,7 @@ def quantize_activations_fp8(
       or past its value are neither read nor written (they keep what `out`/`out_scale` held), read on the
       device only, so the call can be captured in a CUDA graph.
     out, out_scale: optional buffers for x_fp8 ([rows, K] float8_e4m3fn, last stride 1) and for a computed
-      x_scale (float32 of the shape above, any strides); not with scale= (the scale is given).
+      x_scale (float32 of the shape above, any strides); out_scale not with scale= (the scale is given).
     rows = 0 returns empty tensors without launching.
 
     Raises TypeError/ValueError for x not a 2-D float tensor or with K = 0, group_size not None or an int
@@ -436,7 +430,7 @@ def quantize_activations_fp8(
         check_not_aliased(out_scale, x=x, out=out, name="out_scale")
         x_scale = out_scale
     device = check_kernel_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)
-    _require_fp8(device)
+    require_fp8(device, "FP8 (float8_e4m3fn) kernels")
     if per_tensor:  # dynamic per tensor: amax over the rows in use, on the device (0 for no rows)
         row_amax = x.abs().amax(dim=1).float() if rows else torch.zeros(1, device=x.device)
         if num_rows is not None and rows:

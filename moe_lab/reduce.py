@@ -37,7 +37,8 @@ def topk_reduce(
     expert_map: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """out_k [T*k, H] float (last stride 1), topk_ids [T, k] int -> out [T, H] (float32 accumulation).
+    """out_k [T*k, H] float, topk_ids [T, k] int -> out [T, H] (float32 accumulation). out_k may have any
+    strides (copied first where its last stride is not 1).
 
     Slots whose id lies outside [0, E_global) (E_global = len(expert_map), or num_experts without a map),
     or whose local expert is -1, contribute zero. Raises TypeError/ValueError for bad arguments."""

@@ -127,14 +127,12 @@ def fused_moe_reference(
     likewise ([S, 2I_s, H], [S, H, I_s]) and for experts outside [0, E). Unlike `fused_moe` it takes float
     weights of another float dtype than hidden_states' (everything is computed in `dtype`).
     """
-    from .layer import _check_ids, _check_weights  # the layer imports the kernels: only when called
+    # the layer imports the kernels: only when called
+    from .layer import _check_ids, _check_shared_weights, _check_weights
 
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,), hidden_states.shape[1])
-    if (shared_w1 is None) != (shared_w2 is None):
-        raise ValueError("shared_w1 and shared_w2 go together: give both or neither")
-    if shared_w1 is not None:
-        _check_weights(shared_w1, shared_w2, FLOAT_DTYPES, hidden_states.shape[1], prefix="shared_")
+    _check_shared_weights(shared_w1, shared_w2, FLOAT_DTYPES, hidden_states.shape[1])
     check_tensor(
         "topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, shape=(hidden_states.shape[0], None), layout="[T, k]"
     )
@@ -186,10 +184,13 @@ def fused_moe_reference(
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check).
     Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped result
-    must not pass as a match); TypeError unless both are tensors (torch.as_tensor makes one of an array)."""
+    must not pass as a match); TypeError unless both are real (not complex) tensors (torch.as_tensor makes
+    one of an array)."""
     for name, value in (("out", out), ("ref", ref)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__} (torch.as_tensor makes one)")
+        if value.is_complex():  # .double() would drop the imaginary part
+            raise TypeError(f"{name} must be a real tensor, got {str(value.dtype).replace('torch.', '')}")
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"out and ref must have the same shape, got {tuple(out.shape)} and {tuple(ref.shape)}")
     out64, ref64 = out.double().cpu(), ref.double().cpu()

@@ -139,11 +139,14 @@ def require_gpu_timing(what: str = "timing") -> None:
         "tables in moe_lab/configs/."
     )
     if not torch.cuda.is_available():
-        raise RuntimeError(
-            f"{what} refused: no CUDA GPU is visible to PyTorch. Timings need one: here kernels "
-            f"run only under Triton's interpreter (on the CPU, one program at a time), whose timings "
-            f"say nothing about a GPU. {committed}"
+        here = (
+            "here kernels run only under Triton's interpreter (on the CPU, one program at a time), whose timings "
+            "say nothing about a GPU"
+            if interpreter_active()
+            else f"here no kernel runs at all (Triton's interpreter is off too: TRITON_INTERPRET="
+            f"{os.environ.get('TRITON_INTERPRET', '')!r})"
         )
+        raise RuntimeError(f"{what} refused: no CUDA GPU is visible to PyTorch. Timings need one: {here}. {committed}")
     if interpreter_active():
         raise RuntimeError(
             f"{what} refused: Triton's interpreter is on (TRITON_INTERPRET=1), which runs kernels on the CPU "

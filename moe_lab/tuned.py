@@ -61,11 +61,6 @@ def config_path(device_name: str, triton_version: str) -> str:
     return os.path.join(CONFIG_DIR, f"{device_name.replace(' ', '_')}__triton-{triton_version}.json")
 
 
-def nearest_bucket(num_tokens: int, buckets) -> str:
-    """The bucket (a string of an int) nearest to `num_tokens` on a log scale; ties go to the first."""
-    return min(buckets, key=lambda b: abs(math.log(max(num_tokens, 1)) - math.log(max(int(b), 1))))
-
-
 def arch_name(capability: Optional[Capability]) -> str:
     """ "sm_90" for (9, 0); "unknown architecture" for None."""
     return f"sm_{capability[0]}{capability[1]}" if capability else "unknown architecture"
@@ -351,9 +346,9 @@ def default_config(
     """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
     that serves the current CUDA device for this shape and the nearest token bucket if there is one
     (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises TypeError /
-    ValueError naming the argument for sizes that are not ints (num_tokens >= 0, the others >= 1) or a dtype
-    other than float16, bfloat16, float32 and float8_e4m3fn; a malformed tuned table raises ValueError naming
-    its file."""
+    ValueError naming the argument for sizes that are not ints (num_tokens >= 0, the others >= 1), a dtype
+    other than float16, bfloat16, float32 and float8_e4m3fn, or a `tuned` that is not a bool; a malformed
+    tuned table raises ValueError naming its file."""
     num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
     num_experts, top_k, hidden_size, intermediate_size = (
         check_positive_int(name, value)
@@ -364,6 +359,8 @@ def default_config(
             ("intermediate_size", intermediate_size),
         )
     )
+    if not isinstance(tuned, bool):
+        raise TypeError(f"tuned must be a bool, got {tuned!r}")
     dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
     if dtype not in dtypes:
         names = ", ".join(str(d)[6:] for d in dtypes)
@@ -371,22 +368,6 @@ def default_config(
     if tuned:
         return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
     return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
-
-
-def lookup(
-    num_tokens: int,
-    num_experts: int,
-    top_k: int,
-    hidden_size: int,
-    intermediate_size: int,
-    dtype: torch.dtype,
-    device: Union[torch.device, str, int, None] = None,
-) -> Optional[MoEConfig]:
-    """The tuned MoEConfig for `device` (default: the current CUDA device), this Triton and this shape,
-    from the table `table_for_device` picks (nearest token bucket), or None where no table or entry
-    applies (always None under the interpreter or without a CUDA GPU)."""
-    choice = _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, device)
-    return choice.config if choice.source.startswith("tuned:") else None
 
 
 def clear_cache() -> None:

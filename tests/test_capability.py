@@ -141,3 +141,100 @@ def test_a_device_that_is_not_one_is_named(query, on_gpu_world):
 def test_descriptor_problem_names_a_bad_argument(tensor, block_shape, message):
     with pytest.raises(TypeError, match=message):
         descriptor_problem(tensor, block_shape)
+
+
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """The rules as on a GPU machine (the interpreter answers first otherwise), with MOE_LAB_TMA unset."""
+    monkeypatch.setattr(capability, "interpreter_active", lambda: False)
+    monkeypatch.delenv(capability.ENV_VAR, raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize(
+    "cc, tma, fp8, gluon", [((8, 0), False, False, False), ((9, 0), True, True, True), ((10, 0), True, True, False)]
+)
+def test_an_assumed_device_is_what_every_rule_answers_for(no_interpreter, cc, tma, fp8, gluon):
+    """Within assumed_device the real rules answer for it, whatever device they are asked about; after it,
+    for the real device again (no cached answer carried over either way)."""
+    devices = [None, "cpu", "meta", torch.device("meta")]
+    before = [(tma_support(d).available, fp8_support(d).available, capability.gluon_fp8_support(d)) for d in devices]
+    assert capability.shared_memory_budget("meta") is None  # not a GPU: nothing to fit
+    with capability.assumed_device("Fake GPU", cc, 1000 * cc[0], 10 * cc[0]):
+        for device in devices:
+            assert tma_support(device).available == tma and "Fake GPU" in tma_support(device).reason
+            assert fp8_support(device).available == fp8
+            problem = capability.gluon_fp8_support(device)
+            assert (problem is None) == (gluon and capability._gluon_problem() is None), problem
+            assert capability.shared_memory_limit(device) == 1000 * cc[0]
+            assert capability.multiprocessor_count(device) == 10 * cc[0]
+            assert capability.shared_memory_budget(device or "cpu") == 1000 * cc[0]
+        with capability.assumed_device("Other GPU", (8, 9), 7, 3):  # nests
+            assert fp8_support("meta").available and "Other GPU" in fp8_support("meta").reason
+            assert capability.shared_memory_limit() == 7 and capability.multiprocessor_count("meta") == 3
+        assert "Fake GPU" in fp8_support("meta").reason
+    after = [(tma_support(d).available, fp8_support(d).available, capability.gluon_fp8_support(d)) for d in devices]
+    assert after == before
+    assert capability.shared_memory_budget("meta") is None
+
+
+def test_an_assumed_device_obeys_moe_lab_tma(no_interpreter):
+    with capability.assumed_device("Fake A100", (8, 0), 166912, 108):
+        no_interpreter.setenv(capability.ENV_VAR, "1")
+        assert tma_support("meta").available and "MOE_LAB_TMA=1" in tma_support("meta").reason
+        with capability.assumed_device("Fake H200", (9, 0), 232448, 132):
+            no_interpreter.setenv(capability.ENV_VAR, "0")
+            assert not tma_support("meta").available
+
+
+@pytest.mark.parametrize(
+    "args, error",
+    [(("x", (9,), 1, 1), TypeError), (("x", (9, 0), 1.5, 1), TypeError), (("x", (9, 0), 0, 1), ValueError)],
+)
+def test_assumed_device_refuses_bad_facts(args, error):
+    with pytest.raises(error, match="assumed_device"):
+        with capability.assumed_device(*args):
+            pass
+    assert capability.shared_memory_budget("meta") is None  # nothing assumed: meta tensors compile for no GPU
+
+
+def test_require_fp8_names_what_cannot_run(no_interpreter):
+    with capability.assumed_device("NVIDIA A100-SXM4-80GB", (8, 0), 166912, 108):
+        with pytest.raises(
+            RuntimeError, match=r"^float8_e4m3fn weights cannot run here: NVIDIA A100-SXM4-80GB has compute capability"
+        ):
+            capability.require_fp8("meta", "float8_e4m3fn weights")
+    with capability.assumed_device("NVIDIA H200", (9, 0), 232448, 132):
+        assert capability.require_fp8("meta", "float8_e4m3fn weights") is None
+
+
+def test_a_visible_gpu_s_limits_come_from_triton_s_driver_per_device(on_gpu_world):
+    """The real-device path of shared_memory_limit / multiprocessor_count / shared_memory_budget: Triton's
+    driver asked for the device's own index (the current one by default), and the answer cached."""
+    import triton
+
+    asked = []
+
+    class Utils:
+        @staticmethod
+        def get_device_properties(index):
+            asked.append(index)
+            return {"max_shared_mem": 232448 - 1024 * index, "multiprocessor_count": 132 - index}
+
+    class Driver:
+        utils = Utils()
+
+    on_gpu_world.setattr(torch.cuda, "device_count", lambda: 2)
+    on_gpu_world.setattr(capability, "interpreter_active", lambda: False)
+    capability._limits.cache_clear()
+    capability._limits_cached.cache_clear()
+    on_gpu_world.setattr(triton.runtime.driver, "_active", Driver())  # (set_active's; restored after)
+    try:
+        assert capability.shared_memory_limit() == 232448 and capability.multiprocessor_count("cuda") == 132
+        assert capability.shared_memory_limit(torch.device("cuda", 1)) == 231424
+        assert capability.multiprocessor_count("cuda:1") == 131
+        assert capability.shared_memory_budget("cuda:0") == 232448 and capability.shared_memory_budget("cpu") is None
+        assert sorted(set(asked)) == [0, 1] and len(asked) <= 4  # read once per device and question, then cached
+    finally:
+        capability._limits.cache_clear()
+        capability._limits_cached.cache_clear()

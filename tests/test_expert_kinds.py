@@ -37,6 +37,18 @@ KINDS = [
 ]
 
 
+@pytest.mark.parametrize("activation", KINDS, ids=lambda a: a.kernel_name)
+def test_the_kernels_read_the_activation_name_as_the_host_reads_the_activation(activation):
+    """The kernels' gate/up layout and function, taken apart from the name they are given
+    (`moe_lab._kernels.common`), agree with the host's (`moe_lab.plan.gate_up_halves`, the Activation)."""
+    from moe_lab._kernels import common
+    from moe_lab.plan import gate_up_halves
+
+    assert common.gate_up_halves(activation.kernel_name) == gate_up_halves(True, activation)
+    assert common.activation_kind(activation.kernel_name) == activation.kind
+    assert not common.gate_up_halves("none") and not gate_up_halves(False, activation)
+
+
 def _biases(num_experts, inter, hidden, dtype=torch.float32):
     """w1_bias [E, 2I] (stored transposed: any strides) and w2_bias [E, H]."""
     w1_bias = torch.randn(2 * inter, num_experts, device=DEVICE).to(dtype).T

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -98,7 +99,10 @@ def _worker(rank, world, init_file, single_outputs):
     # Bad input: raised before any collective, or (an expert out of range on one rank) on every rank alike.
     with pytest.raises(ValueError, match="mode must be one of 'all_to_all', 'all_reduce', got 'ring'"):
         fused_moe_expert_parallel(hs[mine], w1_local, w2_local, weights[mine], ids[mine], num_experts=6, mode="ring")
-    with pytest.raises(ValueError, match=r"w1_local must be \[E_local, 2I, H\] with this rank's"):
+    lo, hi = expert_range(num_experts, rank, world)
+    with pytest.raises(
+        ValueError, match=rf"w1_local must be \[E_local, 2I, H\] with this rank's .* pass w1\[{lo}:{hi}\]"
+    ):
         fused_moe_expert_parallel(hs[mine], w1, w2, weights[mine], ids[mine], num_experts=num_experts)
     bad = ids[mine].clone()
     if rank == 0:
@@ -151,8 +155,25 @@ def test_expert_range_splits_in_contiguous_blocks():
     assert expert_map_for_rank(5, 1, 2, torch.device("cpu")).tolist() == [-1, -1, -1, 0, 1]
     with pytest.raises(ValueError, match=r"world_size must be at most num_experts=3 \(each rank holds"):
         expert_range(3, 0, 4)
-    with pytest.raises(ValueError, match=r"rank must be an int in \[0, 2\), got 2"):
+    with pytest.raises(ValueError, match=r"rank must be in \[0, 2\) \(world_size=2\), got 2"):
         expert_range(4, 2, 2)
+    with pytest.raises(ValueError, match="rank must be >= 0, got -1"):
+        expert_range(4, -1, 2)
+    with pytest.raises(TypeError, match="rank must be an int, got bool"):
+        expert_range(4, True, 2)
+    assert expert_range(4, np.int64(1), 2) == (2, 4)  # a rank read from a config
+
+
+def test_docs_promise_only_the_count_of_local_experts_is_checked():
+    """Which experts w1_local holds cannot be checked (another block of the right size runs): the docstring and
+    docs/expert_parallel.md say only the count is checked and that the caller passes w[lo:hi] of expert_range."""
+    doc = " ".join(fused_moe_expert_parallel.__doc__.split())
+    assert "a w1_local whose number of experts is not this rank's block's" in doc
+    assert "does not hold this rank's block" not in doc
+    assert "pass `w1[lo:hi]` and `w2[lo:hi]`" in doc
+    with open(os.path.join(ROOT, "docs", "expert_parallel.md")) as f:
+        page = " ".join(f.read().split())
+    assert "Each rank must pass exactly `w1[lo:hi]` and `w2[lo:hi]` of its `expert_range`" in page
 
 
 def test_needs_an_initialized_group():
@@ -178,3 +199,91 @@ def test_benchmark_script_runs_on_two_cpu_processes(tmp_path):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "all_to_all" in run.stdout and "all_reduce" in run.stdout and "FAIL" not in run.stdout
     assert result.exists()
+
+
+def _script(*parts):
+    """examples/expert_parallel.py or benchmarks/expert_parallel.py as a module (its main() not run)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_ep_script_" + parts[0], os.path.join(ROOT, *parts))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--world", "0"], "argument --world: must be >= 1, got 0"),
+        (["--world", "-1"], "argument --world: must be >= 1, got -1"),
+        (["--tokens", "0"], "argument --tokens: must be >= 1, got 0"),
+        (["--tokens", "-2"], "argument --tokens: must be >= 1, got -2"),
+        (["--tokens", "1.5"], "argument --tokens: must be an int >= 1, got '1.5'"),
+        (["--model", "nope"], "argument --model: invalid choice: 'nope'"),
+        (["--world", "9", "--model", "mixtral-8x7b"], "--world 9: at most mixtral-8x7b's 8 experts"),
+    ],
+)
+def test_example_checks_its_arguments_before_spawning(argv, message, capsys):
+    example = _script("examples", "expert_parallel.py")
+    with pytest.raises(SystemExit) as exit_info:
+        example.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_example_takes_any_preset_in_any_case():
+    example = _script("examples", "expert_parallel.py")
+    assert example.parse_args(["--model", "GPT-OSS-20B", "--world", "32"]).model == "gpt-oss-20b"
+    with pytest.raises(SystemExit):  # under torchrun the world size is WORLD_SIZE's
+        example.parse_args(["--model", "mixtral-8x7b"], world_from_torchrun=16)
+
+
+def test_example_runs_gpt_oss_with_its_kind_of_experts():
+    """gpt-oss's activation and biases (each rank its block of the biases), not SwiGLU without biases."""
+    run = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "examples", "expert_parallel.py"), "--model", "gpt-oss-20b"]
+        + ["--world", "2", "--tokens", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count(": ok") == 4 and "FAIL" not in run.stdout
+    assert "all_to_all: gpt-oss-20b" in run.stdout and "(bitwise equal: True)" in run.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--cpu", "--world", "0"], "argument --world: must be >= 1, got 0"),
+        (["--cpu", "--scale", "0"], "argument --scale: must be >= 1, got 0"),
+        (["--cpu", "--tokens", "1", "0"], "argument --tokens: must be >= 1, got 0"),
+        (["--cpu", "--iters", "0"], "argument --iters: must be >= 1, got 0"),
+        (["--cpu", "--experts", "0"], "argument --experts: must be >= 1, got 0"),
+        (["--cpu", "--models", "nope"], "argument --models: invalid choice: 'nope'"),
+        (["--cpu", "--world", "9", "--models", "mixtral-8x7b"], "--world 9: at most mixtral-8x7b's 8 experts"),
+        (["--cpu", "--world", "5", "--experts", "4", "--models", "olmoe-1b-7b"], "--experts 4: olmoe-1b-7b routes"),
+        (["--cpu", "--world", "3", "--experts", "2", "--models", "mixtral-8x7b"], "--world 3: at most --experts 2"),
+        (["--cpu", "--json", "/proc/x.json"], "--json /proc/x.json: cannot write there"),
+        (["--cpu", "--json", ""], "--json '': give a file name"),
+    ],
+)
+def test_benchmark_checks_its_arguments_before_spawning(argv, message, capsys, tmp_path):
+    benchmark = _script("benchmarks", "expert_parallel.py")
+    with pytest.raises(SystemExit) as exit_info:
+        benchmark.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        benchmark.main(["--cpu", "--json", str(tmp_path)])  # a folder
+    assert f"--json '{tmp_path}': give a file name" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit):  # under a file
+        benchmark.main(["--cpu", "--json", str(tmp_path / "file" / "ep.json")])
+    assert f"{tmp_path / 'file'} is not a folder" in capsys.readouterr().err
+    args = benchmark.parse_args(["--cpu", "--json", str(tmp_path / "new" / "ep.json"), "--models", "GPT-OSS-20B"])
+    assert (
+        args.models == ["gpt-oss-20b"] and (tmp_path / "new").is_dir() and not (tmp_path / "new" / "ep.json").exists()
+    )

@@ -67,6 +67,39 @@ def test_bad_arguments_are_named_before_anything_runs():
 
 
 @ON_CPU_TENSORS
+def test_the_weight_and_block_shape_rules_are_checked_before_the_device():
+    """What Triton's TensorDescriptor.from_tensor asserts of w's [E * N, K] view (16-byte aligned base and row
+    stride, last stride 1), K and the block shape: a ValueError naming the argument (`moe_lab.plan`'s
+    gluon_*_problem, shared with plan_gluon_fp8 and gluon_applies), before the kernel's device is asked."""
+    a, a_s, w, w_s, routing = _operands()
+    e, n, kk = w.shape
+    misaligned = torch.empty(e * n * kk + 16, dtype=FP8)[1 : 1 + e * n * kk].view(e, n, kk).copy_(w)
+    with pytest.raises(ValueError, match="w must start at a 16-byte aligned address .* got an address 1 bytes past"):
+        grouped_matmul_fp8_gluon(a, misaligned, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
+    padded_rows = torch.empty(e, n, kk + 8, dtype=FP8)[:, :, :kk].copy_(w)  # stride(1) = 264 bytes
+    with pytest.raises(ValueError, match=r"stride\(1\) a multiple of 16 bytes.*got strides \(67584, 264, 1\)"):
+        grouped_matmul_fp8_gluon(a, padded_rows, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
+    a, a_s, w, w_s, routing = _operands(kk=200)
+    with pytest.raises(ValueError, match=r"needs w.shape\[2\] a multiple of 16 .* got w.shape\[2\]=200"):
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=a_s, w_scale=w_s)
+    a, a_s, w, w_s, routing = _operands()
+    with pytest.raises(ValueError, match=r"block_shape \[block_n, 128\] \(its K step\), got \[128, 64\]"):
+        w_s64 = torch.ones(w.shape[0], 2, 4)
+        grouped_matmul_fp8_gluon(a, w, routing, gather_a=True, a_scale=torch.ones(6, 4), w_scale=w_s64,
+                                 block_shape=(128, 64))  # fmt: skip
+    with pytest.raises(ValueError, match="block_n=128 must be a multiple of BLOCK_SIZE_N=256"):
+        config = GemmConfig(BLOCK_SIZE_M=64, BLOCK_SIZE_N=256)
+        grouped_matmul_fp8_gluon(a, w, routing, config, gather_a=True, a_scale=a_s, w_scale=w_s)
+    # One expert: the [N, K] view does not read stride(0), so any is taken (and the device answers next).
+    one = moe_align(torch.zeros(6, 1, dtype=torch.int32), 1, 64)
+    lone = torch.empty(256, 2, 256, dtype=FP8).transpose(0, 1)[:1]  # stride(0) = 256, not N * stride(1)
+    assert plan_module.gluon_weight_problem("w", lone) is None
+    if gluon_fp8_support() is not None:
+        with pytest.raises(RuntimeError, match="cannot run here"):
+            grouped_matmul_fp8_gluon(a, lone, one, gather_a=True, a_scale=a_s, w_scale=w_s[:1])
+
+
+@ON_CPU_TENSORS
 def test_routing_and_scales_are_checked_as_grouped_matmul_checks_them():
     """One check per argument, shared with moe_lab.grouped_matmul (moe_lab.gemm.check_gemm_rows and
     check_fp8_scales): the same refusals, in the same words."""
@@ -179,11 +212,21 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     assert gluon_applies(w1, w2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
     assert "interleaved" in gluon_applies(w1, w2, block, GPT_OSS, setting="1")[1]
     assert "no bias" in gluon_applies(w1, w2, block, has_bias=True, setting="1")[1]
-    assert "[128 n, 128]" in gluon_applies(w1, w2, (128, 64), setting="1")[1]
+    assert "needs block_shape [block_n, 128]" in gluon_applies(w1, w2, (128, 64), setting="1")[1]
+    assert "block_n=64 must be a multiple of BLOCK_SIZE_N=128" in gluon_applies(w1, w2, (64, 128), setting="1")[1]
     odd = torch.empty(8, 2 * 192, 1024, **meta), torch.empty(8, 1024, 192, **meta)
     assert "I=192 is not a multiple" in gluon_applies(*odd, block, setting="1")[1]
     strided = torch.empty(2 * 2048, 8, 1024, **meta).transpose(0, 1)
-    assert "do not view as one" in gluon_applies(strided, w2, block, setting="1")[1]
+    assert "w1 must view as one [E * N, K] matrix" in gluon_applies(strided, w2, block, setting="1")[1]
+    misaligned = torch.empty(8 * 1024 * 2048 + 16, **meta)[1 : 1 + 8 * 1024 * 2048].view(8, 1024, 2048)
+    assert "w2 must start at a 16-byte aligned address" in gluon_applies(w1, misaligned, block, setting="1")[1]
+    narrow = torch.empty(8, 1024, 2048 + 8, **meta)[:, :, :2048]  # rows of 2056 bytes: not a multiple of 16
+    assert "w2 must view as one" in gluon_applies(w1, narrow, block, setting="1")[1]
+    odd_h = torch.empty(8, 2 * 2048, 1000, **meta), torch.empty(8, 1000, 2048, **meta)
+    assert "needs w1.shape[2] a multiple of 16" in gluon_applies(*odd_h, block, setting="1")[1]
+    # One expert: stride(0) is not read (the same answer as the public op's).
+    lone = torch.empty(2 * 2048, 2, 1024, **meta).transpose(0, 1)[:1], torch.empty(1, 1024, 2048, **meta)
+    assert gluon_applies(*lone, block, setting="1") == (True, "MOE_LAB_GLUON=1")
     monkeypatch.setenv("MOE_LAB_GLUON", "yes")
     with pytest.raises(ValueError, match="MOE_LAB_GLUON must be 0, 1 or auto, got 'yes'"):
         gluon_applies(w1, w2, block)

@@ -43,6 +43,9 @@ def test_inference_only_is_said():
         fused_moe(hs, w1.clone().requires_grad_(), w2, tw, ti)
     with pytest.raises(ValueError, match="hidden_states requires grad: fused_moe is inference-only"):
         fused_moe(hs.requires_grad_(), w1, w2, tw, ti)
+    bias = torch.zeros(w2.shape[0], w2.shape[1], device=DEVICE, requires_grad=True)
+    with pytest.raises(ValueError, match="w2_bias requires grad: fused_moe is inference-only"):
+        fused_moe(hs.detach(), w1, w2, tw, ti, w2_bias=bias)
     with torch.no_grad():
         fused_moe(hs, w1, w2, tw, ti)
 

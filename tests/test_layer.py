@@ -136,6 +136,8 @@ def test_bad_config():
         fused_moe(hs, w1, w2, tw, ti, config={"BLOCK_M": 16})
     with pytest.raises(ValueError, match=r"fold_tail_rows must be 0 \(off\) or a power of two >= 16, got 4"):
         fused_moe(hs, w1, w2, tw, ti, config={"fold_tail_rows": 4})
+    with pytest.raises(ValueError, match=r"got BLOCK_SIZE_M=16 \(config\['up'\] changes the default GemmConfig\("):
+        fused_moe(hs, w1, w2, tw, ti, config={"up": {"fold_tail_rows": 16}})  # 16 rows: the default's, said so
     with pytest.raises(TypeError, match="config must be"):
         fused_moe(hs, w1, w2, tw, ti, config=16)
 
@@ -143,6 +145,8 @@ def test_bad_config():
 def test_relative_error_refuses_to_broadcast():
     with pytest.raises(ValueError, match="same shape"):
         relative_error(torch.ones(4, 1), torch.ones(4, 3))
+    with pytest.raises(TypeError, match="out must be a real tensor, got complex64"):  # not the real parts alone
+        relative_error(torch.tensor([1 + 1j]), torch.tensor([1 - 5j]))
 
 
 def test_uneven_expert_loads_with_empty_experts():

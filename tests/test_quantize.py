@@ -7,11 +7,10 @@ import math
 import pytest
 import torch
 
-import moe_lab.quantize as quantize_module
 from moe_lab import (
     FP8_DTYPE,
     FP8_MAX,
-    Fp8Support,
+    capability,
     dequantize_fp8,
     quantize_activations_fp8,
     quantize_weights_fp8,
@@ -184,10 +183,16 @@ def test_zero_rows():
 
 
 def test_fp8_unavailable_is_a_clear_error(monkeypatch):
-    reason = "NVIDIA A100-SXM4-80GB has compute capability 8.0; FP8 tensor cores need >= 8.9 (Ada, Hopper)"
-    monkeypatch.setattr(quantize_module, "fp8_support", lambda device=None: Fp8Support(False, reason))
-    with pytest.raises(RuntimeError, match="compute capability 8.0; FP8 tensor cores need >= 8.9"):
-        quantize_activations_fp8(rand(2, 128))
+    """On a GPU below compute capability 8.9 (capability's own rule, for an assumed A100 with the interpreter
+    off where the rule asks) the launcher refuses with fp8_support's reason."""
+    monkeypatch.setattr(capability, "interpreter_active", lambda: False)
+    with capability.assumed_device("NVIDIA A100-SXM4-80GB", (8, 0), 166912, 108):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^FP8 \(float8_e4m3fn\) kernels cannot run here: NVIDIA A100-SXM4-80GB has compute capability "
+            r"8.0; FP8 tensor cores need >= 8.9",
+        ):
+            quantize_activations_fp8(rand(2, 128))
 
 
 # --- weights ------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The torch face: the custom op (opcheck, torch.compile) and the FusedMoE module."""
 
+import inspect
+
 import pytest
 import torch
 
 from moe_lab import FusedMoE, fused_moe_reference, relative_error
+from moe_lab.layer import _fused_moe_fake
 
 from .conftest import TOL, random_layer, small_layer
 
@@ -31,6 +34,11 @@ def test_custom_op_refuses_grad_in_the_forward_eager_and_compiled():
         torch.compile(FusedMoE(w1, w2), fullgraph=True, backend="aot_eager")(hs, tw, ti)
     with torch.no_grad():
         torch.ops.moe_lab.fused_moe(hs, w1, w2, tw, ti)
+    with pytest.raises(ValueError, match="w2 requires grad: fused_moe is inference-only"):  # named by position
+        torch.ops.moe_lab.fused_moe(hs.detach(), w1, w2.requires_grad_(), tw, ti)
+    # the refusal names the op's arguments from its fake's signature: the same names, in the same order
+    schema = [argument.name for argument in torch.ops.moe_lab.fused_moe.default._schema.arguments]
+    assert list(inspect.signature(_fused_moe_fake).parameters) == schema
 
 
 def test_custom_op_opcheck():

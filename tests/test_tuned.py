@@ -122,7 +122,6 @@ def test_never_another_architecture(gpu_world):
     assert not table and table.path is None and not table.exact
     assert table.reason.startswith(f"no tuned table for {A100} (sm_80) with Triton 3.6.0")
     assert "NVIDIA H200 / Triton 3.6.0 (sm_90)" in table.reason
-    assert tuned.lookup(64, **SHAPE) is None
     choice = tuned.choose_config(64, **SHAPE)
     assert choice.source == "heuristic (no tuned table for this device)"
     assert choice.config == heuristic_config(64, **SHAPE)
@@ -182,14 +181,14 @@ def test_choose_config_buckets_and_sources(gpu_world):
     choice = tuned.choose_config(50, **SHAPE)
     assert choice.config.block_size_m == 32 and choice.source.endswith("T bucket 64")
     assert default_config(50, **SHAPE) == choice.config
-    assert tuned.lookup(50, **SHAPE) == choice.config
     assert default_config(50, **SHAPE, tuned=False) == heuristic_config(50, **SHAPE)
+    with pytest.raises(TypeError, match="tuned must be a bool, got 'no'"):
+        default_config(50, **SHAPE, tuned="no")
 
     other = dict(SHAPE, hidden_size=2048)
     missing = tuned.choose_config(50, **other)
     assert missing.source.startswith("heuristic (no tuned entry for this shape: E=8,k=2,H=2048")
     assert missing.config == heuristic_config(50, **other)
-    assert tuned.lookup(50, **other) is None
 
     user = MoEConfig(GemmConfig(64, 64, 64), GemmConfig(64, 64, 64))
     assert tuned.choose_config(50, **SHAPE, config=user) == tuned.ConfigChoice(user, "user config")

@@ -5,7 +5,7 @@ them, and whatever they held must not reach the next GEMM's tensor cores as NaN 
 import triton
 import triton.language as tl
 
-from .common import gated_activation, round_to_bf16_grid
+from .common import gate_up_halves, gated_activation, round_to_bf16_grid
 
 
 @triton.jit
@@ -25,7 +25,7 @@ def silu_and_mul_kernel(x_ptr, out_ptr, num_tokens_post_padded_ptr, sorted_token
     else:
         mask_x = mask
     x_row = x_ptr + row.to(tl.int64) * stride_xm
-    if ACTIVATION == "silu" or ACTIVATION == "swigluoai":  # gate columns [0, I), up columns [I, 2I)
+    if gate_up_halves(ACTIVATION):  # gate columns [0, I), up columns [I, 2I)
         gate_cols, up_cols = cols, inter_size + cols
     else:  # interleaved: column 2j gate j, 2j + 1 up j
         gate_cols, up_cols = 2 * cols, 2 * cols + 1

@@ -89,12 +89,29 @@ def e4m3_to_float32(x):
     return tl.where(nan, float("nan"), x.to(tl.float32))
 
 
+# The kernels' activation names (their SWIGLU / ACTIVATION constexpr, `moe_lab.Activation.kernel_name`): the
+# kind ("silu", "swigluoai"), with "_interleaved" where gate and up rows (or columns) alternate; "none": no
+# activation. These two take it apart, at compile time; nothing else in the kernels reads the suffix.
+@triton.constexpr_function
+def gate_up_halves(name):
+    """Whether activation name `name` holds gate and up as halves (rows or columns [0, I) gate, [I, 2I) up), not
+    interleaved (2j gate j, 2j + 1 up j). False for "none"."""
+    return name != "none" and not name.endswith("_interleaved")
+
+
+@triton.constexpr_function
+def activation_kind(name):
+    """The function of activation name `name`, its gate/up layout dropped: "silu" or "swigluoai"."""
+    return name.removesuffix("_interleaved")
+
+
 @triton.jit
 def gated_activation(gate, up, KIND: tl.constexpr, alpha, limit):
-    """The gated activation of float32 gate and up (KIND: "silu..." or "swigluoai...", `moe_lab.Activation`):
-    silu(gate) * up (Shazeer, arXiv:2002.05202), or gpt-oss's clamped SwiGLU: gate clamped above at limit,
-    up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate) (vLLM's "swigluoai"). NaN stays NaN."""
-    if KIND == "silu" or KIND == "silu_interleaved":
+    """The gated activation of float32 gate and up (KIND: an activation name, "silu..." or "swigluoai...",
+    `moe_lab.Activation`): silu(gate) * up (Shazeer, arXiv:2002.05202), or gpt-oss's clamped SwiGLU: gate
+    clamped above at limit, up to [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate) (vLLM's
+    "swigluoai"). NaN stays NaN."""
+    if activation_kind(KIND) == "silu":
         out = gate * tl.sigmoid(gate) * up
     else:
         gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)

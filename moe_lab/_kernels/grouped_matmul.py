@@ -48,7 +48,14 @@ CPU: exact products through float64, and GPU-like rounding to bfloat16 and float
 import triton
 import triton.language as tl
 
-from .common import cast_e4m3, e4m3_to_float32, gated_activation, quantize_groups_e4m3, round_to_bf16_grid
+from .common import (
+    cast_e4m3,
+    e4m3_to_float32,
+    gate_up_halves,
+    gated_activation,
+    quantize_groups_e4m3,
+    round_to_bf16_grid,
+)
 
 
 # Arguments that change with the token count are not specialized, so a new T never recompiles; nor are the
@@ -187,7 +194,7 @@ def _tile(A, a_desc, W, w_desc, C, S, EPI, R, row0, expert, pid_n,
     token_ids = tl.load(sorted_token_ids_ptr + offs_m)
     a_rows, row_ok = _a_rows(offs_m, token_ids, num_slots, top_k, ROWS)
     # The K loops read gate and up rows as halves (a 4-D descriptor box, a scale per half) or as rows in a row.
-    HALVES: tl.constexpr = SWIGLU == "silu" or SWIGLU == "swigluoai"
+    HALVES: tl.constexpr = gate_up_halves(SWIGLU)
     n0, w_row0, w_rows = _weight_rows(pid_n, N, SWIGLU, BLOCK_SIZE_N)
     if FOLD_M > 0:  # the folded tail's rows, read by pointer (a descriptor's box is BLOCK_SIZE_M rows)
         offs_f = row0 + TILE_M + tl.arange(0, FOLD_M)
@@ -230,17 +237,17 @@ def _weight_rows(pid_n, N, SWIGLU: tl.constexpr, BLOCK_SIZE_N: tl.constexpr):
     of masked: columns past N are computed, then dropped by the store mask. With SWIGLU in halves the gate rows
     n0 + j in the first half and the up rows N + n0 + j in the second; interleaved, rows 2 n0 + j."""
     lane_n = tl.arange(0, BLOCK_SIZE_N)
-    if SWIGLU == "silu_interleaved" or SWIGLU == "swigluoai_interleaved":
-        n0 = pid_n * (BLOCK_SIZE_N // 2)
-        w_row0 = 2 * n0
-        w_rows = (w_row0 + lane_n) % (2 * N)
-    elif SWIGLU != "none":
+    if gate_up_halves(SWIGLU):
         n0 = pid_n * (BLOCK_SIZE_N // 2)
         w_row0 = n0
         half_n = BLOCK_SIZE_N // 2
         # A select, not arithmetic on (lane >= half): that form made Triton 3.6 overestimate the rows'
         # alignment and copy 16 bytes from unaligned rows (tests/tools/test_compile_check.py, swiglu).
         w_rows = tl.where(lane_n < half_n, (n0 + lane_n) % N, N + (n0 + lane_n - half_n) % N)
+    elif SWIGLU != "none":  # interleaved
+        n0 = pid_n * (BLOCK_SIZE_N // 2)
+        w_row0 = 2 * n0
+        w_rows = (w_row0 + lane_n) % (2 * N)
     else:
         n0 = pid_n * BLOCK_SIZE_N
         w_row0 = n0
@@ -484,7 +491,7 @@ def _epilogue(acc, C, EPI, topk_weights_ptr, offs_m, token_ids, token_valid, exp
         bias = tl.load(bias_ptr + expert.to(tl.int64) * stride_be + w_rows * stride_bn)
         acc = acc + bias.to(tl.float32)[None, :]
     if SWIGLU != "none":  # the activation in float32, before anything is rounded to the output dtype
-        if SWIGLU == "silu" or SWIGLU == "swigluoai":  # gate columns, then up columns
+        if gate_up_halves(SWIGLU):  # gate columns, then up columns
             gate, up = tl.split(acc.reshape(TILE_M, 2, BLOCK_SIZE_N // 2).permute(0, 2, 1))
         else:  # interleaved: even columns gate, odd columns up
             gate, up = tl.split(acc.reshape(TILE_M, BLOCK_SIZE_N // 2, 2))

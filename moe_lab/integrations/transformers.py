@@ -22,6 +22,7 @@ cache) the experts run as the custom op `torch.ops.moe_lab.fused_moe`, which dyn
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -210,6 +211,53 @@ def _verdict(module: torch.nn.Module) -> _Verdict:
     return cached
 
 
+def _is_experts_module(module) -> bool:
+    """Looks like transformers' experts: a weight of theirs (gate_up_proj, up_proj, down_proj) or a flag of
+    their decorator (has_gate, has_bias, is_transposed); the verdict names what moe-lab cannot run of one."""
+    names = ("gate_up_proj", "up_proj", "down_proj", "has_gate", "has_bias", "is_transposed")
+    return isinstance(module, torch.nn.Module) and any(hasattr(module, name) for name in names)
+
+
+def _not_an_experts_module(module) -> str:
+    cls = type(module)
+    text = (
+        f"self must be an experts module of transformers (gate_up_proj [E, 2I, H] and down_proj [E, H, I]), got "
+        f"{cls.__name__} ({cls.__module__}): it is not an experts module (no gate_up_proj/down_proj weights)"
+    )
+    inner = getattr(module, "experts", None) if isinstance(module, torch.nn.Module) else None
+    if _is_experts_module(inner):
+        text += f"; its .experts ({type(inner).__name__}) is one: pass that (the MoE block's experts, not the block)"
+    return text
+
+
+# fused_moe's argument names -> what the experts module (or transformers' call) calls them
+_MODULE_NAMES = dict(
+    w1="gate_up_proj", w2="down_proj", w1_bias="gate_up_proj_bias", w2_bias="down_proj_bias",
+    w1_scale="gate_up_proj_scale_inv", w2_scale="down_proj_scale_inv", block_shape="block_size",
+    topk_ids="top_k_index", topk_weights="top_k_weights",
+)  # fmt: skip
+_ARGUMENT = re.compile(r"^(w1_bias|w2_bias|w1_scale|w2_scale|w1|w2|block_shape|topk_ids|topk_weights)\b")
+
+
+def _in_module_terms(module: torch.nn.Module, exc: Exception, arguments: dict) -> Optional[Exception]:
+    """fused_moe's TypeError / ValueError about one of its arguments, said in the module's names
+    (MixtralExperts.gate_up_proj for w1, ...), or None where the message names no argument of its own."""
+    match = _ARGUMENT.match(str(exc))
+    if match is None:
+        return None
+    name = match.group(1)
+    cls = type(module).__name__
+    owner = "" if name.startswith("topk") else f"{cls}."  # top_k_index / top_k_weights: transformers' call's
+    shapes = ", ".join(
+        f"{key} is {cls}.{_MODULE_NAMES[key]}"
+        + (f" {tuple(arguments[key].shape)}" if isinstance(arguments.get(key), torch.Tensor) else "")
+        for key in ("w1", "w2")
+    )
+    transposed = " (read transposed: is_transposed=True)" if getattr(module, "is_transposed", False) else ""
+    text = f"{owner}{_MODULE_NAMES[name]} (fused_moe's {name}): {exc} [{shapes}{transposed}]"
+    return (TypeError if isinstance(exc, TypeError) else ValueError)(text)
+
+
 def experts_forward(
     self: torch.nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
 ) -> torch.Tensor:
@@ -231,13 +279,21 @@ def experts_forward(
         [T, H] in hidden_states' dtype: sum_j top_k_weights[t, j] * down[e] (silu(gate[e] x_t) * up[e] x_t)
         (with biases and gpt-oss's activation as `moe_lab.fused_moe` computes them).
     Raises:
+        TypeError for a module that is not an experts module (no gate_up_proj/down_proj: an nn.Linear, or the
+        MoE block instead of its .experts, which the message names) and for hidden states that are not float;
         NotImplementedError naming the experts class and its traits that moe-lab cannot run (`TRAITS`);
-        fused_moe's TypeError/ValueError for bad inputs, and ValueError where grad is on and an input requires
-        it (inference only: call the model under torch.no_grad() or torch.inference_mode()).
+        fused_moe's TypeError/ValueError for bad inputs, said in the module's names (`MixtralExperts.gate_up_proj
+        (fused_moe's w1): ...`), and ValueError where grad is on and an input requires it
+        (inference only: call the model under torch.no_grad() or torch.inference_mode()).
     """
-    judged = _verdict(self)
+    judged = _verdict(self)  # made once per module and dtype: the checks below cost nothing after
     if judged.refusal is not None:
+        if not _is_experts_module(self):
+            raise TypeError(_not_an_experts_module(self))
         raise NotImplementedError(judged.refusal)
+    if not isinstance(hidden_states, torch.Tensor) or not hidden_states.is_floating_point():
+        got = hidden_states.dtype if isinstance(hidden_states, torch.Tensor) else type(hidden_states).__name__
+        raise TypeError(f"hidden_states must be a float tensor [T, H], got {got}")
     if torch.is_grad_enabled():
         named = dict(hidden_states=hidden_states, top_k_weights=top_k_weights)
         named.update(gate_up_proj=self.gate_up_proj, down_proj=self.down_proj)
@@ -256,7 +312,13 @@ def experts_forward(
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, one opaque node, not fused_moe's Python
         out = fused_moe_through_op(x, topk_weights=top_k_weights, topk_ids=top_k_index, **arguments)
     else:
-        out = fused_moe(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)
+        try:
+            out = fused_moe(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)
+        except (TypeError, ValueError) as exc:
+            said = _in_module_terms(self, exc, arguments)
+            if said is None:
+                raise
+            raise said from exc
     return out.to(hidden_states.dtype)
 
 

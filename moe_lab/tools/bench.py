@@ -45,7 +45,7 @@ from ..reference import fused_moe_reference, relative_error
 from ..routing import uniform_routing
 from ..runtime import require_gpu_timing
 from ..tuned import choose_config, default_config
-from .timing import gemm_costs, graph_ms, measure_ceilings, median_ms
+from .timing import check_timed_tokens, folder_write_problem, gemm_costs, graph_ms, measure_ceilings, median_ms
 
 DEFAULT_MODELS, DEFAULT_TOKENS = MAIN_MODELS, SWEEP_TOKENS
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", FP8_DTYPE: "fp8"}
@@ -372,6 +372,21 @@ def results_place(out_dir: str, tag: str, dtype) -> tuple:
     return os.path.join(out_dir, name), f"{tag}-{name}"
 
 
+def check_out_dir(out_dir: str, dtype=torch.bfloat16, name: str = "out_dir") -> str:
+    """The folder `run` writes results of `dtype` to under `out_dir` (`results_place`), made now if missing.
+    Raises ValueError, before any timing, where it cannot be: an empty name, a file, a folder that cannot be
+    made or written. `name` names `out_dir` in the message ("--out")."""
+    if not isinstance(out_dir, str) or not out_dir:
+        raise ValueError(f"{name} must be a folder name, got {out_dir!r}")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise ValueError(f"{name} {out_dir} is a file; give a folder (the results are files in it)")
+    folder, _ = results_place(out_dir, "", dtype)
+    problem = folder_write_problem(folder)
+    if problem:
+        raise ValueError(f"{name} {out_dir}: cannot make or write the folder {folder} ({problem})")
+    return folder
+
+
 def run(
     models=DEFAULT_MODELS,
     tokens=DEFAULT_TOKENS,
@@ -381,9 +396,10 @@ def run(
     peers: bool = True,
     tag: str = "bench",
 ) -> dict:
-    """Run the benchmark, print the table, and write JSON and CSV to `out_dir` (if given; results of a dtype
+    """Run the benchmark, print the table, and write JSON and CSV to `out_dir` (if not None; results of a dtype
     other than bf16 to a folder of their own in it, see `results_place`). dtype=torch.float8_e4m3fn runs
-    `bench_point_fp8` (moe-lab FP8 against moe-lab bf16; no peers) at each point, else `bench_point`."""
+    `bench_point_fp8` (moe-lab FP8 against moe-lab bf16; no peers) at each point, else `bench_point`.
+    Raises ValueError before timing for a T below 1 or an `out_dir` it cannot write (`check_out_dir`)."""
     require_gpu_timing("moe-lab bench")
     fp8 = dtype == FP8_DTYPE
     if fp8:
@@ -392,7 +408,9 @@ def run(
         support = fp8_support("cuda")
         if not support:
             raise RuntimeError(f"moe-lab bench --dtype fp8 refused: FP8 kernels cannot run here: {support.reason}")
-    if out_dir:
+    tokens = check_timed_tokens(tokens)
+    if out_dir is not None:
+        check_out_dir(out_dir, dtype)
         out_dir, tag = results_place(out_dir, tag, dtype)
     env = environment()
     ceilings = measure_ceilings()
@@ -416,8 +434,8 @@ def run(
             )
             print_table(point)
             rows += point
-            if out_dir:  # after every point: a stopped run keeps what it measured
+            if out_dir is not None:  # after every point: a stopped run keeps what it measured
                 _write(result, out_dir, tag, env)
-    if out_dir:
+    if out_dir is not None:
         print(f"wrote {_write(result, out_dir, tag, env)}.json and .csv")
     return result

@@ -4,12 +4,14 @@ moe-lab demo [--model NAME ...] [--tokens T ...] [--dtype bf16|fp16|fp32|fp8] [-
 moe-lab info      versions, device, TMA support
 moe-lab doctor    the same and more (notebook extras, front end, tuned table), and what to fix
 moe-lab --version, moe-lab COMMAND --help (every option with its default)
+Names (--model, --dtype, --use-tma) are taken in any case.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import os
 import platform
 import sys
 
@@ -38,6 +40,30 @@ USE_TMA_CHOICES = ("auto", "off", "on")  # the keys of plan.USE_TMA_WORDS (a tes
 GPU_TOKENS = (1, 64, 4096)
 CPU_TOKENS = (1, 16, 64)
 CPU_TOKENS_FP8 = (1, 4)  # in the bf16 demo's time on a CPU (about 15 s for the three default models)
+
+
+def int_at_least_one(text: str) -> int:
+    """An argparse type: an int >= 1 (argparse's error then names the option). Also the scripts' in examples/
+    and benchmarks/."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _interpreter_setting() -> str:
+    """TRITON_INTERPRET as it is set, for messages: "TRITON_INTERPRET='0'" or "TRITON_INTERPRET unset"."""
+    value = os.environ.get("TRITON_INTERPRET")
+    return "TRITON_INTERPRET unset" if value is None else f"TRITON_INTERPRET={value!r}"
+
+
+def _refuse(command: str, message: str) -> int:
+    """Say in one line why `moe-lab <command>` will not run; the exit status of a refusal (2, as argparse's)."""
+    print(f"moe-lab {command}: {message}", file=sys.stderr)
+    return 2
 
 
 def _device_name(device: torch.device) -> str:
@@ -111,34 +137,35 @@ def cmd_demo(args) -> int:
     use_tma = USE_TMA_WORDS[args.use_tma]
     models = [get_preset(name) for name in args.model or DEFAULT_MODELS]
     if not on_gpu and not interpreter_active():
-        print(
-            "moe-lab demo: no GPU and Triton's interpreter is off (TRITON_INTERPRET=0): the kernels cannot run "
-            "here. Unset TRITON_INTERPRET (moe-lab turns the interpreter on without a GPU), or see moe-lab doctor.",
-            file=sys.stderr,
+        return _refuse(
+            "demo",
+            f"no GPU and Triton's interpreter is off ({_interpreter_setting()}): the kernels cannot run here. "
+            "Unset TRITON_INTERPRET (moe-lab turns the interpreter on without a GPU), or see moe-lab doctor.",
         )
-        return 2
+    support = tma_support(device)
+    if use_tma is True and not support.available:  # said before any work, not as the first launch's traceback
+        return _refuse(
+            "demo", f"--use-tma on, but TMA cannot be used here: {support.reason} (use --use-tma auto or off)"
+        )
     if not on_gpu and not args.force:
         slots = max(tokens) * max(p.top_k for p in models)
         limit = CPU_MAX_SLOTS_FP8 if fp8 else CPU_MAX_SLOTS
         if slots > limit:
-            print(
-                f"moe-lab demo: T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
+            return _refuse(
+                "demo",
+                f"T = {max(tokens)} routes {slots} token slots; under Triton's interpreter (no GPU) "
                 f"that takes minutes per model (about {20 if fp8 else 4} s per 500 slots"
                 f"{' in FP8' if fp8 else ''}). Pass --force to run it anyway, or use token counts up to "
                 f"{limit // max(p.top_k for p in models)}.",
-                file=sys.stderr,
             )
-            return 2
         if scale < CPU_SCALE // 2:  # the work grows as H * I: (CPU_SCALE / scale)^2 times the default's
-            print(
-                f"moe-lab demo: --scale {scale} gives each layer about {round((CPU_SCALE / scale) ** 2)} times the "
+            return _refuse(
+                "demo",
+                f"--scale {scale} gives each layer about {round((CPU_SCALE / scale) ** 2)} times the "
                 f"work of the CPU default (--scale {CPU_SCALE}): under Triton's interpreter (no GPU) minutes to hours "
                 f"per model. Pass --force to run it anyway, or use --scale {CPU_SCALE // 2} or more.",
-                file=sys.stderr,
             )
-            return 2
     print(f"moe-lab demo on {_device_name(device)}; torch {torch.__version__}, triton {triton.__version__}")
-    support = tma_support(device)
     if not on_gpu:
         print(
             f"No GPU: kernels run under Triton's interpreter, H and I divided by {scale} "
@@ -174,7 +201,7 @@ def cmd_demo(args) -> int:
     )
     print(header)
     print("-" * len(header))
-    failures = 0
+    failures = compared = 0
     reasons = {}  # model -> why each GEMM took its load path (at its largest T)
     for preset in models:
         if scale != 1:
@@ -189,11 +216,21 @@ def cmd_demo(args) -> int:
                 unquantized = (w1, w2)
                 w1, w2, scales = preset.quantize_fp8(w1, w2)
             scales.update(kind)
-            out, info = fused_moe(hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True, **scales)
+            try:
+                out, info = fused_moe(
+                    hidden, w1, w2, topk_weights, topk_ids, use_tma=use_tma, return_info=True, **scales
+                )
+            except ValueError as exc:
+                if use_tma is not True or "use_tma=True" not in str(exc):
+                    raise
+                # --use-tma on and a tensor TMA cannot read (the device's support was checked above)
+                return _refuse("demo", f"--use-tma on: {exc} (use --use-tma auto or off)")
+            # T = 0 launches nothing: nothing to compare, said as "-" (not an error of 0)
             ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids, **scales) if num_tokens else None
-            err = relative_error(out, ref) if num_tokens else 0.0
-            ok = err < tolerance  # NaN fails
+            err = relative_error(out, ref) if num_tokens else None
+            ok = err is None or err < tolerance  # NaN fails
             failures += not ok
+            compared += err is not None
             if info.up_path:  # the device's TMA note is printed once, below, not in every reason
                 reasons[preset.name] = tuple(
                     path.reason.replace(f" [{support.reason}]", "") for path in (info.up_path, info.down_path)
@@ -203,15 +240,15 @@ def cmd_demo(args) -> int:
             line = (
                 f"{preset.name:<18} {num_tokens:>6} {preset.num_experts:>4} {preset.top_k:>2} "
                 f"{preset.hidden_size:>5} {preset.intermediate_size:>6} {up:<11} {down:<11} "
-                f"{err:>9.2e}  {'ok' if ok else 'FAIL':<6}"
+                f"{'-' if err is None else format(err, '.2e'):>9}  {'-' if err is None else 'ok' if ok else 'FAIL':<6}"
             )
             if fp8:
                 quant_err = (
                     relative_error(out, fused_moe_reference(hidden, *unquantized, topk_weights, topk_ids, **kind))
                     if num_tokens
-                    else 0.0
+                    else None
                 )
-                line += f"  {quant_err:>9.2e}"
+                line += f"  {'-' if quant_err is None else format(quant_err, '.2e'):>9}"
             if on_gpu and num_tokens:
                 from .timing import graph_ms  # median of CUDA-graph replays of the whole layer, L2 flushed
 
@@ -232,9 +269,13 @@ def cmd_demo(args) -> int:
             "quant err: the FP8 layer against the float32 PyTorch reference on the unquantized bf16 weights: "
             "what FP8 itself costs, reported, not checked."
         )
+    if not compared:
+        print("\nnothing was compared: T = 0 launches no kernel, so there is no result to check.")
+        return 0
     print(
         f"\n{'all results match' if not failures else f'{failures} result(s) FAILED'} the float32 PyTorch "
-        f"reference{' on the same FP8 operands' if fp8 else ''} (relative Frobenius error < {tolerance:.0e})."
+        f"reference{' on the same FP8 operands' if fp8 else ''} (relative Frobenius error < {tolerance:.0e})"
+        + ("; T = 0 launches nothing: its rows show -." if compared < len(models) * len(tokens) else ".")
     )
     return 1 if failures else 0
 
@@ -258,10 +299,15 @@ def cmd_bench(args) -> int:
         return 2
     if args.dtype == FP8 and _fp8_refused("moe-lab bench", default_device()):
         return 2
+    dtype = torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype]
+    try:  # before the GPU work: a folder it cannot write would fail only after the first point
+        bench.check_out_dir(args.out, dtype, name="--out")
+    except ValueError as exc:
+        return _refuse("bench", str(exc))
     bench.run(
         args.model or MAIN_MODELS,
         args.tokens or SWEEP_TOKENS,
-        dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
+        dtype=dtype,
         out_dir=args.out,
         peers=not args.no_peers,
     )
@@ -269,17 +315,25 @@ def cmd_bench(args) -> int:
 
 
 def cmd_tune(args) -> int:
+    import triton
+
     from . import tune
 
     if _refused("moe-lab tune"):
         return 2
     if args.dtype == FP8 and _fp8_refused("moe-lab tune", default_device()):
         return 2
+    device, version = torch.cuda.get_device_name(), triton.__version__
+    path = args.out if args.out is not None else tune.config_path(device, version)
+    try:  # before the compiling and timing: a file it cannot write would fail only after the first point
+        tune.open_table(path, device, version, name="--out" if args.out is not None else "the table (no --out)")
+    except ValueError as exc:
+        return _refuse("tune", str(exc))
     path = tune.run(
         args.model or sorted(PRESETS),
         args.tokens or SWEEP_TOKENS,
         dtype=torch.float8_e4m3fn if args.dtype == FP8 else DTYPES[args.dtype],
-        path=args.out,
+        path=path,
     )
     print(f"wrote {path}")
     return 0
@@ -310,12 +364,13 @@ def _add_shape_arguments(
     parser.add_argument(
         "--model",
         nargs="+",
+        type=str.lower,
         choices=sorted(PRESETS),
         metavar="NAME",
-        help=f"model presets (default: {_words(models)}); choices: {', '.join(PRESETS)}",
+        help=f"model presets, any case (default: {_words(models)}); choices: {', '.join(PRESETS)}",
     )
     parser.add_argument("--tokens", nargs="+", type=int, metavar="T", help=f"token counts (default: {_words(tokens)})")
-    parser.add_argument("--dtype", choices=sorted(dtypes), default="bf16", help=dtype_help)
+    parser.add_argument("--dtype", type=str.lower, choices=sorted(dtypes), default="bf16", help=dtype_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--dtype",
+        type=str.lower,
         choices=sorted([*DTYPES, FP8]),
         default="bf16",
         help="element type of hidden states and weights (default: bf16); fp8: float8_e4m3fn weights "
@@ -363,10 +419,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--use-tma",
+        type=str.lower,
         choices=USE_TMA_CHOICES,
         default="auto",
         help="auto: TMA where the device and tensors allow it, pointer loads elsewhere (default); "
-        "on: TMA, or an error naming the tensor and rule; off: pointer loads only",
+        "on: TMA, or a one-line refusal saying why not (the device, or the tensor and rule); off: pointer "
+        "loads only; any case",
     )
     demo.add_argument(
         "--scale",
@@ -378,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"on a CPU, run token counts that route more than {CPU_MAX_SLOTS} slots (minutes)",
     )
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, command_parser=demo)
     bench = add(
         "bench",
         help="GPU benchmark against peers (refuses under the interpreter)",
@@ -386,7 +444,8 @@ def build_parser() -> argparse.ArgumentParser:
         "shapes against torch._grouped_mm and a per-expert PyTorch loop, as medians of CUDA-graph "
         "replays with L2 flushed, checking each result against the float32 reference. Prints a table "
         "(ms, TFLOP/s, TB/s, % of the roofline measured in the same run) and writes it as JSON and "
-        "CSV to the --out folder. Needs a CUDA GPU: refuses under Triton's interpreter. --dtype fp8 "
+        "CSV to the --out folder (made if missing; one it cannot write is refused before any timing). "
+        "Needs a CUDA GPU: refuses under Triton's interpreter. --dtype fp8 "
         "times moe-lab's FP8 layer against its bf16 layer instead (no peers), with the speedups, "
         "into an fp8/ folder under --out.",
     )
@@ -405,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
         "e.g. benchmarks/results/fp8/)",
     )
     bench.add_argument("--no-peers", action="store_true", help="time moe-lab only")
-    bench.set_defaults(func=cmd_bench)
+    bench.set_defaults(func=cmd_bench, command_parser=bench)
     tune = add(
         "tune",
         help="search launch configs per shape on this GPU and save them as JSON",
@@ -426,8 +485,12 @@ def build_parser() -> argparse.ArgumentParser:
         "element type (default: bf16); fp8: float8_e4m3fn weights with "
         "[128, 128] block scales, tuned under keys of their own",
     )
-    tune.add_argument("--out", help="JSON file (default: the package's table for this device and Triton)")
-    tune.set_defaults(func=cmd_tune)
+    tune.add_argument(
+        "--out",
+        help="JSON file, a bare name in the current folder (default: the package's table for this device and "
+        "Triton); an existing table is merged into, unless it is another device's or Triton version's: refused",
+    )
+    tune.set_defaults(func=cmd_tune, command_parser=tune)
     info = add(
         "info",
         help="versions, device, interpreter, TMA support",
@@ -435,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kernels run on (a GPU, or Triton's interpreter on the CPU), whether the TMA load path is available "
         "and why, and the tuned launch table in use.",
     )
-    info.set_defaults(func=cmd_info)
+    info.set_defaults(func=cmd_info, command_parser=info)
     doctor = add(
         "doctor",
         help="check this environment for moe-lab and the notebooks; say what to fix",
@@ -446,27 +509,45 @@ def build_parser() -> argparse.ArgumentParser:
         ">= 2.4) and says why. Exit status 1 where a problem was found, else 0 (notes, such as the "
         "notebook extras missing from a library-only install, do not count).",
     )
-    doctor.set_defaults(func=cmd_doctor)
+    doctor.set_defaults(func=cmd_doctor, command_parser=doctor)
     return parser
 
 
 def main(argv=None) -> int:
+    """`moe-lab`: the exit status of the command (0, 1 where a check failed or a problem was found, 2 where
+    it refused). Output cut short (`moe-lab info | head -1`) ends quietly, with status 1."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # what is still buffered: written here, where a closed pipe can be caught
+        return status
+    except BrokenPipeError:
+        # Point standard output at /dev/null, so that Python's flush at exit raises nothing more (the Python
+        # docs' "Note on SIGPIPE"); a captured stdout has no file descriptor and is not flushed at exit.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
+
+
+def _main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said with the command's own usage line, not the top level's
+        getattr(args, "command_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:  # a bare `moe-lab`: what it can do
         parser.print_help()
         return 0
-    if getattr(args, "tokens", None) and any(t < 0 for t in args.tokens):
-        print(f"moe-lab: --tokens must be >= 0, got {min(args.tokens)}", file=sys.stderr)
-        return 2
+    least = 1 if args.func in (cmd_bench, cmd_tune) else 0  # T = 0: the demo shows it, but nothing to time
+    if getattr(args, "tokens", None) and min(args.tokens) < least:
+        why = " (T = 0 is an empty problem: nothing to time)" if least else ""
+        return _refuse(args.command, f"--tokens must be >= {least}{why}, got {min(args.tokens)}")
     if getattr(args, "scale", None) is not None and args.scale < 1:
-        print(f"moe-lab: --scale must be >= 1, got {args.scale}", file=sys.stderr)
-        return 2
+        return _refuse(args.command, f"--scale must be >= 1, got {args.scale}")
     if args.func is not cmd_doctor:  # doctor reports these among its findings
         problem = environment_problem()
         if problem:  # Triton missing, or Triton 3.6's interpreter under numpy >= 2.4: said, no traceback
-            print(f"moe-lab {args.command}: {problem} (`moe-lab doctor` checks the rest)", file=sys.stderr)
-            return 2
+            return _refuse(args.command, f"{problem} (`moe-lab doctor` checks the rest)")
         try:  # a bad MOE_LAB_TMA or MOE_LAB_GLUON: said here, not as a traceback from the first launch
             from ..plan import gluon_setting
 

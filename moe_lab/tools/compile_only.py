@@ -12,9 +12,11 @@ Tensors may live on the meta device: Triton only looks at dtype, shape, strides 
 What is faked, and nothing else:
 - Triton's driver: target GPUTarget("cuda", cc, 32), device index = cc (so Triton's per-device kernel
   caches keep the targets apart), stream 0, and the real GPUs' shared memory per block (DEVICES);
-- moe_lab's device questions, which look at the tensors' device (meta here): `tma_support` answers for
-  the fake GPU (TMA from sm_90; MOE_LAB_TMA obeyed), `fp8_support` too (FP8 from sm_89), and the grouped matmul launcher
-  fits its config to the fake GPU's shared memory just before launching, as it does for CUDA tensors (`patch_moe_lab`);
+- the GPU moe_lab's device rules answer for: `fake_gpu` assumes DEVICES[cc] (`moe_lab.capability.assumed_device`),
+  so the real rules (`tma_support`, `fp8_support`, `gluon_fp8_support`) answer for it whatever the tensors'
+  device (meta here), and the launch plan fits its config to its shared memory and sizes persistent grids by
+  its SMs, as for CUDA tensors;
+- meta storages' addresses, for moe_lab's aliasing checks (`patch_moe_lab`);
 - the checks Triton makes when it loads a compiled kernel (`CompiledKernel._init_handles`: shared
   memory, tensor memory, threads per block) run after the compile and raise `OutOfResources` as that
   launch would, so a launcher's own handling (grouped_matmul's retry with fewer stages) runs.
@@ -24,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -126,84 +127,23 @@ def target_supported(cc: int) -> Optional[str]:
     return "the probe kernel was not compiled"
 
 
-# --- moe_lab's device questions, answered for the fake GPU -------------------------------------------
+# --- what moe_lab needs beyond the assumed device ---------------------------------------------------
 
 _PATCHED = False
 
 
 def patch_moe_lab() -> None:
-    """Point moe_lab's capability checks at the fake GPU. Fails loudly if the package moved them."""
+    """Make meta tensors pass moe_lab's aliasing checks (each meta storage gets a stand-in address of its
+    own). Call once, before `fake_gpu`; idempotent. moe_lab's device questions need nothing here: `fake_gpu`
+    assumes the fake GPU (`moe_lab.capability.assumed_device`) and the real rules answer for it."""
     global _PATCHED
     if _PATCHED:
         return
     _PATCHED = True
-    from .. import capability
-    from .. import plan as gm
-
-    def fake_tma_support(device=None):
-        """capability.tma_support's answer for the fake GPU: TMA from sm_90, MOE_LAB_TMA=0|1 obeyed."""
-        cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
-        override = capability.env_override() if hasattr(capability, "env_override") else "auto"
-        if override == "0":
-            return capability.TmaSupport(False, f"{name}, disabled by MOE_LAB_TMA=0")
-        if not capability._has_tensor_descriptor():
-            return capability.TmaSupport(False, f"{name}, Triton {triton.__version__} has no TensorDescriptor")
-        return capability.TmaSupport(cc >= 90 or override == "1", name)
-
-    for module in (capability, gm):
-        if not hasattr(module, "tma_support"):
-            raise RuntimeError(f"{module.__name__}.tma_support is gone: update moe_lab/tools/compile_only.py")
-        module.tma_support = fake_tma_support
-    gm.shared_memory_limit = lambda device=None: DEVICES[DRIVER.cc].max_shared_mem
-
-    def fake_fp8_support(device=None):
-        """capability.fp8_support's answer for the fake GPU: FP8 e4m3 from sm_89 (so not on the fake A100,
-        where Triton has no float8e4nv type and the FP8 launchers refuse)."""
-        cc, name = DRIVER.cc, f"compile check: fake {DEVICES[DRIVER.cc].name} (sm_{DRIVER.cc})"
-        if cc < 89:
-            return capability.Fp8Support(
-                False, f"{name} has compute capability {cc // 10}.{cc % 10}; FP8 tensor cores need >= 8.9 (Ada, Hopper)"
-            )
-        return capability.Fp8Support(True, name)
-
-    # Every moe_lab module that imported fp8_support by name (moe_lab.quantize, and whichever else does).
-    if not hasattr(capability, "fp8_support"):
-        raise RuntimeError("moe_lab.capability.fp8_support is gone: update moe_lab/tools/compile_only.py")
-    real_fp8_support = capability.fp8_support
-    for name, module in list(sys.modules.items()):
-        if name.startswith("moe_lab") and getattr(module, "fp8_support", None) is real_fp8_support:
-            module.fp8_support = fake_fp8_support
-
-    def fake_gluon_fp8_support(device=None):
-        """capability.gluon_fp8_support's answer for the fake GPU: this Triton's Gluon on sm_90 only."""
-        problem = capability._gluon_problem()
-        if problem or DRIVER.cc == 90:
-            return problem
-        return f"compile check: fake {DEVICES[DRIVER.cc].name} is sm_{DRIVER.cc}; the Gluon FP8 kernel is sm_90 only"
-
-    from .. import gluon_fp8
-
-    for module in (capability, gluon_fp8, gm):  # gm: plan.gluon_applies asks it whether fused_moe may use Gluon
-        if not hasattr(module, "gluon_fp8_support"):
-            raise RuntimeError(f"{module.__name__}.gluon_fp8_support is gone: update moe_lab/tools/compile_only.py")
-        module.gluon_fp8_support = fake_gluon_fp8_support
-
-    if not hasattr(gm, "multiprocessor_count"):
-        raise RuntimeError("moe_lab.plan.multiprocessor_count is gone: update moe_lab/tools/compile_only.py")
-    gm.multiprocessor_count = lambda device=None: DEVICES[DRIVER.cc].sm_count  # a persistent launch's grid
-
-    # The launch plan fits its config to the GPU's shared memory only for CUDA tensors; ours are meta, so
-    # give it the fake GPU's budget (the plan then fits with the package's own function).
-    if not hasattr(gm, "shared_memory_budget"):
-        raise RuntimeError(
-            "moe_lab.plan.shared_memory_budget is gone: update moe_lab/tools/compile_only.py "
-            "(it hands the fake GPU's shared memory to the launch plan)"
-        )
-    gm.shared_memory_budget = lambda device: DEVICES[DRIVER.cc].max_shared_mem
-
-    # Every meta storage reports address 0, so an aliasing check (permute_tokens: "out shares memory with
-    # hidden_states") would see any two meta buffers as one. Give each meta storage a stand-in address of
-    # its own (its StorageImpl's); tensors' data_ptr(), which Triton specializes on, stay 0 (aligned).
+    # A shim, not a moe_lab override: every meta storage reports address 0, so an aliasing check
+    # (permute_tokens: "out shares memory with hidden_states") would see any two meta buffers as one, and
+    # PyTorch has no other way to give meta storages addresses: each gets its StorageImpl's. Tensors'
+    # data_ptr(), which Triton specializes on, stay 0 (aligned).
     storage_data_ptr = torch.UntypedStorage.data_ptr
 
     def data_ptr(self):
@@ -464,18 +404,23 @@ def _run(self, *args, grid, warmup, **kwargs):
 
 @contextlib.contextmanager
 def fake_gpu(cc: int, session: Session):
-    """Within: the fake driver is sm_`cc` and every kernel launch goes to `session`."""
+    """Within: the fake driver is sm_`cc`, moe_lab's device rules answer for `DEVICES[cc]` (as read on
+    entry; `moe_lab.capability.assumed_device`), and every kernel launch goes to `session`. Raises
+    ValueError for a cc not in DEVICES."""
     if cc not in DEVICES:
         raise ValueError(f"unknown target sm_{cc}; known: {sorted(DEVICES)}")
+    from ..capability import assumed_device
     from ..plan import clear_layer_plans  # made for the GPU they were made on: none outlives its fake GPU
 
+    device = DEVICES[cc]
     triton.runtime.driver.set_active(DRIVER)
     JITFunction.run = _run
     previous, DRIVER.cc = DRIVER.cc, cc
     _ACTIVE.append(session)
     clear_layer_plans()
     try:
-        yield session
+        with assumed_device(device.name, divmod(cc, 10), device.max_shared_mem, device.sm_count):
+            yield session
     finally:
         clear_layer_plans()
         _ACTIVE.pop()

@@ -244,17 +244,24 @@ def report() -> Report:
             )
         )
 
-    # Triton's compile cache must be writable, or every kernel compiles again in every process.
+    # Triton's compile cache must be writable, or every kernel compiles again in every process (and
+    # `moe_lab.tools.look_inside`, which compiles with the interpreter off, fails).
     cache = os.environ.get("TRITON_CACHE_DIR") or os.path.join(
         os.environ.get("TRITON_HOME") or os.path.expanduser("~"), ".triton", "cache"
     )
     fact(("triton cache", cache))
     problem = cache_problem(cache)
-    if problem and not interpreter_active():
+    if problem:  # the interpreter caches nothing, but look_inside compiles for a GPU (interpreter off) here too
         find(
             Finding(
-                "problem",
-                f"Triton's cache folder {cache} {problem}",
+                "note" if interpreter_active() else "problem",
+                f"Triton's cache folder {cache} {problem}"
+                + (
+                    ": the interpreter needs none, but notebooks 05 and 10's compile-for-a-GPU cells "
+                    "(moe_lab.tools.look_inside) do"
+                    if interpreter_active()
+                    else ""
+                ),
                 "export TRITON_CACHE_DIR=/tmp/triton-cache (or another writable folder)",
             )
         )

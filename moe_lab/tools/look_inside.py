@@ -18,6 +18,8 @@ Source: the PTX ISA (docs.nvidia.com/cuda/parallel-thread-execution), sections o
 from __future__ import annotations
 
 import json
+import numbers
+import operator
 import os
 import re
 import subprocess
@@ -82,12 +84,35 @@ class CompiledKernel:
         return "\n".join(rows)
 
 
+def _check_int(name: str, value, choices) -> int:
+    """`value` as an int (a Python or numpy integer; not 90.0, not "90", not True), else TypeError naming it."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, one of {choices}, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, one of {choices}, got {value!r} ({type(value).__name__})") from None
+
+
+def _check_timeout(timeout_s) -> float:
+    """`timeout_s` as a float (a Python or numpy number), if finite and > 0."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, numbers.Real):
+        raise TypeError(f"timeout_s must be a number of seconds, got {timeout_s!r} ({type(timeout_s).__name__})")
+    if not 0 < timeout_s <= 86400:  # NaN too; past a day the child's clock arithmetic can overflow
+        raise ValueError(f"timeout_s must be a number of seconds > 0 and at most 86400 (a day), got {timeout_s!r}")
+    return float(timeout_s)
+
+
 def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: float = 600) -> CompiledKernel:
     """Compile the grouped matmul for sm_`cc` with `load_path` "tma" (tensor descriptors where the target
-    has TMA) or "pointer" (use_tma=False). Raises ValueError for an unknown path or target, and
-    RuntimeError with the child's error if the compile fails."""
+    has TMA) or "pointer" (use_tma=False), in a child process stopped after `timeout_s` seconds. Raises
+    TypeError for a `cc` that is not an int or a `timeout_s` that is not a number, ValueError for an unknown
+    path or target or a `timeout_s` <= 0, and RuntimeError with the compiler's error if the compile fails
+    or takes longer than `timeout_s`."""
     if load_path not in LOAD_PATHS:
         raise ValueError(f"load_path must be one of {LOAD_PATHS}, got {load_path!r}")
+    cc = _check_int("cc", cc, TARGETS)
+    timeout_s = _check_timeout(timeout_s)
     if cc not in TARGETS:
         raise ValueError(f"cc must be one of {TARGETS} (sm_80 A100, sm_90 H100/H200, sm_100 B200), got {cc!r}")
     return _child([load_path, str(cc)], f"grouped_matmul_kernel for sm_{cc}", timeout_s)
@@ -96,21 +121,49 @@ def compile_grouped_matmul(load_path: str = "tma", cc: int = 90, timeout_s: floa
 def compile_gluon_fp8(block_m: int = 128, timeout_s: float = 600) -> CompiledKernel:
     """Compile the warp-specialized Gluon FP8 GEMM (`moe_lab.gluon_fp8`) for sm_90 with BLOCK_SIZE_M `block_m`
     (64: one MMA warpgroup, 128: two), in a child process as `compile_grouped_matmul` does. Its load_path is
-    "gluon". Raises RuntimeError with the child's error (or this Triton's missing Gluon) if the compile fails."""
+    "gluon". Raises TypeError / ValueError for arguments as `compile_grouped_matmul` does, and RuntimeError with
+    the compiler's error (or this Triton's missing Gluon) if the compile fails or takes longer than `timeout_s`."""
+    block_m = _check_int("block_m", block_m, (64, 128))
+    timeout_s = _check_timeout(timeout_s)
     if block_m not in (64, 128):
         raise ValueError(f"block_m must be 64 or 128 (one or two MMA warpgroups), got {block_m!r}")
     return _child(["gluon", str(block_m)], "fp8_grouped_matmul_ws_kernel for sm_90", timeout_s)
 
 
+class CompileFailed(RuntimeError):
+    """In the child: the compiler's own error, recorded by the compile-only Session (the child prints it
+    alone, no traceback of ours around it)."""
+
+
 def _child(argv: List[str], what: str, timeout_s: float) -> CompiledKernel:
     env = dict(os.environ, TRITON_INTERPRET="0")
-    done = subprocess.run(
-        [sys.executable, "-m", __name__, *argv], capture_output=True, text=True, env=env, timeout=timeout_s
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", __name__, *argv], capture_output=True, text=True, env=env, timeout=timeout_s
+        )
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(
+            f"compiling {what} took longer than timeout_s={timeout_s:g} s and was stopped (a first compile "
+            "takes seconds to a minute; later ones come from Triton's cache)"
+        ) from None
     result = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not result:
-        raise RuntimeError(f"compiling {what} failed:\n{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"compiling {what} failed (`moe-lab doctor` checks Triton's cache folder):\n{done.stderr[-3000:]}"
+        )
     return CompiledKernel(**json.loads(result[-1]))
+
+
+def _the_kernel(session, name: str):
+    """The one compiled kernel `name` of the Session, or CompileFailed with the compiler's error where none
+    came back (an unusable Triton cache folder, a ptxas error)."""
+    found = [k for k in session.kernels.values() if k.name == name]
+    if len(found) == 1:
+        return found[0]
+    errors = [o["error"] for o in session.outcomes.values() if o.get("error")]
+    raise CompileFailed(
+        "\n".join(errors) if errors else f"{len(found)} compiled kernels named {name} came back, not one"
+    )
 
 
 def _compile_gluon_in_this_process(block_m: int) -> dict:
@@ -142,7 +195,7 @@ def _compile_gluon_in_this_process(block_m: int) -> dict:
             a_scale=meta(rows, k // 128, dtype=f32),
             w_scale=meta(num_experts, n // 128, k // 128, dtype=f32),
         )
-    (kernel,) = [k for k in session.kernels.values() if k.name == "fp8_grouped_matmul_ws_kernel"]
+    kernel = _the_kernel(session, "fp8_grouped_matmul_ws_kernel")
     return {
         "load_path": "gluon",
         "cc": 90,
@@ -178,7 +231,7 @@ def _compile_in_this_process(load_path: str, cc: int) -> dict:
             gather_a=False,
             use_tma="auto" if load_path == "tma" else False,
         )
-    (kernel,) = [k for k in session.kernels.values() if k.name == "grouped_matmul_kernel"]
+    kernel = _the_kernel(session, "grouped_matmul_kernel")
     return {
         "load_path": load_path,
         "cc": cc,
@@ -189,7 +242,11 @@ def _compile_in_this_process(load_path: str, cc: int) -> dict:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "gluon":
-        print(json.dumps(_compile_gluon_in_this_process(int(sys.argv[2]))))
-    else:
-        print(json.dumps(_compile_in_this_process(sys.argv[1], int(sys.argv[2]))))
+    try:
+        if sys.argv[1] == "gluon":
+            print(json.dumps(_compile_gluon_in_this_process(int(sys.argv[2]))))
+        else:
+            print(json.dumps(_compile_in_this_process(sys.argv[1], int(sys.argv[2]))))
+    except CompileFailed as exc:  # the compiler's error is the whole story
+        print(exc, file=sys.stderr)
+        sys.exit(1)

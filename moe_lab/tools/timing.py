@@ -13,14 +13,37 @@ Source: `triton.testing.do_bench`; CUDA graphs as in PyTorch's `torch.cuda.CUDAG
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, List, Optional
 
 import torch
 import triton
 
 from ..presets import MoEPreset
 from ..runtime import require_gpu_timing
+
+
+def check_timed_tokens(tokens) -> List[int]:
+    """`tokens` as a list if every T is >= 1, else ValueError (T = 0 is an empty problem: nothing to time).
+    `moe-lab bench` and `moe-lab tune` check it before any GPU work."""
+    tokens = list(tokens)
+    if any(t < 1 for t in tokens):
+        raise ValueError(f"tokens must be >= 1 (T = 0 is an empty problem: nothing to time), got {min(tokens)}")
+    return tokens
+
+
+def folder_write_problem(folder: str) -> Optional[str]:
+    """None if a file can be written in `folder` (made if missing, as the first write would make it), else
+    why not. Tried for real: `os.access` says yes to root even where nothing can be created (/proc)."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None
 
 
 def median_ms(fn: Callable[[], object], rep_ms: int = 100) -> float:

@@ -41,7 +41,7 @@ from ..quantize import quantize_activations_fp8, quantize_weights_fp8
 from ..routing import uniform_routing
 from ..runtime import require_gpu_timing
 from ..tuned import FORMAT_VERSION, config_path, default_config, shape_key
-from .timing import graph_ms
+from .timing import check_timed_tokens, folder_write_problem, graph_ms
 
 DEFAULT_TOKENS = SWEEP_TOKENS
 FP8_BLOCK = (128, 128)  # DeepSeek-V3's weight blocks: what FP8 configs are tuned for
@@ -281,19 +281,60 @@ def precompile(points: List[Tuple[str, int]], dtype=torch.bfloat16, workers: Opt
         return sum(pool.map(_compile_configs, *zip(*tasks)))
 
 
+def open_table(path: str, device: str, version: str, name: str = "path") -> dict:
+    """The table that `run` tunes into and writes at `path`: the file's own where it exists (points tuned
+    again replace their entries, the others stay), else a new one for `device` and Triton `version`.
+    Raises ValueError, before any tuning, where `path` cannot be that table: empty, a directory, a folder
+    that cannot be made or written, a file that is not a tuned table (JSON with "shapes") of this format,
+    or a table of another device or Triton version (its fields would then say that device or version while
+    its entries are this one's timings: give another file). `name` names `path` in the message ("--out")."""
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"{name} must be a JSON file name, got {path!r}")
+    if os.path.isdir(path):
+        raise ValueError(f"{name} {path} is a directory; give a .json file, e.g. {os.path.join(path, 'my-table.json')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    problem = folder_write_problem(folder)
+    if problem:
+        raise ValueError(f"{name} {path}: cannot write a file in {folder} ({problem})")
+    if not os.path.exists(path):
+        return {"device": device, "triton": version, "shapes": {}}
+    try:
+        with open(path) as f:
+            table = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{name} {path} exists and is not a tuned table ({type(exc).__name__}: {exc})") from None
+    if not isinstance(table, dict) or not isinstance(table.get("shapes"), dict):
+        raise ValueError(f'{name} {path} exists and is not a tuned table (JSON without a "shapes" object)')
+    if table.get("format", 1) != FORMAT_VERSION:
+        raise ValueError(
+            f"{name} {path} is a table of format {table.get('format')!r}; this moe-lab writes format "
+            f"{FORMAT_VERSION}: give another file"
+        )
+    theirs, ours = (table.get("device"), table.get("triton")), (device, version)
+    if None in theirs:
+        raise ValueError(f'{name} {path} is a table without its "device" and "triton" fields: give another file')
+    if theirs != ours:
+        raise ValueError(
+            f"{name} {path} is the table of {theirs[0]} with Triton {theirs[1]}; this is {device} with Triton "
+            f"{version}: a table holds the timings of one device and Triton version, so give another file"
+        )
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{name} {path} exists and is not writable")
+    return table
+
+
 def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, path: Optional[str] = None) -> str:
-    """Tune every (model, T), merge into the device's JSON table and write it. Returns the path."""
+    """Tune every (model, T), merge into the device's JSON table (or `path`'s) and write it. Returns the path.
+    Raises ValueError before tuning where `path` cannot be written or is another table (`open_table`)."""
     require_gpu_timing("moe-lab tune")
 
     device, version = torch.cuda.get_device_name(), triton.__version__
-    path = path or config_path(device, version)
+    tokens = check_timed_tokens(tokens)
+    path = path if path is not None else config_path(device, version)
+    table = open_table(path, device, version)
     # The compute capability lets devices of the same architecture fall back to this table (moe_lab.tuned);
     # null on ROCm/HIP, whose numbers are not CUDA capabilities (those tables match by device name only).
     capability = None if getattr(torch.version, "hip", None) else list(torch.cuda.get_device_capability())
-    table = {"device": device, "triton": version, "shapes": {}}
-    if os.path.exists(path):
-        with open(path) as f:
-            table = json.load(f)
     table["capability"] = capability
     table["format"] = FORMAT_VERSION
     smem = shared_memory_limit()
@@ -317,7 +358,7 @@ def run(models: Iterable[str], tokens: Iterable[int], *, dtype=torch.bfloat16, p
             f"up={r['config'].up}  down={r['config'].down}",
             flush=True,
         )
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w") as f:  # after every point: a stopped run keeps what it found
             json.dump(table, f, indent=1, sort_keys=True)
     return path

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
 import re
 import signal
 import threading
@@ -225,13 +226,79 @@ class Stopped(KeyboardInterrupt):
     """A keyboard interrupt (Jupyter's stop button) during a guarded launch; says where the kernel was."""
 
 
-def never_ends_message(seconds: float, accesses: int, program) -> str:
-    return (
+# A grid of more programs than this is named as a likely cause when a launch is stopped (every exercise
+# launches at most a few hundred; the interpreter runs each program in turn).
+LARGE_GRID = 4096
+
+
+def never_ends_message(seconds: float, accesses: int, program, programs: Optional[int] = None) -> str:
+    """Why a launch was stopped. `programs`: the grid's number of programs, if known (a tuple grid)."""
+    text = (
         f"stopped after {seconds:.0f} s and {accesses} memory accesses, in program {tuple(program)}; every "
         "exercise runs in a few seconds: a loop that never ends? A `while` loop whose variable never steps "
         "(no `+= ...` in its body), a `tl.range` whose bound is far too large, or a loop variable that is "
         "reset in the body"
     )
+    if programs is not None and programs > LARGE_GRID:
+        text += (
+            f"; or a grid far too large: {programs} programs, run one after another by the interpreter "
+            "(one program per block of the data: triton.cdiv(n, BLOCK), not n)"
+        )
+    return text
+
+
+def _grid_programs(grid) -> Optional[int]:
+    """The number of programs of a tuple grid (None for a callable one)."""
+    return int(np.prod(grid)) if isinstance(grid, tuple) else None
+
+
+def _checked_grid(grid):
+    """`grid` as Triton takes it: a tuple of 1 to 3 ints >= 0 (a list is made a tuple), or a callable.
+    Raises TypeError / ValueError naming grid: a wrong call of the runner, not the kernel's fault."""
+    if callable(grid):
+        return grid
+    expected = "a tuple of 1 to 3 ints, the programs along each axis, such as (triton.cdiv(n, BLOCK),) (or a callable)"
+    if not isinstance(grid, (tuple, list)):
+        hint = f" (one axis: write ({grid!r},))" if isinstance(grid, int) and not isinstance(grid, bool) else ""
+        raise TypeError(f"grid must be {expected}, got {type(grid).__name__} {grid!r}{hint}")
+    if not 1 <= len(grid) <= 3:
+        raise ValueError(f"grid must be {expected}, got {len(grid)} axes: {grid!r}")
+    sizes = []
+    for size in grid:
+        try:
+            if isinstance(size, bool):  # an int to operator.index, not a size
+                raise TypeError
+            sizes.append(operator.index(size))
+        except TypeError:
+            raise TypeError(f"grid must be {expected}, got {grid!r} (holding {type(size).__name__} {size!r})") from None
+    if any(size < 0 for size in sizes):
+        raise ValueError(f"grid must hold ints >= 0 (programs along each axis), got {grid!r}")
+    return tuple(sizes)
+
+
+# The torch dtypes a Triton kernel takes as a pointer argument (Triton's own list: triton._utils).
+KERNEL_DTYPES = (
+    torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.bfloat16,
+    torch.float32, torch.float64, torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
+    *(getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)),
+)  # fmt: skip
+
+
+def _check_tensor_argument(name: str, tensor: torch.Tensor) -> None:
+    """A tensor the guard (and a Triton kernel) can take; raises TypeError / ValueError naming it."""
+    if tensor.dtype not in KERNEL_DTYPES:
+        raise TypeError(
+            f"{name} is a {str(tensor.dtype).replace('torch.', '')} tensor, which a Triton kernel cannot take: "
+            "pass bool, int, uint, float (16, 32, 64 bits, bfloat16) or float8 tensors"
+        )
+    if tensor.numel() and any(s < 0 for s in tensor.stride()):
+        raise ValueError(f"{name}: negative strides are not supported, got {tensor.stride()}")
+    if tensor.numel() > 1 and any(s == 0 and n > 1 for n, s in zip(tensor.shape, tensor.stride())):
+        raise ValueError(
+            f"{name} has stride 0 (strides {tensor.stride()} for shape {tuple(tensor.shape)}: an expand or a "
+            f"broadcast, its elements share memory): pass a tensor of its own, {name}.contiguous()"
+        )
 
 
 # A numpy array's repr inside a message (several numbers between brackets, over lines); the interpreter's
@@ -293,13 +360,11 @@ def _span(tensor: torch.Tensor) -> int:
 
 
 def _guard(name: str, tensor: torch.Tensor, canary: int) -> _Guarded:
-    item = tensor.element_size()
-    if tensor.numel() and any(s < 0 for s in tensor.stride()):
-        raise ValueError(f"{name}: negative strides are not supported, got {tensor.stride()}")
+    item = tensor.element_size()  # (the tensor passed `run_guarded`'s `_check_tensor_argument`)
     buffer = torch.full((2 * GUARD_BYTES + _span(tensor) * item,), canary, dtype=torch.uint8, device=tensor.device)
     typed = buffer.view(tensor.dtype)
     view = typed.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item)
-    view.copy_(tensor)
+    view.copy_(tensor)  # (other overlapping strides than a stride 0 copy as they are: torch checks only that)
     marks = torch.zeros(buffer.numel() // item, dtype=torch.bool)
     marks.as_strided(tensor.shape, tensor.stride(), GUARD_BYTES // item).fill_(True)
     inside = np.repeat(marks.numpy(), item)
@@ -318,6 +383,7 @@ class _CheckedMemory:
         self.accesses: List[Access] = []
         self.undefined_lanes: Dict[str, int] = {}
         self.stopped: Optional[str] = None  # why the launch was stopped (NeverEnds), if it was
+        self.programs: Optional[int] = None  # the grid's number of programs (a tuple grid), for the message
         self._calls = 0
         self._started = time.monotonic()
         from triton.runtime import interpreter
@@ -336,7 +402,7 @@ class _CheckedMemory:
     def _allowed(self, kind: str, ptrs: np.ndarray, mask: Optional[np.ndarray]) -> np.ndarray:
         self._calls += 1
         if self._calls > MAX_ACCESSES or self.seconds() > MAX_SECONDS:
-            self.stopped = never_ends_message(self.seconds(), self._calls - 1, self.program())
+            self.stopped = never_ends_message(self.seconds(), self._calls - 1, self.program(), self.programs)
             raise NeverEnds(self.stopped)
         addresses = np.asarray(ptrs, dtype=np.uint64).astype(np.int64)
         active = (
@@ -471,6 +537,7 @@ def _launch(
         from triton.runtime import interpreter as interp
 
         checker = _CheckedMemory(interp._interpreter, list(guarded.values()))
+        checker.programs = _grid_programs(grid)
         interp._interpreter = checker
         builder = interp.interpreter_builder
         if poison:
@@ -509,7 +576,9 @@ def _deadline(seconds: Optional[float], checker: Optional[_CheckedMemory] = None
         return
 
     def message() -> str:
-        text = never_ends_message(seconds, checker._calls, checker.program()) if checker else "stopped"
+        text = (
+            never_ends_message(seconds, checker._calls, checker.program(), checker.programs) if checker else "stopped"
+        )
         if checker:
             checker.stopped = text
         return text
@@ -558,11 +627,14 @@ def _is_descriptor(value) -> bool:
 def run_guarded(kernel, grid, **args) -> GuardedRun:
     """Launch `kernel[grid](**args)` once on guarded copies of its tensor arguments (see the module doc).
 
-    kernel: a `@triton.jit` function. grid: a tuple of ints (or a callable, as Triton takes). args: every
-    kernel argument by its parameter name; torch tensors (any dtype, shape and non-negative strides, on
+    kernel: a `@triton.jit` function. grid: a tuple (or list) of 1 to 3 ints >= 0, or a callable, as Triton
+    takes. args: every kernel argument by its parameter name; torch tensors (any dtype a Triton kernel
+    takes, any shape, non-negative strides and no two elements at one address: not a stride-0 expand, on
     the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
     caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
-    if `kernel` is not a Triton kernel or an argument name is not one of its parameters.
+    if `kernel` is not a Triton kernel or an argument name is not one of its parameters, TypeError /
+    ValueError naming `grid` or the tensor argument for a wrong grid or a tensor it cannot take (complex,
+    stride 0, negative strides): mistakes of the call, found before the kernel runs.
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):
@@ -573,6 +645,12 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
             f"exercise passes {', '.join(args)}. Keep the stub's parameter names."
         )
+    grid = _checked_grid(grid)
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            _check_tensor_argument(name, value)
+        elif _is_descriptor(value) and isinstance(value.base, torch.Tensor):
+            _check_tensor_argument(f"{name}.base", value.base)
     from triton.runtime.jit import JITFunction
 
     if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1

@@ -414,3 +414,55 @@ def test_qwen3_30b_a3b_four_layers_logits_and_generate_on_gpu():
         out = model(input_ids).logits
         tokens = model.generate(input_ids[:1], max_new_tokens=8, do_sample=False)
     assert relative_error(out, ref) < 2e-2 and tokens.shape == (1, 40)
+
+
+# -- wrong calls and wrong weights: said in the module's names ----------------------------------------------------
+
+
+def test_a_module_that_is_not_an_experts_module_is_named_so():
+    hidden, ids, weights = torch.randn(2, 32), random_topk_ids(2, 4, 2, device="cpu"), torch.rand(2, 2)
+    with torch.no_grad(), pytest.raises(TypeError, match=r"got Linear \(torch.nn.modules.linear\): it is not an") as e:
+        moe_tf.experts_forward(torch.nn.Linear(32, 32), hidden, ids, weights)
+    assert "activation" not in str(e.value) and ".experts" not in str(e.value)
+    block = tiny_model("mixtral").model.layers[0].mlp  # the MoE block instead of its .experts
+    with torch.no_grad(), pytest.raises(TypeError, match=r"not an experts module .*; its .experts \(MixtralExperts\)"):
+        moe_tf.experts_forward(block, hidden, ids, weights)
+    experts = block.experts
+    with torch.no_grad(), pytest.raises(TypeError, match="hidden_states must be a float tensor .*, got torch.int64"):
+        moe_tf.experts_forward(experts, hidden.long(), ids, weights)
+
+
+@pytest.mark.parametrize(
+    "change, error, says",
+    [
+        (
+            lambda e: setattr(e, "gate_up_proj", torch.nn.Parameter(e.gate_up_proj.data.transpose(1, 2).contiguous())),
+            ValueError,
+            r"^MixtralExperts.gate_up_proj \(fused_moe's w1\): w1 must have shape \[E, 2I, H\], got \(4, 32, 128\).*"
+            r"\[w1 is MixtralExperts.gate_up_proj \(4, 32, 128\), w2 is MixtralExperts.down_proj \(4, 32, 64\)\]$",
+        ),
+        (
+            lambda e: setattr(e, "gate_up_proj", torch.nn.Parameter(e.gate_up_proj.data[:3].contiguous())),
+            ValueError,
+            r"^MixtralExperts.down_proj \(fused_moe's w2\): .*\[w1 is MixtralExperts.gate_up_proj \(3, 128, 32\)",
+        ),
+        (
+            lambda e: setattr(e, "down_proj", torch.nn.Parameter(e.down_proj.data.bfloat16())),
+            TypeError,
+            r"^MixtralExperts.down_proj \(fused_moe's w2\): w2 must be float32 \(the dtype of w1\), got bfloat16",
+        ),
+    ],
+)
+def test_fused_moes_errors_name_the_modules_weights(change, error, says):
+    experts = experts_of(tiny_model("mixtral"))  # E = 4, H = 32, I = 64
+    change(experts)
+    hidden, ids, weights = torch.randn(2, 32), random_topk_ids(2, 4, 2, device="cpu"), torch.rand(2, 2)
+    with torch.no_grad(), pytest.raises(error, match=says):
+        moe_tf.experts_forward(experts, hidden.to(DEVICE), ids.to(DEVICE), weights.to(DEVICE))
+
+
+def test_routing_errors_name_transformers_arguments():
+    experts = experts_of(tiny_model("mixtral"))
+    hidden, ids = torch.randn(2, 32, device=DEVICE), random_topk_ids(2, 4, 2)
+    with torch.no_grad(), pytest.raises((TypeError, ValueError), match=r"^top_k_weights \(fused_moe's topk_weights\)"):
+        moe_tf.experts_forward(experts, hidden, ids, torch.rand(2, 3, device=DEVICE))

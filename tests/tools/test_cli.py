@@ -1,3 +1,5 @@
+import pytest
+
 from moe_lab.tools.cli import main
 
 
@@ -70,9 +72,10 @@ def test_demo_without_gpu_or_interpreter_says_so_in_a_line(capsys, monkeypatch):
 
     monkeypatch.setattr(cli, "interpreter_active", lambda: False)
     monkeypatch.setattr(cli, "default_device", lambda: __import__("torch").device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "2")  # the value as it is set, not a made-up 0
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
-    assert "Triton's interpreter is off (TRITON_INTERPRET=0): the kernels cannot run here" in err
+    assert "Triton's interpreter is off (TRITON_INTERPRET='2'): the kernels cannot run here" in err
 
 
 def test_demo_help_explains_every_option(capsys):
@@ -98,12 +101,17 @@ def test_bench_help_says_what_it_times_and_where_results_go(capsys):
 
 
 def _demo_rows(out):
-    """(model, T, rel err, quant err) of each result line of `moe-lab demo --dtype fp8`."""
+    """(model, T, rel err, quant err) of each result line of `moe-lab demo --dtype fp8` (None where T = 0
+    compared nothing: "-")."""
+
+    def value(word):
+        return None if word == "-" else float(word)
+
     rows = []
     for line in out.splitlines():
         words = line.split()
-        if len(words) > 2 and words[-2] in ("ok", "FAIL"):
-            rows.append((words[0], int(words[1]), float(words[-3]), float(words[-1])))
+        if len(words) > 2 and words[-2] in ("ok", "FAIL", "-") and words[1].isdigit():
+            rows.append((words[0], int(words[1]), value(words[-3]), value(words[-1])))
     return rows
 
 
@@ -128,7 +136,10 @@ def test_demo_fp8_reports_kernel_and_quantization_errors(capsys):
     for model, tokens, kernel_err, quant_err in rows:
         if tokens:  # the kernels: about bf16 rounding; FP8 itself: several times more
             assert kernel_err < 1e-2 < quant_err < 0.2, (model, kernel_err, quant_err)
+        else:  # T = 0 compares nothing
+            assert kernel_err is None and quant_err is None
     assert "all results match the float32 PyTorch reference on the same FP8 operands" in out
+    assert "T = 0 launches nothing: its rows show -." in out
 
 
 def test_demo_fp8_refuses_where_fp8_cannot_run(capsys, monkeypatch):
@@ -302,3 +313,70 @@ def test_readme_gpu_path_installs_the_test_tools():
     with open(os.path.join(root, "README.md")) as f:
         readme = f.read()
     assert "pip install -e '.[notebook,test]'" in readme and "pytest -m gpu" in readme
+
+
+def test_demo_use_tma_on_where_tma_cannot_be_used_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("MOE_LAB_TMA", "0")
+    assert main(["demo", "--tokens", "1", "--model", "olmoe-1b-7b", "--use-tma", "on"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert captured.err.startswith("moe-lab demo: --use-tma on, but TMA cannot be used here: disabled by MOE_LAB_TMA=0")
+
+
+def test_demo_use_tma_on_and_a_tensor_tma_cannot_read_is_one_line(capsys, monkeypatch):
+    import moe_lab.layer
+
+    def refuse(*args, use_tma, **kwargs):
+        assert use_tma is True
+        raise ValueError("use_tma=True but w1 (8, 32, 16) cannot be read through a tensor descriptor: a rule")
+
+    monkeypatch.setattr(moe_lab.layer, "fused_moe", refuse)
+    assert main(["demo", "--tokens", "1", "--model", "olmoe-1b-7b", "--use-tma", "on", "--scale", "128"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "moe-lab demo: --use-tma on: use_tma=True but w1 (8, 32, 16) cannot be read through a tensor "
+        "descriptor: a rule (use --use-tma auto or off)\n"
+    )
+
+
+def test_demo_with_t_0_only_says_nothing_was_compared(capsys):
+    assert main(["demo", "--model", "olmoe-1b-7b", "--tokens", "0", "--scale", "128"]) == 0
+    out = capsys.readouterr().out
+    (row,) = [line for line in out.splitlines() if line.startswith("olmoe-1b-7b")]
+    assert row.split()[-2:] == ["-", "-"]  # rel err and result: nothing to show
+    assert "all results match" not in out and "nothing was compared: T = 0 launches no kernel" in out
+
+
+def _moe_lab(args, stdout):
+    """`python -m moe_lab ARGS` writing to `stdout`; (exit status, stderr)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run(
+        [sys.executable, "-m", "moe_lab", *args], stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, timeout=120
+    )
+    return run.returncode, run.stderr
+
+
+def test_output_cut_short_ends_quietly():
+    """`moe-lab info | head -1`: the reader is gone; no traceback, status 1."""
+    import os
+
+    read, write = os.pipe()
+    os.close(read)  # no reader at all: the first write fails
+    try:
+        status, err = _moe_lab(["info"], write)
+    finally:
+        os.close(write)
+    assert (status, err) == (1, "")
+
+
+def test_an_unknown_option_is_said_with_the_command_s_usage(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["demo", "--out", "x"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "usage: moe-lab demo" in err
+    assert "moe-lab demo: error: unrecognized arguments: --out x" in err

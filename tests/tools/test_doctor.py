@@ -138,3 +138,15 @@ print("DOCTOR", main(["doctor"]))
     assert "RAISED moe_lab.fused_moe cannot be used here" in out and "DEMO 2" in out and "DOCTOR 1" in out
     assert "Traceback" not in run.stderr and "moe-lab demo: " in run.stderr
     assert ("Triton is not installed" if state == "no Triton" else "numpy < 2.4") in out.split("PROBLEM: ")[1]
+
+
+def test_doctor_reports_an_unusable_cache_under_the_interpreter_too(monkeypatch, tmp_path):
+    """The interpreter caches nothing, but look_inside (notebooks 05 and 10) compiles for a GPU here: a note;
+    with the interpreter off (a GPU) a problem."""
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    for interpreted, level in ((True, "note"), (False, "problem")):
+        monkeypatch.setattr(doctor, "interpreter_active", lambda: interpreted)
+        (finding,) = [f for f in doctor.report().findings if "cache folder" in f.what]
+        assert finding.level == level and "is a file" in finding.what and "TRITON_CACHE_DIR" in finding.fix
+        assert ("notebooks 05 and 10" in finding.what) == interpreted

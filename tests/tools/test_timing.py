@@ -25,3 +25,20 @@ def test_gemm_costs_count_flops_and_fewest_bytes():
     assert down.flops * 2 == up.flops
     assert up.bytes > 2 * 2 * 2 * p.intermediate_size * p.hidden_size  # both experts' w1 at least
     assert up.roofline_ms({"bf16_matmul_tflops": 1e3, "copy_tbps": 1.0}) == pytest.approx(up.bytes / 1e9)
+
+
+def test_the_no_gpu_refusal_says_whether_the_interpreter_runs_kernels(monkeypatch):
+    """With the interpreter off there is no interpreter to run kernels: the refusal must not say there is."""
+    import torch
+
+    from moe_lab.runtime import require_gpu_timing
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError) as exc:
+        require_gpu_timing("moe-lab bench")
+    assert "Triton's interpreter is off too: TRITON_INTERPRET='0'" in str(exc.value)
+    assert "run only under Triton's interpreter" not in str(exc.value)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="here kernels run only under Triton's interpreter"):
+        require_gpu_timing("moe-lab bench")

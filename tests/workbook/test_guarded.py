@@ -100,6 +100,62 @@ def test_wrong_calls_of_the_runner_raise_type_errors():
         run_guarded(copy_kernel, (1,), y_ptr=torch.zeros(1))
 
 
+@pytest.mark.parametrize(
+    "grid, error, says",
+    [
+        (4, TypeError, "grid must be a tuple of 1 to 3 ints, .* got int 4 (one axis: write (4,))"),
+        ("4", TypeError, "got str '4'"),
+        (None, TypeError, "got NoneType None"),
+        ((4.0,), TypeError, "got (4.0,) (holding float 4.0)"),
+        ((True,), TypeError, "got (True,) (holding bool True)"),
+        (("4",), TypeError, "got ('4',) (holding str '4')"),
+        ((), ValueError, "got 0 axes: ()"),
+        ((1, 1, 1, 1), ValueError, "got 4 axes"),
+        ((-1,), ValueError, "grid must hold ints >= 0 (programs along each axis), got (-1,)"),
+    ],
+)
+def test_a_wrong_grid_is_the_calls_mistake_not_the_kernels(grid, error, says):
+    x = torch.randn(10)
+    with pytest.raises(error, match=re.escape(says).replace(re.escape(".* "), ".* ")):
+        run_guarded(copy_kernel, grid, x_ptr=x, out_ptr=x.clone(), n=10, stride=1, BLOCK=16, MASK=True)
+
+
+def test_a_grid_as_a_list_numpy_ints_or_a_callable_runs():
+    import numpy as np
+
+    x = torch.randn(40)
+    for grid in ([3], (np.int64(3),), lambda meta: (triton.cdiv(40, meta["BLOCK"]),)):
+        run = run_guarded(copy_kernel, grid, x_ptr=x, out_ptr=torch.zeros_like(x), n=40, stride=1, BLOCK=16, MASK=True)
+        assert run.clean and run.error is None and torch.equal(run.tensors["out_ptr"], x), grid
+
+
+def test_tensors_the_guard_cannot_take_are_named():
+    x = torch.randn(100)
+    args = dict(n=100, stride=1, BLOCK=32, MASK=True)
+    with pytest.raises(ValueError, match=r"out_ptr has stride 0 \(strides \(0,\) for shape \(100,\): an expand"):
+        run_guarded(copy_kernel, (4,), x_ptr=x, out_ptr=torch.zeros(1).expand(100), **args)
+    with pytest.raises(ValueError, match=r"x_ptr has stride 0 .* pass a tensor of its own, x_ptr.contiguous\(\)"):
+        run_guarded(copy_kernel, (4,), x_ptr=torch.ones(100, 1).expand(100, 3), out_ptr=x, **args)
+    with pytest.raises(TypeError, match="x_ptr is a complex64 tensor, which a Triton kernel cannot take"):
+        run_guarded(copy_kernel, (4,), x_ptr=torch.zeros(100, dtype=torch.complex64), out_ptr=x, **args)
+    one = run_guarded(copy_kernel, (1,), x_ptr=torch.ones(1).expand(1), out_ptr=torch.zeros(1), **{**args, "n": 1})
+    assert one.clean  # one element: a stride 0 shares nothing
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's deadline")
+def test_a_stopped_launch_of_a_very_large_grid_names_the_grid(monkeypatch):
+    import moe_lab.workbook.guarded as guarded
+
+    monkeypatch.setattr(guarded, "MAX_SECONDS", 1.0)
+    x = torch.randn(64)
+    run = guarded.run_guarded(
+        copy_kernel, (100_000,), x_ptr=x, out_ptr=torch.zeros_like(x), n=64, stride=1, BLOCK=16, MASK=True
+    )
+    assert isinstance(run.error, guarded.NeverEnds)
+    assert "or a grid far too large: 100000 programs" in str(run.error)
+    assert "a grid far too large" not in guarded.never_ends_message(20, 10, (0, 0, 0), programs=64)
+
+
 def test_guard_keeps_descriptor_alignment():
     assert GUARD_BYTES % 128 == 0  # a guarded tensor starts 16-byte (and 128-byte) aligned, as TMA wants
 

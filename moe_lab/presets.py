@@ -24,6 +24,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._validate import check_positive_int
 from .expert_kind import GPT_OSS, SILU, Activation
 from .routing import topk_routing
 
@@ -32,6 +33,18 @@ DEFAULT_FP8_BLOCK = (128, 128)  # FP8 weight scale blocks where a preset names n
 # main models, and the token counts a benchmark or a tuning run sweeps, decode to prefill.
 MAIN_MODELS = ("mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3")
 SWEEP_TOKENS = (1, 8, 64, 512, 4096, 16384)
+
+
+def _check_device(device) -> torch.device:
+    """`device` (None: the CPU) as a torch.device this machine has; ValueError naming it otherwise."""
+    try:
+        device = torch.device(device or "cpu")
+    except (RuntimeError, TypeError) as exc:
+        kind = TypeError if isinstance(exc, TypeError) else ValueError
+        raise kind(f"device must be a torch.device or a name such as 'cpu' or 'cuda', got {device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device is {str(device)!r} but this machine has no CUDA GPU (torch sees none); use 'cpu'")
+    return device
 
 
 @dataclass(frozen=True)
@@ -72,16 +85,28 @@ class MoEPreset:
     def build(self, num_tokens: int, *, dtype=torch.bfloat16, device=None, seed: int = 0):
         """Random layer at this shape: hidden_states ~ N(0, 1), weights with nn.Linear's init scale
         (uniform ±1/sqrt(fan_in)), a random router. Returns (hidden_states, w1, w2, TopKRouting).
-        Raises TypeError for a dtype that is not a floating torch.dtype."""
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}")
-        device = torch.device(device or "cpu")
+        Weights are drawn one expert at a time into `dtype` (memory beyond the outputs: one expert in float32,
+        so DeepSeek-V3's full size fits an 80 GB GPU; on the CPU the values are one draw of the whole tensor's).
+        Raises TypeError for num_tokens not an int, a device of the wrong type or a dtype that is not a 16, 32
+        or 64-bit floating torch.dtype (FP8: build in bfloat16, then `quantize_fp8`), ValueError for
+        num_tokens < 0 or a device that torch does not know or this machine lacks."""
+        num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+            fp8 = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+            raise TypeError(
+                f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
+                + ("; for FP8 build in bfloat16, then preset.quantize_fp8(w1, w2)" if fp8 else "")
+            )
+        device = _check_device(device)
         gen = torch.Generator(device=device).manual_seed(seed)
         h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
 
         def uniform(shape, fan_in):
-            x = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
-            return x.mul_(2).sub_(1).div_(math.sqrt(fan_in)).to(dtype)
+            out = torch.empty(shape, dtype=dtype, device=device)
+            for part in out.unbind(0) if len(shape) == 3 else (out,):
+                x = torch.rand(part.shape, generator=gen, device=device, dtype=torch.float32)
+                part.copy_(x.mul_(2).sub_(1).div_(math.sqrt(fan_in)))
+            return out
 
         hidden_states = torch.randn((num_tokens, h), generator=gen, device=device).to(dtype)
         w1 = uniform((e, 2 * i, h), h)
@@ -109,7 +134,7 @@ class MoEPreset:
             return {}
         kind = dict(activation=self.activation)
         if self.biases:
-            device = torch.device(device or "cpu")
+            device = _check_device(device)
             gen = torch.Generator(device=device).manual_seed(seed)
             h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
             for name, shape, fan_in in (("w1_bias", (e, 2 * i), h), ("w2_bias", (e, h), i)):

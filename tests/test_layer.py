@@ -42,6 +42,40 @@ def test_all_tokens_on_one_expert_others_empty():
     assert relative_error(fused_moe(hs, w1, w2, tw, ti), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
 
 
+def test_preset_build_draws_one_expert_at_a_time_with_the_same_values():
+    """Weights drawn per expert (no float32 copy of a whole w1) are the values of one draw of the whole tensor
+    (the CPU generator's stream), so the stored notebook outputs stand."""
+    preset = get_preset("qwen3-30b-a3b").scaled(64)
+    gen = torch.Generator().manual_seed(3)
+    torch.randn((4, preset.hidden_size), generator=gen)
+    shape = (preset.num_experts, 2 * preset.intermediate_size, preset.hidden_size)
+    want = torch.rand(shape, generator=gen).mul_(2).sub_(1).div_(preset.hidden_size**0.5).to(torch.bfloat16)
+    assert torch.equal(preset.build(4, seed=3)[1], want)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(num_tokens=-1), ValueError, "num_tokens must be >= 0, got -1"),
+        (dict(num_tokens=2.5), TypeError, "num_tokens must be an int, got float"),
+        (dict(num_tokens="4"), TypeError, "num_tokens must be an int, got str"),
+        (dict(num_tokens=2, device="gpu"), ValueError, "device must be a torch.device or a name"),
+        (dict(num_tokens=2, device=3.5), TypeError, "device must be a torch.device or a name"),
+        (dict(num_tokens=2, dtype=torch.float8_e4m3fn), TypeError, r"for FP8 build in bfloat16, then .*quantize_fp8"),
+        (dict(num_tokens=2, dtype=torch.int8), TypeError, r"dtype must be a floating torch.dtype.*int8$"),
+    ],
+)
+def test_preset_build_names_bad_arguments(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        get_preset("mixtral-8x7b").scaled(64).build(**kwargs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")
+def test_preset_build_on_cuda_without_a_gpu_says_so():
+    with pytest.raises(ValueError, match="device is 'cuda' but this machine has no CUDA GPU"):
+        get_preset("mixtral-8x7b").scaled(64).build(2, device="cuda")
+
+
 def test_output_poisoned_with_nan_is_fully_written():
     hs, w1, w2, tw, ti = random_layer(23, 4, 2, 32, 32, torch.float32)
     out = torch.full_like(hs, float("nan"))

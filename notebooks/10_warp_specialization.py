@@ -411,7 +411,11 @@ print(ws_viz.steps_table(results, tokens=512))
 #   dense GEMM with the same block scales (cuBLAS's, through `torch._scaled_mm`), reaches about 1,110 TFLOP/s
 #   at Mixtral-8x7B and 1,100 at DeepSeek-V3 (T = 16384): the kernel is at 86 % and 76 % of it. Handing the
 #   epilogue to a warpgroup of its own, through shared memory, measured slower (0.79 to 0.99x: the hand-over
-#   costs more than the stores it moves; docs/experiments.md, "The Gluon epilogue in a warpgroup"). A step
+#   costs more than the stores it moves; docs/experiments.md, "The Gluon epilogue in a warpgroup"). A clock read
+#   at each tile's start, K-loop end and store end (on an H100) measured how much: a warpgroup of the down GEMM
+#   spends 34 % of its cycles in epilogues at Qwen3-30B-A3B, 15 % at DeepSeek-V3 and 2.5 % at Mixtral, and both
+#   warpgroups are in one at once for a quarter of a program's time at Qwen3; starting the second one late does
+#   not spread them apart (the ring of stages bounds the lag; docs/experiments.md, "Full-width wgmmas"). A step
 #   tried before this kernel, Gluon without warp
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped

@@ -64,7 +64,7 @@ from .plan import (
     reserve_workspace,
     workspace_slot,
 )
-from .quantize import FP8_DTYPE, check_static_scale, run_quantize_activations
+from .quantize import FP8_DTYPE, check_scale_values, check_static_scale, run_quantize_activations
 from .reduce import run_topk_reduce
 from .runtime import interpreter_serialized, keeping_no_buffers
 
@@ -280,20 +280,6 @@ def _check_expert_map_values(expert_map: torch.Tensor, num_experts: int) -> None
             )
 
 
-def _check_scale_values(name: str, scale: torch.Tensor) -> None:
-    """Raise ValueError unless every weight scale is finite and positive (a NaN, zero or negative scale makes
-    its block's products NaN, zero or of the wrong sign); reads the values (a sync on a GPU; none on meta)."""
-    if scale.numel() and scale.device.type != "meta":
-        bad = ~(torch.isfinite(scale) & (scale > 0))
-        if bad.any():
-            where = tuple(torch.nonzero(bad)[0].tolist())
-            raise ValueError(
-                f"{name} must be finite and positive, got {name}[{', '.join(map(str, where))}] = "
-                f"{scale[where].item()} ({int(bad.sum())} of {scale.numel()} scales): a scale multiplies its "
-                "block's products (moe_lab.quantize_weights_fp8 makes them)"
-            )
-
-
 @dataclass(frozen=True)
 class Fp8Weights:
     """The float8 side of a layer call, checked once: the weight scales, block_shape, and the static
@@ -499,8 +485,9 @@ def fused_moe(
             accumulates in float32; the output has hidden_states' dtype. Needs FP8 tensor cores (compute
             capability >= 8.9) or the interpreter: elsewhere RuntimeError with the reason
             (`moe_lab.fp8_support`).
-            Scales are taken as given: positive and finite, not checked here (a zero scale gives zeros, an
-            inf one inf or NaN); `FusedMoE` checks its weight scales' values once, when it is built. A NaN
+            Scales must be finite and positive: on CPU tensors each call checks their values (ValueError);
+            on a GPU they are taken as given (reading them would cost a host sync; a zero scale gives zeros,
+            an inf one inf or NaN), and `FusedMoE` checks its weight scales' values once, when it is built. A NaN
             in hidden_states makes its 128-channel group NaN, which reaches that token's output. Source:
             DeepSeek-V3 technical report (arXiv:2412.19437) §3.3; the argument names are vLLM's
             fused_experts' (use_fp8_w8a8).
@@ -575,6 +562,10 @@ def fused_moe(
         plan = remember_layer_plan(plan_layer(key, w1, w2, config))
     # What the key cannot decide, every call: the ids' values, and where `out` lies.
     _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
+    if w1_scale is not None and w1_scale.device.type == "cpu":  # free there; a host sync on a GPU
+        for name, scale in zip(("w1_scale", "w2_scale", "a1_scale", "a2_scale"), scales):
+            if scale is not None:
+                check_scale_values(name, scale)
     if out is None:
         out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
     else:
@@ -1001,8 +992,8 @@ class FusedMoE(torch.nn.Module):
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2
         self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
         if fp8 is not None:  # their values checked once here, as a module is built once (fused_moe does not)
-            _check_scale_values("w1_scale", w1_scale)
-            _check_scale_values("w2_scale", w2_scale)
+            check_scale_values("w1_scale", w1_scale)
+            check_scale_values("w2_scale", w2_scale)
         self.register_buffer("w1_scale", w1_scale)
         self.register_buffer("w2_scale", w2_scale)
         if expert_map is not None:  # checked once here, as a module is built once (fused_moe reads them on the CPU)

@@ -109,14 +109,32 @@ def check_gemm_block_shape(block_shape) -> Optional[Tuple[int, int]]:
 
 def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)") -> torch.Tensor:
     """A static per-tensor scale (a calibrated a1_scale, ...) viewed as [1], the shape the kernels read, after
-    checking it: a float32 tensor of shape [1] or [] (0-d: checkpoints store both). `layout` is the message's
+    checking it: a float32 tensor of shape [1] or [] (0-d: checkpoints store both), on the CPU also finite and
+    positive (`check_scale_values`). `layout` is the message's
     list of accepted shapes, for callers that also take others."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(scale).__name__}")
     if scale.shape not in ((1,), ()):
         raise ValueError(f"{name} must have shape {layout}, got shape {tuple(scale.shape)}")
     check_tensor(name, scale, ndim=scale.dim(), dtypes=(torch.float32,))
+    if scale.device.type == "cpu":  # free there; on a GPU reading it back would cost a host sync
+        check_scale_values(name, scale)
     return scale.reshape(1)
+
+
+def check_scale_values(name: str, scale: torch.Tensor) -> None:
+    """Raise ValueError unless every value of `scale` is finite and positive (a NaN, zero or negative scale
+    makes what it scales NaN, zero or of the wrong sign); reads the values (a sync on a GPU; none on meta)."""
+    if scale.numel() and scale.device.type != "meta":
+        bad = ~(torch.isfinite(scale) & (scale > 0))
+        if bad.any():
+            where = tuple(torch.nonzero(bad)[0].tolist())
+            at = f"[{', '.join(map(str, where))}]" if where else ""
+            raise ValueError(
+                f"{name} must be finite and positive, got {name}{at} = "
+                f"{scale[where].item()} ({int(bad.sum())} of {scale.numel()} scales): a scale multiplies the "
+                "values it scales (moe_lab.quantize_weights_fp8 and quantize_activations_fp8 make them)"
+            )
 
 
 def _check_flag(name: str, value) -> bool:
@@ -366,7 +384,8 @@ def quantize_activations_fp8(
       the kernel reads nothing back to the host).
     - group_size=None: per token, x_scale [rows, 1].
     - scale=<float32 tensor of one element, shape [1] or []> (static per tensor, e.g. a calibrated
-      `a1_scale`): every value is divided by it; no amax is taken; x_scale is `scale` viewed as [1].
+      `a1_scale`): every value is divided by it; no amax is taken; x_scale is `scale` viewed as [1]. It must be
+      finite and positive: checked on the CPU (ValueError), taken as given on a GPU (no host sync).
     - per_tensor=True (dynamic per tensor): the scale is the amax over all rows (those below num_rows)
       / 448, computed with torch on the device (no host sync); x_scale [1].
     group_size is not used with scale= or per_tensor=True.
@@ -378,11 +397,11 @@ def quantize_activations_fp8(
     rows = 0 returns empty tensors without launching.
 
     Raises TypeError/ValueError for x not a 2-D float tensor or with K = 0, group_size not None or an int
-    >= 1 (bools refused), scale not a float32 tensor of shape [1] or [], per_tensor not a bool or combined with
-    scale, num_rows not an int32 [1] tensor, out/out_scale of the wrong shape or dtype, out sharing memory
-    with x, or tensors on different devices; RuntimeError where FP8 cannot run (`fp8_support`: a CUDA GPU
-    below compute capability 8.9, where Triton has no e4m3 type). Under the interpreter e4m3 is emulated
-    (values rounded to the e4m3 grid first; bit-exact with torch's cast).
+    >= 1 (bools refused), scale not a float32 tensor of shape [1] or [] (on the CPU: not finite and positive),
+    per_tensor not a bool or combined with scale, num_rows not an int32 [1] tensor, out/out_scale of the wrong shape
+    or dtype, out sharing memory with x, or tensors on different devices; RuntimeError where FP8 cannot run
+    (`fp8_support`: a CUDA GPU below compute capability 8.9, where Triton has no e4m3 type). Under the interpreter
+    e4m3 is emulated (values rounded to the e4m3 grid first; bit-exact with torch's cast).
     Source: DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.3; vLLM,
     `vllm/model_executor/layers/quantization/utils/fp8_utils.py` (`per_token_group_quant_fp8`)."""
     check_tensor("x", x, ndim=2, dtypes=FLOAT_DTYPES, layout="[rows, K]")

@@ -491,6 +491,21 @@ def test_fp8_newcomer_mistakes_are_named():
         fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **per_expert, a1_scale=torch.tensor(0.01).half())
 
 
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="values are checked on CPU tensors only (no host sync on a GPU)")
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf")])
+def test_fp8_scale_values_are_checked_on_the_cpu(bad):
+    x, _, (w1_q, w2_q), topk_weights, topk_ids, scales = fp8_layer(6, 4, 2, 128, 96, "per_tensor")
+    for name in ("w1_scale", "w2_scale"):
+        broken = dict(scales, **{name: scales[name].clone().fill_(bad)})
+        with pytest.raises(ValueError, match=rf"{name} must be finite and positive, got {name}\[0\] = "):
+            fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, **broken)
+    static = torch.tensor([bad])
+    with pytest.raises(ValueError, match=r"a2_scale must be finite and positive"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=torch.tensor(0.01), a2_scale=static, **scales)
+    with pytest.raises(ValueError, match=r"scale must be finite and positive, got scale\[0\]"):
+        quantize_activations_fp8(x, scale=static)
+
+
 def test_fp8_after_a_second_breaker_trial():
     """Meta tensors, a NaN through a static activation scale (the interpreter reads e4m3's NaN as 480),
     weights that carry autograd, a block larger than the tensor, and out_scale buffers that overlap."""
@@ -499,7 +514,11 @@ def test_fp8_after_a_second_breaker_trial():
     out = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=torch.tensor(0.01, device=DEVICE), **scales)
     assert out[1].isnan().all() and not out[[0, 2, 3, 4, 5]].isnan().any()
     nan_scale = torch.tensor(float("nan"), device=DEVICE)
-    assert fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=nan_scale, **scales).isnan().all()
+    if DEVICE.type == "cpu":  # values checked where free; on a GPU taken as given (no host sync)
+        with pytest.raises(ValueError, match="a1_scale must be finite and positive, got a1_scale = nan"):
+            fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=nan_scale, **scales)
+    else:
+        assert fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, a1_scale=nan_scale, **scales).isnan().all()
     w = torch.nn.Parameter(torch.randn(2, 40, 72, device=DEVICE))
     q, s = quantize_weights_fp8(w)
     assert not q.requires_grad and not s.requires_grad

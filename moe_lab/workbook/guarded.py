@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import operator
 import re
 import signal
@@ -63,6 +64,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
+from .._validate import type_name
 from ..runtime import interpreter_active, interpreter_numpy_problem, interpreter_serialized
 
 GUARD_BYTES = 4096  # canary bytes before and after every tensor (a few blocks of any exercise)
@@ -623,6 +625,33 @@ def _is_descriptor(value) -> bool:
     return type(value).__name__ == "TensorDescriptor" and hasattr(value, "base")
 
 
+def _check_arguments(kernel, args: dict) -> None:
+    """Mistakes of the call that the launch would report from deep inside Triton: a parameter without a
+    default left out (KernelMismatch), and an argument no kernel takes (a list, a numpy array, a dict or set;
+    a str where the parameter is not a tl.constexpr)."""
+    fn = kernel
+    while not inspect.isfunction(fn) and hasattr(fn, "fn"):  # a JITFunction's, InterpretedFunction's, Autotuner's
+        fn = fn.fn
+    if not inspect.isfunction(fn):
+        return
+    params = inspect.signature(fn).parameters
+    missing = [name for name, p in params.items() if name not in args and p.default is inspect.Parameter.empty]
+    if missing:
+        raise KernelMismatch(
+            f"{kernel.__name__}({', '.join(params)}) needs {', '.join(missing)}, which the call does not pass "
+            f"(it passes {', '.join(args) or 'nothing'}). Keep the stub's parameters."
+        )
+    for name, value in args.items():
+        constexpr = "constexpr" in str(params[name].annotation)
+        if isinstance(value, (list, dict, set, np.ndarray)) or (isinstance(value, str) and not constexpr):
+            hint = {list: "; torch.tensor(...) makes one", np.ndarray: "; torch.from_numpy(...) makes one"}
+            raise TypeError(
+                f"{name} must be a torch.Tensor (a pointer), an int, float or bool (a scalar) or None, got "
+                f"{type_name(value)}{hint.get(type(value), '')}"
+                + (" (a str is for tl.constexpr parameters)" if isinstance(value, str) else "")
+            )
+
+
 @interpreter_serialized
 def run_guarded(kernel, grid, **args) -> GuardedRun:
     """Launch `kernel[grid](**args)` once on guarded copies of its tensor arguments (see the module doc).
@@ -632,9 +661,10 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     takes, any shape, non-negative strides and no two elements at one address: not a stride-0 expand, on
     the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
     caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
-    if `kernel` is not a Triton kernel or an argument name is not one of its parameters, TypeError /
-    ValueError naming `grid` or the tensor argument for a wrong grid or a tensor it cannot take (complex,
-    stride 0, negative strides): mistakes of the call, found before the kernel runs.
+    if `kernel` is not a Triton kernel, an argument name is not one of its parameters or a parameter without
+    a default is not passed, TypeError / ValueError naming `grid` or the argument for a wrong grid, a tensor it
+    cannot take (complex, stride 0, negative strides) or a value no kernel takes (a list, a numpy array; a
+    str for a parameter that is not a tl.constexpr): mistakes of the call, found before the kernel runs.
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):
@@ -645,6 +675,7 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
             f"exercise passes {', '.join(args)}. Keep the stub's parameter names."
         )
+    _check_arguments(kernel, args)
     grid = _checked_grid(grid)
     for name, value in args.items():
         if isinstance(value, torch.Tensor):

@@ -101,6 +101,37 @@ def test_wrong_calls_of_the_runner_raise_type_errors():
 
 
 @pytest.mark.parametrize(
+    "change, error, says",
+    [
+        (dict(n=None), KernelMismatch, "copy_kernel(x_ptr, out_ptr, n, stride, BLOCK, MASK) needs n, which the call"),
+        (
+            dict(x_ptr="numpy"),
+            TypeError,
+            "x_ptr must be a torch.Tensor (a pointer), an int, float or bool (a scalar) "
+            "or None, got numpy.ndarray; torch.from_numpy(...) makes one",
+        ),
+        (dict(x_ptr="list"), TypeError, "got list; torch.tensor(...) makes one"),
+        (
+            dict(n="10"),
+            TypeError,
+            "n must be a torch.Tensor (a pointer), an int, float or bool (a scalar) or None, got "
+            "str (a str is for tl.constexpr parameters)",
+        ),
+    ],
+)
+def test_arguments_no_kernel_takes_are_the_calls_mistake(change, error, says):
+    x = torch.randn(10)
+    args = dict(x_ptr=x, out_ptr=x.clone(), n=10, stride=1, BLOCK=16, MASK=True)
+    for name, value in change.items():
+        if value is None:
+            del args[name]
+        else:
+            args[name] = {"numpy": x.numpy(), "list": x.tolist()}.get(value, value)
+    with pytest.raises(error, match=re.escape(says)):
+        run_guarded(copy_kernel, (1,), **args)
+
+
+@pytest.mark.parametrize(
     "grid, error, says",
     [
         (4, TypeError, "grid must be a tuple of 1 to 3 ints, .* got int 4 (one axis: write (4,))"),

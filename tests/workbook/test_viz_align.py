@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -79,3 +80,9 @@ def test_slot_order_routing_is_refused_with_a_pointer_to_moe_align():
         padding_report(routing)
     with pytest.raises(ValueError, match="slot order"):
         tile_report(routing, 64, 32, 32, 32)
+
+
+@pytest.mark.parametrize("routing", [(1, 2), [1, 2], None])
+def test_padding_report_refuses_what_is_not_a_routing(routing):
+    with pytest.raises(TypeError, match=r"routing must be an AlignedRouting \(from moe_align\), got"):
+        va.padding_report(routing)

@@ -149,3 +149,33 @@ def test_stage_sweep_table_and_plot_with_times():
     assert "TFLOP/s" in text and "0.250" in text and "failed: OutOfResources" in text
     fig = perf.plot_stage_sweep(rows, title="t")
     assert len(fig.axes) == 2 and "TFLOP/s" in fig.axes[1].get_ylabel()
+
+
+def test_layer_cost_takes_a_preset_name():
+    assert perf.layer_cost("mixtral-8x7b", 4) == perf.layer_cost(moe_lab.get_preset("mixtral-8x7b"), 4)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: perf.layer_cost(8, 4), TypeError, r"preset must be a MoEPreset or a preset's name \(str\), got int"),
+        (lambda: perf.layer_cost("no-such-model", 4), ValueError, r"unknown model preset 'no-such-model'"),
+        (lambda: perf.tile_intensity(0, 0, 0), ValueError, r"block_m must be >= 1, got 0"),
+        (lambda: perf.tile_intensity(64, 64, 32, itemsize=0), ValueError, r"itemsize must be >= 1, got 0"),
+        (lambda: perf.pipeline_shared_memory(-16, 32, 32, 2), ValueError, r"block_m must be >= 1, got -16"),
+        (lambda: perf.pipeline_shared_memory(16, 32, 32, 0), ValueError, r"num_stages must be >= 1, got 0"),
+        (lambda: perf.pipeline_shared_memory(16, 32.0, 32, 2), TypeError, r"block_n must be an int, got float"),
+    ],
+)
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("text,match", [("not json\n", r"is not valid JSON"), ("[1, 2]", r"must hold a JSON object")])
+def test_load_results_names_a_file_that_is_not_results(tmp_path, text, match):
+    path = tmp_path / "results.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        perf.load_results(str(path))
+    assert str(path) in str(info.value)

@@ -5,6 +5,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import moe_lab  # noqa: E402
@@ -66,3 +67,38 @@ def test_widget_clamps_top_k_to_e():
     box = vr.routing_explorer(num_tokens=8, num_experts=4, top_k=2)
     box.controls["top_k"].value = 8
     assert box.routing.topk_ids.shape == (8, 4)
+
+
+_IDS = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: vr.plot_routing([[0, 1]], 4), TypeError, r"topk_ids must be a torch.Tensor \[T, k\], got list"),
+        (
+            lambda: vr.plot_routing(torch.tensor([[0, 9]]), 4),
+            ValueError,
+            r"experts in \[0, 4\), got values from 0 to 9",
+        ),
+        (lambda: vr.plot_routing(_IDS, 4, torch.ones(3, 2)), ValueError, r"topk_weights must have shape"),
+        (lambda: vr.expert_load(torch.tensor([[-1, 1]]), 4), ValueError, r"in \[0, 4\), got values from -1 to 1"),
+        (lambda: vr.expert_load(torch.tensor([[0.0, 1.0]]), 4), TypeError, r"topk_ids must be int32 or int64"),
+        (lambda: vr.expert_load(torch.tensor([0, 1]), 4), ValueError, r"topk_ids must have 2 dimensions"),
+        (lambda: vr.expert_load(_IDS, 0), ValueError, r"num_experts must be >= 1, got 0"),
+        (lambda: vr.load_summary(torch.tensor([[9, 1]]), 4), ValueError, r"in \[0, 4\), got values from 1 to 9"),
+        (lambda: vr.skewed_router_logits(-1, 4), ValueError, r"num_tokens must be >= 0, got -1"),
+        (lambda: vr.skewed_router_logits(4, 4, skew=-5), ValueError, r"skew must be a finite number >= 0, got -5"),
+        (lambda: vr.skewed_router_logits(4, 4, skew=float("nan")), ValueError, r"skew must be a finite .* got nan"),
+        (lambda: vr.skewed_router_logits(4, 4, skew="2"), TypeError, r"skew must be a number >= 0, got str"),
+        (lambda: vr.skewed_routing(4, 0, 2), ValueError, r"num_experts must be >= 1, got 0"),
+        (lambda: vr.skewed_routing(4, 4, 0), ValueError, r"top_k must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_load_summary_of_no_tokens():
+    assert "T·k = 0 slots" in vr.load_summary(torch.empty(0, 2, dtype=torch.int64), 4)

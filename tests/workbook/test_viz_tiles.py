@@ -61,3 +61,30 @@ def test_widget_redraws_on_each_slider():
             assert box.summary.value != text, name
     assert box.routing.block_size_m == 32
     assert "4 K step(s) of BLOCK_SIZE_K=16" in box.summary.value
+
+
+def _routing():
+    return moe_lab.moe_align(torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), 4, 16)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: vt.tile_order(4, 3, 0), ValueError, r"group_size_m must be >= 1, got 0"),
+        (lambda: vt.tile_order(-4, 3, 1), ValueError, r"num_m_blocks must be >= 0, got -4"),
+        (lambda: vt.tile_order(4, 3.0, 1), TypeError, r"num_n_blocks must be an int, got float"),
+        (lambda: vt.program_tile(100, 4, 3, 1), ValueError, r"pid must be in \[0, 12\) .* got 100"),
+        (lambda: vt.program_tile(-1, 4, 3, 1), ValueError, r"pid must be >= 0, got -1"),
+        (
+            lambda: vt.tile_report(_routing(), n=32, k=32, block_size_n=0, block_size_k=32),
+            ValueError,
+            r"block_size_n must be >= 1, got 0",
+        ),
+        (lambda: vt.tile_report(_routing(), 32, -1, 32, 32), ValueError, r"k must be >= 0, got -1"),
+        (lambda: vt.plot_tile_map([1, 2], 32, 32, 1), TypeError, r"routing must be an AlignedRouting .*got list"),
+        (lambda: vt.plot_tile_map(_routing(), 32, 32, 0), ValueError, r"group_size_m must be >= 1, got 0"),
+    ],
+)
+def test_bad_arguments_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -68,3 +68,22 @@ def test_expert_tiles_widget_redraws_on_change():
     w.children[0].children[1].value = "packed"
     assert w.figure is not before
     assert "3 tile(s) span" in w.summary.value
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: tma.sorted_row_experts([5, -3, 2], 4), ValueError, r"counts\[1\] must be >= 0, got -3"),
+        (lambda: tma.sorted_row_experts([5, 3, 2], 0), ValueError, r"block_size_m must be >= 1, got 0"),
+        (lambda: tma.sorted_row_experts([5, 2.5], 4), TypeError, r"counts\[1\] must be an int, got float"),
+        (lambda: tma.plot_expert_tiles("5,3", 4), TypeError, r"counts must be a sequence of ints .*got str"),
+        (lambda: tma.crossing_tiles(5, 4), TypeError, r"counts must be a sequence of ints .*got int"),
+    ],
+)
+def test_bad_counts_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_counts_may_be_a_tensor():
+    assert tma.sorted_row_experts(torch.tensor([5, 3]), 4).tolist() == tma.sorted_row_experts([5, 3], 4).tolist()

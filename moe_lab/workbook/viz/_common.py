@@ -57,7 +57,11 @@ def show_figure(output, figure: Figure) -> None:
 
 def require_expert_sorted(routing, what: str) -> None:
     """Raise ValueError for a slot-order schedule (`moe_lab.align.slot_order_routing`, what `fused_moe`
-    runs at T = 1): the pictures count experts' rows and padding, which only the align's schedule has."""
+    runs at T = 1): the pictures count experts' rows and padding, which only the align's schedule has.
+    Raise TypeError / ValueError first for anything but an AlignedRouting (`moe_lab.align.check_routing`)."""
+    from ...align import check_routing
+
+    check_routing(routing)
     if not getattr(routing, "expert_sorted", True):
         raise ValueError(
             f"{what} draws the align's expert-sorted schedule; this routing is a single token's "

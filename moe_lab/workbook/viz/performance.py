@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..._validate import check_positive_int, type_name
 from ...presets import MoEPreset, get_preset
 from ._common import figure_and_ax, show_figure
 
@@ -72,7 +73,8 @@ def load_results(path: Optional[str] = None) -> dict:
         in TB/s, bf16_matmul_tflops in TFLOP/s, measured in the same run), `rows` (one dict per model, T
         and implementation; times in ms) and `path` (the file read).
     Raises:
-        FileNotFoundError if no results file exists.
+        FileNotFoundError if no results file exists; ValueError naming the file if it is not valid JSON
+        (or holds no JSON object).
     """
     if path is None:
         files = glob.glob(os.path.join(committed_result(), "*.json"))
@@ -89,7 +91,12 @@ def load_results(path: Optional[str] = None) -> dict:
 
         path = max(files, key=key)
     with open(path) as fh:
-        data = json.load(fh)
+        try:
+            data = json.load(fh)
+        except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{path} is not valid JSON (a benchmark results file is expected): {e}") from e
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object (benchmark results), got a JSON {type(data).__name__}")
     data["path"] = path
     return data
 
@@ -140,17 +147,26 @@ def layer_cost(
     """FLOPs and fewest bytes of the two GEMMs of one layer call (the benchmark's cost model).
 
     Args:
-        preset: the layer's shape.
+        preset: the layer's shape: a MoEPreset, or a preset's name such as "mixtral-8x7b" (looked up
+            with `moe_lab.get_preset`).
         num_tokens: T.
         itemsize: bytes per element (2 for bf16).
         experts_used: distinct experts hit; default: the expectation under uniform routing.
     Returns:
         dict: flops (FLOP), bytes (B: weights of the experts used, tokens read, outputs written),
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
+    Raises:
+        TypeError for a preset that is neither a MoEPreset nor a str, ValueError for an unknown name;
+        TypeError / ValueError for a T or itemsize that is not an int >= 1.
     """
     from ...tools.timing import gemm_costs
 
+    if isinstance(preset, str):
+        preset = get_preset(preset)
+    elif not isinstance(preset, MoEPreset):
+        raise TypeError(f"preset must be a MoEPreset or a preset's name (str), got {type_name(preset)}")
     num_tokens = check_token_count(num_tokens)
+    itemsize = check_positive_int("itemsize", itemsize)
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
@@ -485,16 +501,27 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
 H200_SHARED_MEMORY_BYTES = 232448  # 227 KiB per block (opt-in), what an H200 reports (moe_lab.tools.compile_only)
 
 
+def _sizes(**sizes) -> list:
+    """The named tile sizes as ints >= 1 (`check_positive_int`), in order."""
+    return [check_positive_int(name, value) for name, value in sizes.items()]
+
+
 def pipeline_shared_memory(block_m: int, block_n: int, block_k: int, num_stages: int, itemsize: int = 2) -> int:
     """Bytes of shared memory a software-pipelined K loop holds: one A tile (block_m x block_k) and one B
     tile (block_k x block_n) per stage, `itemsize` bytes each: (BM*BK + BK*BN) * itemsize * stages. (The
-    launcher's `GemmConfig.shared_memory_bytes` is the same estimate for num_stages >= 2.)"""
+    launcher's `GemmConfig.shared_memory_bytes` is the same estimate for num_stages >= 2.)
+    Raises TypeError / ValueError for an argument that is not an int >= 1."""
+    block_m, block_n, block_k, num_stages, itemsize = _sizes(
+        block_m=block_m, block_n=block_n, block_k=block_k, num_stages=num_stages, itemsize=itemsize
+    )
     return (block_m * block_k + block_k * block_n) * itemsize * num_stages
 
 
 def tile_intensity(block_m: int, block_n: int, block_k: int, itemsize: int = 2) -> float:
     """FLOP per byte loaded in one K step of one tile: 2*BM*BN*BK / ((BM*BK + BK*BN) * itemsize), which is
-    2*BM*BN / ((BM + BN) * itemsize): larger tiles reuse each loaded byte more often. BLOCK_K drops out."""
+    2*BM*BN / ((BM + BN) * itemsize): larger tiles reuse each loaded byte more often. BLOCK_K drops out.
+    Raises TypeError / ValueError for an argument that is not an int >= 1."""
+    block_m, block_n, block_k, itemsize = _sizes(block_m=block_m, block_n=block_n, block_k=block_k, itemsize=itemsize)
     return 2 * block_m * block_n * block_k / ((block_m * block_k + block_k * block_n) * itemsize)
 
 

@@ -15,8 +15,21 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from ..._validate import INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
 from ...routing import TopKRouting, topk_routing
 from ._common import figure_and_ax, show_figure
+
+
+def _check_topk_ids(topk_ids, num_experts) -> int:
+    """Raise TypeError/ValueError unless `topk_ids` is an int32/int64 [T, k] tensor of experts in [0, E) and
+    `num_experts` (E) an int >= 1; return E."""
+    num_experts = check_positive_int("num_experts", num_experts)
+    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
+    if topk_ids.numel():
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= num_experts:
+            raise ValueError(f"topk_ids must hold experts in [0, {num_experts}), got values from {low} to {high}")
+    return num_experts
 
 
 def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *, seed: int = 0) -> torch.Tensor:
@@ -28,7 +41,15 @@ def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *
         num_tokens: T. num_experts: E. skew: >= 0. seed: seed of the CPU generator.
     Returns:
         [T, E] float32 on the CPU.
+    Raises:
+        TypeError / ValueError for a T < 0, an E < 1 or a skew that is not a finite number >= 0.
     """
+    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+    num_experts = check_positive_int("num_experts", num_experts)
+    if is_bool(skew) or not isinstance(skew, (int, float, np.integer, np.floating)):
+        raise TypeError(f"skew must be a number >= 0, got {type_name(skew)}")
+    if not np.isfinite(skew) or skew < 0:
+        raise ValueError(f"skew must be a finite number >= 0, got {skew}")
     gen = torch.Generator().manual_seed(seed)
     noise = torch.randn((num_tokens, num_experts), generator=gen)
     return noise - skew * torch.log1p(torch.arange(num_experts, dtype=torch.float32))
@@ -37,13 +58,17 @@ def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *
 def skewed_routing(num_tokens: int, num_experts: int, top_k: int, skew: float = 0.0, *, seed: int = 0) -> TopKRouting:
     """The routing `routing_explorer` shows for these settings: `topk_routing` (softmax, renormalized) of
     `skewed_router_logits(num_tokens, num_experts, skew, seed=seed)`, top_k clamped to E. Draw it with
-    `plot_routing(routing.topk_ids, num_experts, routing.topk_weights)` for a static copy of the widget."""
+    `plot_routing(routing.topk_ids, num_experts, routing.topk_weights)` for a static copy of the widget.
+    Raises TypeError / ValueError for bad arguments (as `skewed_router_logits`; top_k must be an int >= 1)."""
+    top_k = check_positive_int("top_k", top_k)
     logits = skewed_router_logits(num_tokens, num_experts, skew, seed=seed)
     return topk_routing(logits, min(top_k, num_experts))
 
 
 def expert_load(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """Slots routed to each expert. topk_ids: [T, k] int. Returns [E] int64 on the CPU."""
+    """Slots routed to each expert. topk_ids: [T, k] int. Returns [E] int64 on the CPU.
+    Raises TypeError / ValueError unless topk_ids is an int32/int64 [T, k] tensor of experts in [0, E)."""
+    num_experts = _check_topk_ids(topk_ids, num_experts)
     return torch.bincount(topk_ids.reshape(-1).long().cpu(), minlength=num_experts)[:num_experts]
 
 
@@ -63,7 +88,20 @@ def plot_routing_heatmap(
         ax: draw here instead of on a new Figure.
     Returns:
         The matplotlib Figure.
+    Raises:
+        TypeError / ValueError unless topk_ids is an int32/int64 [T, k] tensor of experts in [0, E) and
+        topk_weights (if given) a [T, k] tensor.
     """
+    num_experts = _check_topk_ids(topk_ids, num_experts)
+    if topk_weights is not None:
+        check_tensor(
+            "topk_weights",
+            topk_weights,
+            ndim=2,
+            dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+            shape=tuple(topk_ids.shape),
+            layout="[T, k]",
+        )
     ids = topk_ids.long().cpu()
     num_tokens = ids.shape[0]
     weights = torch.ones(ids.shape) if topk_weights is None else topk_weights.float().cpu()
@@ -94,6 +132,8 @@ def plot_expert_load(
         topk_ids: [T, k] int32/int64. num_experts: E. ax: draw here instead of on a new Figure.
     Returns:
         The matplotlib Figure.
+    Raises:
+        TypeError / ValueError as `expert_load`.
     """
     load = expert_load(topk_ids, num_experts).numpy()
     mean = topk_ids.numel() / num_experts
@@ -109,19 +149,22 @@ def plot_expert_load(
 
 
 def load_summary(topk_ids: torch.Tensor, num_experts: int) -> str:
-    """One line: slots, busiest expert, max/mean load and idle experts. topk_ids: [T, k] int."""
+    """One line: slots, busiest expert, max/mean load and idle experts. topk_ids: [T, k] int.
+    Raises TypeError / ValueError as `expert_load`."""
     load = expert_load(topk_ids, num_experts)
     mean = topk_ids.numel() / num_experts
     busiest = int(load.argmax())
     idle = int((load == 0).sum())
     return (
         f"T·k = {topk_ids.numel()} slots over E = {num_experts} experts: busiest expert {busiest} gets "
-        f"{int(load[busiest])} (max/mean = {float(load.max()) / mean:.2f}); {idle} expert(s) get none"
+        f"{int(load[busiest])} (max/mean = {float(load.max()) / mean if mean else 0.0:.2f}); {idle} expert(s) get none"
     )
 
 
 def plot_routing(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optional[torch.Tensor] = None) -> Figure:
-    """Heatmap and load bar chart side by side, on one new Figure. Arguments as `plot_routing_heatmap`."""
+    """Heatmap and load bar chart side by side, on one new Figure. Arguments (and errors) as
+    `plot_routing_heatmap`."""
+    num_experts = _check_topk_ids(topk_ids, num_experts)  # before a Figure is made
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[1.2, 1])
     plot_routing_heatmap(topk_ids, num_experts, topk_weights, ax=left)

@@ -22,6 +22,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
+from ..._validate import check_positive_int
 from ...align import AlignedRouting, moe_align
 from ...plan import tile_of_program
 from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
@@ -29,22 +30,45 @@ from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_f
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
     """(pid_m, pid_n) of program `pid` under GROUP_SIZE_M ordering (the kernel's own arithmetic,
-    `moe_lab.plan.tile_of_program`)."""
+    `moe_lab.plan.tile_of_program`). Raises TypeError / ValueError for counts that are not ints >= 0, a
+    group_size_m < 1 or a pid outside [0, num_m_blocks * num_n_blocks)."""
+    num_m_blocks, num_n_blocks, group_size_m = _check_grid(num_m_blocks, num_n_blocks, group_size_m)
+    pid = check_positive_int("pid", pid, minimum=0)
+    if pid >= num_m_blocks * num_n_blocks:
+        raise ValueError(
+            f"pid must be in [0, {num_m_blocks * num_n_blocks}) (num_m_blocks * num_n_blocks = "
+            f"{num_m_blocks} * {num_n_blocks}), got {pid}"
+        )
     return tile_of_program(pid, num_m_blocks, num_n_blocks, group_size_m)
 
 
+def _check_grid(num_m_blocks, num_n_blocks, group_size_m) -> tuple[int, int, int]:
+    """The grid's sizes as ints: block counts >= 0, group_size_m >= 1 (TypeError / ValueError otherwise)."""
+    return (
+        check_positive_int("num_m_blocks", num_m_blocks, minimum=0),
+        check_positive_int("num_n_blocks", num_n_blocks, minimum=0),
+        check_positive_int("group_size_m", group_size_m),
+    )
+
+
 def tile_order(num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> np.ndarray:
-    """Program id of every tile. Returns [num_m_blocks, num_n_blocks] int64; each id appears once."""
+    """Program id of every tile. Returns [num_m_blocks, num_n_blocks] int64; each id appears once.
+    Raises TypeError / ValueError for block counts that are not ints >= 0 or a group_size_m < 1."""
+    num_m_blocks, num_n_blocks, group_size_m = _check_grid(num_m_blocks, num_n_blocks, group_size_m)
     order = np.full((num_m_blocks, num_n_blocks), -1, dtype=np.int64)
     for pid in range(num_m_blocks * num_n_blocks):
-        order[program_tile(pid, num_m_blocks, num_n_blocks, group_size_m)] = pid
+        order[tile_of_program(pid, num_m_blocks, num_n_blocks, group_size_m)] = pid
     return order
 
 
 def tile_report(routing: AlignedRouting, n: int, k: int, block_size_n: int, block_size_k: int) -> str:
     """One line: programs launched, programs with work, K steps per program, rows per program. Raises
-    ValueError for a slot-order routing."""
+    TypeError for a routing that is not an AlignedRouting, ValueError for a slot-order routing, and
+    TypeError / ValueError for n, k not ints >= 0 or block sizes not ints >= 1."""
     require_expert_sorted(routing, "tile_report")
+    n, k = check_positive_int("n", n, minimum=0), check_positive_int("k", k, minimum=0)
+    block_size_n = check_positive_int("block_size_n", block_size_n)
+    block_size_k = check_positive_int("block_size_k", block_size_k)
     num_n_blocks = triton.cdiv(n, block_size_n)
     launched = routing.max_num_m_blocks * num_n_blocks
     used_blocks = int((routing.expert_ids >= 0).sum().item())
@@ -79,9 +103,13 @@ def plot_tile_map(
     Returns:
         The matplotlib Figure.
     Raises:
-        ValueError for a slot-order routing (`moe_lab.align.slot_order_routing`).
+        TypeError for a routing that is not an AlignedRouting; ValueError for a slot-order routing
+        (`moe_lab.align.slot_order_routing`); TypeError / ValueError for an n < 0, a block_size_n < 1 or a
+        group_size_m < 1.
     """
     require_expert_sorted(routing, "plot_tile_map")
+    n, block_size_n = check_positive_int("n", n, minimum=0), check_positive_int("block_size_n", block_size_n)
+    group_size_m = check_positive_int("group_size_m", group_size_m)
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
     order = tile_order(num_m, num_n, group_size_m).astype(float)

@@ -15,6 +15,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from ..._validate import check_positive_int, type_name
 from ._common import figure_and_ax, show_figure
 
 INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
@@ -180,6 +181,13 @@ def plot_expert_weights_box(
     return fig
 
 
+def _check_counts(counts) -> list:
+    """`counts` (a list, tuple, array or 1-D tensor of rows per expert) as a list of ints >= 0."""
+    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+        raise TypeError(f"counts must be a sequence of ints (rows per expert, [E]), got {type_name(counts)}")
+    return [check_positive_int(f"counts[{e}]", c, minimum=0) for e, c in enumerate(counts)]
+
+
 def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool = False) -> np.ndarray:
     """The expert of every row of the expert-sorted layout, -1 for padding rows.
 
@@ -190,7 +198,11 @@ def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool
             padded to BLOCK_SIZE_M.
     Returns:
         int array of length = rows in use, rounded up to BLOCK_SIZE_M.
+    Raises:
+        TypeError / ValueError unless counts is a sequence of ints >= 0 and block_size_m an int >= 1.
     """
+    counts = _check_counts(counts)
+    block_size_m = check_positive_int("block_size_m", block_size_m)
     rows = []
     for e, c in enumerate(counts):
         rows += [e] * int(c)
@@ -219,6 +231,8 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
         ax: optional Axes.
     Returns:
         The Figure.
+    Raises:
+        TypeError / ValueError as `sorted_row_experts`.
     """
     rows = sorted_row_experts(counts, block_size_m, packed=packed)
     num_experts = len(counts)

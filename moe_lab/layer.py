@@ -254,6 +254,14 @@ def _check_ids(
         _check_expert_map_values(expert_map, num_experts)
 
 
+def _check_scales_on_cpu(scales: tuple) -> None:
+    """Raise ValueError for a weight or static activation scale (w1_scale, w2_scale, a1_scale, a2_scale) that
+    is not finite and positive, on CPU tensors only: free there, a host sync on a GPU (taken as given)."""
+    for name, scale in zip(("w1_scale", "w2_scale", "a1_scale", "a2_scale"), scales):
+        if isinstance(scale, torch.Tensor) and scale.device.type == "cpu":
+            check_scale_values(name, scale)
+
+
 _SHARED_WITH_EXPERT_MAP = (
     "shared_w1 with expert_map is not supported: every rank would add the shared experts' output; run them on one "
     "rank (a fused_moe call of their own) instead"
@@ -515,7 +523,8 @@ def fused_moe(
     is captured or inside `moe_lab.runtime.keeping_no_buffers()` (as the custom op calls it).
     Raises:
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, devices or configs;
-        ValueError for inputs or an `out` that require grad while grad is on (inference only).
+        ValueError for inputs or an `out` that require grad while grad is on (inference only), for ids as
+        `check_ids` says, and for FP8 scales on CPU tensors that are not finite and positive.
     Source: the fused-MoE design of vLLM (vllm-project/vllm, model_executor/layers/fused_moe); TMA loads
     as in Triton's tensor-descriptor tutorials.
     """
@@ -560,12 +569,9 @@ def fused_moe(
             output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
             check_same_device(hidden_states=hidden_states, out=out)
         plan = remember_layer_plan(plan_layer(key, w1, w2, config))
-    # What the key cannot decide, every call: the ids' values, and where `out` lies.
+    # What the key cannot decide, every call: the ids' and (on the CPU) the scales' values, and where `out` lies.
     _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
-    if w1_scale is not None and w1_scale.device.type == "cpu":  # free there; a host sync on a GPU
-        for name, scale in zip(("w1_scale", "w2_scale", "a1_scale", "a2_scale"), scales):
-            if scale is not None:
-                check_scale_values(name, scale)
+    _check_scales_on_cpu(scales)
     if out is None:
         out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
     else:
@@ -991,7 +997,7 @@ class FusedMoE(torch.nn.Module):
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)
         self.shared_w1, self.shared_w2 = shared_w1, shared_w2
         self.block_shape = list(fp8.block_shape) if fp8 is not None and fp8.block_shape else None
-        if fp8 is not None:  # their values checked once here, as a module is built once (fused_moe does not)
+        if fp8 is not None:  # their values checked once here, as a module is built once (fused_moe: on a CPU only)
             check_scale_values("w1_scale", w1_scale)
             check_scale_values("w2_scale", w2_scale)
         self.register_buffer("w1_scale", w1_scale)

@@ -36,14 +36,19 @@ SWEEP_TOKENS = (1, 8, 64, 512, 4096, 16384)
 
 
 def _check_device(device) -> torch.device:
-    """`device` (None: the CPU) as a torch.device this machine has; ValueError naming it otherwise."""
+    """`device` (None: the CPU) as a torch.device this machine has: the CPU or a CUDA GPU it sees. TypeError
+    for a device of the wrong type, ValueError for a name torch does not know or a device this machine lacks."""
     try:
-        device = torch.device(device or "cpu")
+        device = torch.device("cpu" if device is None else device)
     except (RuntimeError, TypeError) as exc:
         kind = TypeError if isinstance(exc, TypeError) else ValueError
         raise kind(f"device must be a torch.device or a name such as 'cpu' or 'cuda', got {device!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be the CPU or a CUDA GPU, got {str(device)!r}")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device is {str(device)!r} but this machine has no CUDA GPU (torch sees none); use 'cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device is {str(device)!r} but torch sees {torch.cuda.device_count()} CUDA GPU(s)")
     return device
 
 
@@ -129,7 +134,7 @@ class MoEPreset:
         """The keyword arguments that say this preset's kind of experts to `fused_moe` and
         `fused_moe_reference`: {} for SwiGLU experts without biases, else `activation` and, with biases,
         random w1_bias [E, 2I] and w2_bias [E, H] in `dtype` (uniform ±1/sqrt(fan_in), nn.Linear's bias init)
-        at this preset's sizes."""
+        at this preset's sizes. Raises TypeError / ValueError for a device as `build` does."""
         if self.activation == SILU and not self.biases:
             return {}
         kind = dict(activation=self.activation)

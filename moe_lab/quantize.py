@@ -109,16 +109,13 @@ def check_gemm_block_shape(block_shape) -> Optional[Tuple[int, int]]:
 
 def check_static_scale(name: str, scale, layout: str = "[1] or [] (per tensor)") -> torch.Tensor:
     """A static per-tensor scale (a calibrated a1_scale, ...) viewed as [1], the shape the kernels read, after
-    checking it: a float32 tensor of shape [1] or [] (0-d: checkpoints store both), on the CPU also finite and
-    positive (`check_scale_values`). `layout` is the message's
+    checking it: a float32 tensor of shape [1] or [] (0-d: checkpoints store both). `layout` is the message's
     list of accepted shapes, for callers that also take others."""
     if not isinstance(scale, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(scale).__name__}")
     if scale.shape not in ((1,), ()):
         raise ValueError(f"{name} must have shape {layout}, got shape {tuple(scale.shape)}")
     check_tensor(name, scale, ndim=scale.dim(), dtypes=(torch.float32,))
-    if scale.device.type == "cpu":  # free there; on a GPU reading it back would cost a host sync
-        check_scale_values(name, scale)
     return scale.reshape(1)
 
 
@@ -133,7 +130,7 @@ def check_scale_values(name: str, scale: torch.Tensor) -> None:
             raise ValueError(
                 f"{name} must be finite and positive, got {name}{at} = "
                 f"{scale[where].item()} ({int(bad.sum())} of {scale.numel()} scales): a scale multiplies the "
-                "values it scales (moe_lab.quantize_weights_fp8 and quantize_activations_fp8 make them)"
+                "values it scales (zero gives zeros, a negative one flips their signs)"
             )
 
 
@@ -413,6 +410,8 @@ def quantize_activations_fp8(
     per_tensor = _check_flag("per_tensor", per_tensor)
     if scale is not None:
         scale = check_static_scale("scale", scale)
+        if scale.device.type == "cpu":  # free there; on a GPU reading it back would cost a host sync
+            check_scale_values("scale", scale)
         if per_tensor:
             raise ValueError("per_tensor=True computes the scale; with scale= given, leave per_tensor=False")
         if out_scale is not None:

@@ -93,8 +93,9 @@ _ = workbook.check("Triton FP8 grouped GEMM vs float32 math on the dequantized o
 # MMA runs while another scales.
 #
 # The picture below is a **schematic**, drawn from the kernels' code with made-up durations
-# (`ws_viz.DURATIONS`: a wgmma 1 unit, scaling 0.6, a tile's epilogue 2), not a measurement: GPU timelines
-# need a GPU profiler, and the proportions differ per shape. It shows three schedules of the same work, two
+# (`ws_viz.DURATIONS`: a wgmma 1 unit, scaling 0.6, a tile's epilogue 2), not a measurement: a measured one
+# needs a GPU profiler or clock reads inside the kernel (section 7 cites one), and the proportions differ per
+# shape. It shows three schedules of the same work, two
 # tiles of four K blocks each:
 #
 # - **one warpgroup** (Triton's FP8 kernel): wgmma, wait, scale, wgmma, ...: the tensor cores idle during every
@@ -412,10 +413,11 @@ print(ws_viz.steps_table(results, tokens=512))
 #   at Mixtral-8x7B and 1,100 at DeepSeek-V3 (T = 16384): the kernel is at 86 % and 76 % of it. Handing the
 #   epilogue to a warpgroup of its own, through shared memory, measured slower (0.79 to 0.99x: the hand-over
 #   costs more than the stores it moves; docs/experiments.md, "The Gluon epilogue in a warpgroup"). A clock read
-#   at each tile's start, K-loop end and store end (on an H100) measured how much: a warpgroup of the down GEMM
-#   spends 34 % of its cycles in epilogues at Qwen3-30B-A3B, 15 % at DeepSeek-V3 and 2.5 % at Mixtral, and both
-#   warpgroups are in one at once for a quarter of a program's time at Qwen3; starting the second one late does
-#   not spread them apart (the ring of stages bounds the lag; docs/experiments.md, "Full-width wgmmas"). A step
+#   at each tile's start, K-loop end and store end (on an H100) showed where it goes: a warpgroup of the down GEMM
+#   spends 34 % of its own cycles in epilogues at Qwen3-30B-A3B, 15 % at DeepSeek-V3 and 2.5 % at Mixtral (the
+#   other warpgroup's wgmmas run through part of that), and both are in an epilogue at once for a quarter of a
+#   program's time at Qwen3, when nothing multiplies; starting the second one late does not spread them apart
+#   (the ring of stages bounds the lag; docs/experiments.md, "Full-width wgmmas"). A step
 #   tried before this kernel, Gluon without warp
 #   specialization (wgmmas issued asynchronously in one warpgroup), was no faster than the Triton kernel
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped

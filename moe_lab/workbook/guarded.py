@@ -627,8 +627,9 @@ def _is_descriptor(value) -> bool:
 
 def _check_arguments(kernel, args: dict) -> None:
     """Mistakes of the call that the launch would report from deep inside Triton: a parameter without a
-    default left out (KernelMismatch), and an argument no kernel takes (a list, a numpy array, a dict or set;
-    a str where the parameter is not a tl.constexpr)."""
+    default left out (KernelMismatch; a plain @triton.jit kernel only: an autotuner's or heuristics' configs
+    supply some), and an argument no kernel takes (a list, a numpy array, a dict or set; a str where the
+    parameter is not a tl.constexpr)."""
     fn = kernel
     while not inspect.isfunction(fn) and hasattr(fn, "fn"):  # a JITFunction's, InterpretedFunction's, Autotuner's
         fn = fn.fn
@@ -636,19 +637,18 @@ def _check_arguments(kernel, args: dict) -> None:
         return
     params = inspect.signature(fn).parameters
     missing = [name for name, p in params.items() if name not in args and p.default is inspect.Parameter.empty]
-    if missing:
+    if missing and inspect.isfunction(getattr(kernel, "fn", None)):
         raise KernelMismatch(
-            f"{kernel.__name__}({', '.join(params)}) needs {', '.join(missing)}, which the call does not pass "
-            f"(it passes {', '.join(args) or 'nothing'}). Keep the stub's parameters."
+            f"{fn.__name__}({', '.join(params)}) needs {', '.join(missing)}: this exercise passes "
+            f"{', '.join(args) or 'nothing'}. Keep the stub's parameter names."
         )
     for name, value in args.items():
         constexpr = "constexpr" in str(params[name].annotation)
         if isinstance(value, (list, dict, set, np.ndarray)) or (isinstance(value, str) and not constexpr):
             hint = {list: "; torch.tensor(...) makes one", np.ndarray: "; torch.from_numpy(...) makes one"}
             raise TypeError(
-                f"{name} must be a torch.Tensor (a pointer), an int, float or bool (a scalar) or None, got "
-                f"{type_name(value)}{hint.get(type(value), '')}"
-                + (" (a str is for tl.constexpr parameters)" if isinstance(value, str) else "")
+                f"{name} must be a torch.Tensor (a pointer), an int, float or bool (a scalar), None, or for a "
+                f"tl.constexpr parameter a constant, got {type_name(value)}{hint.get(type(value), '')}"
             )
 
 
@@ -663,16 +663,18 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
     if `kernel` is not a Triton kernel, an argument name is not one of its parameters or a parameter without
     a default is not passed, TypeError / ValueError naming `grid` or the argument for a wrong grid, a tensor it
-    cannot take (complex, stride 0, negative strides) or a value no kernel takes (a list, a numpy array; a
-    str for a parameter that is not a tl.constexpr): mistakes of the call, found before the kernel runs.
+    cannot take (complex, stride 0, negative strides) or a value no kernel takes (a list, a numpy array, a dict
+    or set; a str for a parameter that is not a tl.constexpr): mistakes of the call, found before the kernel
+    runs.
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):
         raise KernelMismatch(_not_a_kernel(kernel))
     unknown = [name for name in args if name not in names]
     if unknown:
+        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
         raise KernelMismatch(
-            f"{kernel.__name__}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
+            f"{name}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
             f"exercise passes {', '.join(args)}. Keep the stub's parameter names."
         )
     _check_arguments(kernel, args)

@@ -103,19 +103,23 @@ def test_wrong_calls_of_the_runner_raise_type_errors():
 @pytest.mark.parametrize(
     "change, error, says",
     [
-        (dict(n=None), KernelMismatch, "copy_kernel(x_ptr, out_ptr, n, stride, BLOCK, MASK) needs n, which the call"),
+        (
+            dict(n=None),
+            KernelMismatch,
+            "copy_kernel(x_ptr, out_ptr, n, stride, BLOCK, MASK) needs n: this exercise passes x_ptr",
+        ),
         (
             dict(x_ptr="numpy"),
             TypeError,
-            "x_ptr must be a torch.Tensor (a pointer), an int, float or bool (a scalar) "
-            "or None, got numpy.ndarray; torch.from_numpy(...) makes one",
+            "x_ptr must be a torch.Tensor (a pointer), an int, float or bool (a scalar), None, or for a tl.constexpr "
+            "parameter a constant, got numpy.ndarray; torch.from_numpy(...) makes one",
         ),
         (dict(x_ptr="list"), TypeError, "got list; torch.tensor(...) makes one"),
         (
             dict(n="10"),
             TypeError,
-            "n must be a torch.Tensor (a pointer), an int, float or bool (a scalar) or None, got "
-            "str (a str is for tl.constexpr parameters)",
+            "n must be a torch.Tensor (a pointer), an int, float or bool (a scalar), None, or for a tl.constexpr "
+            "parameter a constant, got str",
         ),
     ],
 )
@@ -129,6 +133,17 @@ def test_arguments_no_kernel_takes_are_the_calls_mistake(change, error, says):
             args[name] = {"numpy": x.numpy(), "list": x.tolist()}.get(value, value)
     with pytest.raises(error, match=re.escape(says)):
         run_guarded(copy_kernel, (1,), **args)
+
+
+def test_autotuned_and_heuristics_kernels_run_with_the_constexprs_their_configs_supply():
+    tuned = triton.autotune([triton.Config({"BLOCK": 16})], key=["n"])(copy_kernel)
+    guessed = triton.heuristics({"BLOCK": lambda args: 16})(copy_kernel)
+    x = torch.randn(10)
+    for kernel in (tuned, guessed):
+        run = run_guarded(kernel, (1,), x_ptr=x, out_ptr=torch.zeros_like(x), n=10, stride=1, MASK=True)
+        assert run.error is None and run.clean and torch.equal(run.tensors["out_ptr"], x), kernel
+    with pytest.raises(TypeError, match="n must be a torch.Tensor"):
+        run_guarded(tuned, (1,), x_ptr=x, out_ptr=x.clone(), n="10", stride=1, MASK=True)
 
 
 @pytest.mark.parametrize(

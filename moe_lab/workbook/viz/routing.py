@@ -15,7 +15,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..._validate import INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
+from ..._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
 from ...routing import TopKRouting, topk_routing
 from ._common import figure_and_ax, show_figure
 
@@ -98,7 +98,7 @@ def plot_routing_heatmap(
             "topk_weights",
             topk_weights,
             ndim=2,
-            dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64),
+            dtypes=FLOAT_DTYPES + (torch.float64,),
             shape=tuple(topk_ids.shape),
             layout="[T, k]",
         )

@@ -213,7 +213,8 @@ def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool
 
 
 def crossing_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool = False):
-    """Indices of the M-tiles whose rows belong to more than one expert (padding rows ignored)."""
+    """Indices of the M-tiles whose rows belong to more than one expert (padding rows ignored). Raises
+    TypeError / ValueError as `sorted_row_experts`."""
     rows = sorted_row_experts(counts, block_size_m, packed=packed)
     tiles = rows.reshape(-1, block_size_m)
     return [i for i, t in enumerate(tiles) if len(set(t[t >= 0].tolist())) > 1]
@@ -234,6 +235,7 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
     Raises:
         TypeError / ValueError as `sorted_row_experts`.
     """
+    counts = _check_counts(counts)  # a list: an iterator given is read once
     rows = sorted_row_experts(counts, block_size_m, packed=packed)
     num_experts = len(counts)
     fig, ax = figure_and_ax(ax, (10, 1.9))

@@ -64,7 +64,13 @@ from .plan import (
     reserve_workspace,
     workspace_slot,
 )
-from .quantize import FP8_DTYPE, check_scale_values, check_static_scale, run_quantize_activations
+from .quantize import (
+    FP8_DTYPE,
+    check_scale_values,
+    check_scale_values_on_cpu,
+    check_static_scale,
+    run_quantize_activations,
+)
 from .reduce import run_topk_reduce
 from .runtime import interpreter_serialized, keeping_no_buffers
 
@@ -255,11 +261,10 @@ def _check_ids(
 
 
 def _check_scales_on_cpu(scales: tuple) -> None:
-    """Raise ValueError for a weight or static activation scale (w1_scale, w2_scale, a1_scale, a2_scale) that
-    is not finite and positive, on CPU tensors only: free there, a host sync on a GPU (taken as given)."""
+    """`check_scale_values_on_cpu` for each scale given (w1_scale, w2_scale, a1_scale, a2_scale)."""
     for name, scale in zip(("w1_scale", "w2_scale", "a1_scale", "a2_scale"), scales):
-        if isinstance(scale, torch.Tensor) and scale.device.type == "cpu":
-            check_scale_values(name, scale)
+        if isinstance(scale, torch.Tensor):
+            check_scale_values_on_cpu(name, scale)
 
 
 _SHARED_WITH_EXPERT_MAP = (

@@ -134,6 +134,13 @@ def check_scale_values(name: str, scale: torch.Tensor) -> None:
             )
 
 
+def check_scale_values_on_cpu(name: str, scale: torch.Tensor) -> None:
+    """`check_scale_values` where it is free: on CPU tensors; on a GPU the scale is taken as given (reading it
+    back would cost a host sync)."""
+    if scale.device.type == "cpu":
+        check_scale_values(name, scale)
+
+
 def _check_flag(name: str, value) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type_name(value)}")
@@ -410,8 +417,7 @@ def quantize_activations_fp8(
     per_tensor = _check_flag("per_tensor", per_tensor)
     if scale is not None:
         scale = check_static_scale("scale", scale)
-        if scale.device.type == "cpu":  # free there; on a GPU reading it back would cost a host sync
-            check_scale_values("scale", scale)
+        check_scale_values_on_cpu("scale", scale)
         if per_tensor:
             raise ValueError("per_tensor=True computes the scale; with scale= given, leave per_tensor=False")
         if out_scale is not None:

@@ -625,15 +625,22 @@ def _is_descriptor(value) -> bool:
     return type(value).__name__ == "TensorDescriptor" and hasattr(value, "base")
 
 
+def _python_function(kernel):
+    """The Python function under a JITFunction, an InterpretedFunction, an Autotuner or Heuristics; None if
+    there is none."""
+    fn = kernel
+    while not inspect.isfunction(fn) and hasattr(fn, "fn"):
+        fn = fn.fn
+    return fn if inspect.isfunction(fn) else None
+
+
 def _check_arguments(kernel, args: dict) -> None:
     """Mistakes of the call that the launch would report from deep inside Triton: a parameter without a
     default left out (KernelMismatch; a plain @triton.jit kernel only: an autotuner's or heuristics' configs
     supply some), and an argument no kernel takes (a list, a numpy array, a dict or set; a str where the
     parameter is not a tl.constexpr)."""
-    fn = kernel
-    while not inspect.isfunction(fn) and hasattr(fn, "fn"):  # a JITFunction's, InterpretedFunction's, Autotuner's
-        fn = fn.fn
-    if not inspect.isfunction(fn):
+    fn = _python_function(kernel)
+    if fn is None:
         return
     params = inspect.signature(fn).parameters
     missing = [name for name, p in params.items() if name not in args and p.default is inspect.Parameter.empty]
@@ -672,7 +679,7 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
         raise KernelMismatch(_not_a_kernel(kernel))
     unknown = [name for name in args if name not in names]
     if unknown:
-        name = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "fn", None), "__name__", "kernel")
+        name = getattr(_python_function(kernel), "__name__", "kernel")
         raise KernelMismatch(
             f"{name}({', '.join(names)}) has no parameter {', '.join(unknown)}: this "
             f"exercise passes {', '.join(args)}. Keep the stub's parameter names."

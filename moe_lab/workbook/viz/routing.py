@@ -16,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
+from ...layer import _check_ids
 from ...routing import TopKRouting, topk_routing
 from ._common import figure_and_ax, show_figure
 
@@ -25,10 +26,7 @@ def _check_topk_ids(topk_ids, num_experts) -> int:
     `num_experts` (E) an int >= 1; return E."""
     num_experts = check_positive_int("num_experts", num_experts)
     check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
-    if topk_ids.numel():
-        low, high = int(topk_ids.min()), int(topk_ids.max())
-        if low < 0 or high >= num_experts:
-            raise ValueError(f"topk_ids must hold experts in [0, {num_experts}), got values from {low} to {high}")
+    _check_ids(topk_ids, None, num_experts, check_ids=True)  # fused_moe's range check
     return num_experts
 
 

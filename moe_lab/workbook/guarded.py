@@ -668,11 +668,12 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     takes, any shape, non-negative strides and no two elements at one address: not a stride-0 expand, on
     the device the kernels run on) and host `TensorDescriptor`s (their base is guarded) are copied, the
     caller's tensors are never written. Returns a `GuardedRun`; raises `KernelMismatch` (a TypeError)
-    if `kernel` is not a Triton kernel, an argument name is not one of its parameters or a parameter without
-    a default is not passed, TypeError / ValueError naming `grid` or the argument for a wrong grid, a tensor it
-    cannot take (complex, stride 0, negative strides) or a value no kernel takes (a list, a numpy array, a dict
-    or set; a str for a parameter that is not a tl.constexpr): mistakes of the call, found before the kernel
-    runs.
+    if `kernel` is not a Triton kernel, an argument name is not one of its parameters or (a plain @triton.jit
+    kernel: an autotuner's or heuristics' configs supply some) a parameter without a default is not passed,
+    TypeError / ValueError naming `grid` or the argument for a wrong grid, a tensor it cannot take (complex,
+    stride 0, negative strides) or a value no kernel takes (a list, a numpy array, a dict or set; a str for a
+    parameter that is not a tl.constexpr): mistakes of the call, found before the kernel runs. An autotuner of
+    several configs cannot run without a GPU (Triton times them there).
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):

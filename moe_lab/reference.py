@@ -150,7 +150,6 @@ def fused_moe_reference(
             None if s is None else check_static_scale(name, s)
             for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale))
         )
-        w1, w2 = dequantize_fp8(w1, w1_scale, block_shape), dequantize_fp8(w2, w2_scale, block_shape)
         group = block_shape[1] if block_shape is not None else None
         hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
     x = hidden_states.to(dtype)
@@ -163,13 +162,17 @@ def fused_moe_reference(
         token, slot = torch.nonzero(ids == e, as_tuple=True)
         if token.numel() == 0:
             continue
-        gate_up = x[token] @ w1[e].to(dtype).T
+        w1_e, w2_e = w1[e], w2[e]
+        if fp8:  # one expert at a time: DeepSeek-V3's whole w1 in float32 would be 28 GiB
+            w1_e = dequantize_fp8(w1[e : e + 1], _expert_scale(w1_scale, e), block_shape)[0]
+            w2_e = dequantize_fp8(w2[e : e + 1], _expert_scale(w2_scale, e), block_shape)[0]
+        gate_up = x[token] @ w1_e.to(dtype).T
         if w1_bias is not None:
             gate_up = gate_up + w1_bias[e].to(dtype)
         act = gated_activation_reference(gate_up, activation)
         if fp8:
             act = fake_quantize_activations(act, group, a2_scale).to(dtype)
-        y = act @ w2[e].to(dtype).T
+        y = act @ w2_e.to(dtype).T
         if w2_bias is not None:
             y = y + w2_bias[e].to(dtype)
         out.index_add_(0, token, y * topk_weights[token, slot].to(dtype)[:, None])
@@ -179,6 +182,11 @@ def fused_moe_reference(
             y = act @ shared_w2[s].to(dtype).T
             out += y if shared_weights is None else y * shared_weights[:, s].to(dtype)[:, None]
     return out
+
+
+def _expert_scale(scale: torch.Tensor, e: int) -> torch.Tensor:
+    """Expert e's part of a weight scale (per tensor: the scale itself; [E], [E, N], [E, N/bn, K/bk]: row e)."""
+    return scale if scale.numel() == 1 else scale[e : e + 1]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

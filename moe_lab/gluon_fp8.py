@@ -83,7 +83,9 @@ def grouped_matmul_fp8_gluon(
         block_shape: [block_n, block_k] of the weight scales; block_k must be 128, block_n a multiple of
             BLOCK_SIZE_N (`moe_lab.plan.gluon_block_shape_problem`).
         out: optional output [rows_sorted, N] (or [T*k, N] with scatter), last stride 1; out_dtype: bfloat16
-            (default), float16 or float32. Rows of blocks past num_tokens_post_padded are left as they were.
+            (default), float16 or float32. Rows of blocks past num_tokens_post_padded are left as they were;
+            so are, with activation and 128-row tiles, the rows of a 64-row half of an M-block that holds
+            padding alone (an expert's last block with 64 routed rows or fewer), which the kernel passes by.
         activation: None (the plain GEMM), or the SwiGLU epilogue's `moe_lab.Activation` ("silu" or
             "swigluoai" with gate and up as halves; interleaved rows raise ValueError) for the up projection
             (gather_a=True): w [E, 2I, K], out [rows_sorted, I], I a multiple of BLOCK_SIZE_N.

@@ -414,7 +414,66 @@ def test_gluon_swiglu_epilogue_writes_the_down_gemms_float8_input(activation, bl
     got = dequantize_fp8(act[used], act_s[used], (1, 128))
     assert relative_error(got, dequantize_fp8(want_q, want_s, (1, 128))) < 1e-2
     padded = int(routing.num_tokens_post_padded)
-    assert not act_s[:padded].isnan().any() and not act[:padded].float().isnan().any()  # padding rows too
+    live = _live_half_rows(routing)  # padding rows of 64-row halves that hold routed rows are written too
+    assert not act_s[:padded][live].isnan().any() and not act[:padded][live].float().isnan().any()
+
+
+def _live_half_rows(routing):
+    """Of rows [0, num_tokens_post_padded), those in 64-row halves whose first row is routed: what the SwiGLU up
+    GEMM writes (padding comes last in an M-block; a half of padding alone is passed by)."""
+    padded = int(routing.num_tokens_post_padded)
+    ids = routing.sorted_token_ids[:padded]
+    return ids[torch.arange(padded, device=ids.device) // 64 * 64] < routing.num_slots
+
+
+@pytest.mark.gpu
+@GPU_GLUON
+def test_gluon_up_gemm_passes_by_halves_of_padding_and_the_down_gemm_ignores_them():
+    """128-row tiles: an expert's last M-block with 64 valid rows or fewer has a second half of padding alone,
+    which the SwiGLU up GEMM passes by (its rows stay as they were, NaN here). The routed rows match the
+    reference, and the down GEMM's slots are bitwise those it gives when those rows are zeros."""
+    from moe_lab.quantize import dequantize_fp8
+
+    torch.manual_seed(0)
+    e, h, i = 5, 512, 256
+    counts = [130, 200, 64, 1, 0]  # last M-blocks of 2, 72, 64 and 1 valid rows; one expert empty
+    ids = torch.cat([torch.full((c, 1), x, dtype=torch.int32) for x, c in enumerate(counts)]).cuda()
+    ids = ids[torch.randperm(len(ids), device="cuda")]
+    t = len(ids)
+    x_q, x_s = quantize_activations_fp8(torch.randn(t, h, device="cuda"), group_size=128)
+    w1_q, w1_s = quantize_weights_fp8(torch.randn(e, 2 * i, h, device="cuda") * h**-0.5)
+    w2_q, w2_s = quantize_weights_fp8(torch.randn(e, h, i, device="cuda") * i**-0.5)
+    routing = moe_align(ids, e, 128)
+    cfg = GemmConfig(BLOCK_SIZE_M=128, BLOCK_SIZE_N=128)
+    rows = routing.max_num_tokens_padded
+    act = torch.full((rows, i), float("nan"), device="cuda").to(FP8)
+    act_s = torch.full((rows, i // 128), float("nan"), device="cuda")
+    grouped_matmul_fp8_gluon(
+        x_q, w1_q, routing, cfg, gather_a=True, a_scale=x_s, w_scale=w1_s, activation="silu", out=act, out_scale=act_s
+    )
+    used, _, gate_up = _reference(
+        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, (128, 128)), routing, True
+    )
+    want_q, want_s = quantize_activations_fp8(_activation_reference(gate_up, "silu"), group_size=128)
+    got = dequantize_fp8(act[used], act_s[used], (1, 128))
+    assert relative_error(got, dequantize_fp8(want_q, want_s, (1, 128))) < 1e-2
+    padded = int(routing.num_tokens_post_padded)
+    live = _live_half_rows(routing)
+    assert int((~live).sum()) == 3 * 64  # the second halves of experts 0, 2 and 3
+    assert act_s[:padded][~live].isnan().all() and not act_s[:padded][live].isnan().any()
+
+    tw = torch.rand(t, 1, device="cuda")
+
+    def down(a, a_s):
+        return grouped_matmul_fp8_gluon(
+            a, w2_q, routing, cfg, gather_a=False, scatter=True, topk_weights=tw, a_scale=a_s, w_scale=w2_s
+        )
+
+    cleared, cleared_s = act.clone(), act_s.clone()
+    cleared.view(torch.uint8)[:padded][~live] = 0  # float8 zeros
+    cleared_s[:padded][~live] = 1.0
+    got = down(act, act_s)
+    assert not got.isnan().any() and torch.equal(got, down(cleared, cleared_s))
 
 
 @pytest.mark.gpu

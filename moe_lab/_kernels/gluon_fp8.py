@@ -22,6 +22,9 @@ the up box):
   their (token, k) slots. Each MMA partition arrives on a stage's `empty` barrier on its own (count CONSUMERS), so
   one can scale or store while the other's wgmmas run; one partition of two warpgroups would synchronize both before
   each arrival.
+With SWIGLU, an MMA partition whose 64 rows are all padding (the second half of an expert's last M-block, with 64
+valid rows or fewer) passes the tile's K blocks by without wgmmas and writes nothing; the other partition's
+wgmmas then have the tensor cores to themselves.
 All partitions walk the same persistent tile sequence (one program per SM, `_tiles` and `_tile`) from the
 schedule in memory (`num_tokens_post_padded`, `expert_ids`): no host synchronization, and unused M-blocks
 (expert -1) are skipped. Stage index and phase come from a step count that runs on across tiles.
@@ -110,6 +113,18 @@ def _issue(step, part, a_bufs, w_bufs, ready, zero, PARTS: gl.constexpr):
 def _scale(k, a_scale_rows, stride_ask, w_scale_base, stride_wsk):
     """The scale of K block k for each row: a_scale[row, k] * w_scale[expert, n block, k]."""
     return gl.load(a_scale_rows + k * stride_ask) * gl.load(w_scale_base + k * stride_wsk)
+
+
+@gluon.jit
+def _pass_tile(step, num_k, ready, empty):
+    """A tile's K blocks without wgmmas: wait for each stage (so no arrival runs ahead into the stage's next
+    round) and release it; returns the next step."""
+    STAGES: gl.constexpr = ready.type.shape[0]
+    for _ in range(num_k):
+        mbarrier.wait(ready.index(step % STAGES), (step // STAGES) & 1)
+        mbarrier.arrive(empty.index(step % STAGES), count=1)
+        step += 1
+    return step
 
 
 @gluon.jit
@@ -270,20 +285,28 @@ def _mma_partition(a_bufs, w_bufs, ready, empty, out, scales, schedule, act, N, 
             n0 = pid_n * BLOCK_SIZE_N
             w_scale_base = w_scale_ptr + expert.to(gl.int64) * stride_wse + (n0 // GROUP_N) * stride_wsn
             if SWIGLU != "none":  # sorted rows, no routed weight (the up projection)
-                # the up rows' scale block: rows N + n0 of w1 (N = I)
-                w_up_scale = w_scale_ptr + expert.to(gl.int64) * stride_wse + ((N + n0) // GROUP_N) * stride_wsn
-                offs_h = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, half_layout))
-                a_scale_rows = a_scale_ptr + offs_h.to(gl.int64) * stride_asm
-                g0, g1, u0, u1, step = _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero_half,
-                                                      a_scale_rows, stride_ask, w_scale_base, w_up_scale, stride_wsk)
-                act0 = _gated_activation(g0, u0, alpha, limit, SWIGLU)
-                act1 = _gated_activation(g1, u1, alpha, limit, SWIGLU)
-                if out_scale_ptr is not None:  # float8 out, one scale per row of the tile (its BLOCK_SIZE_N columns)
-                    act0, act1, row_scale = _quantize_halves(act0, act1)
-                    scale_ptrs = out_scale_ptr + offs_h.to(gl.int64) * stride_osm + (n0 // BLOCK_SIZE_N) * stride_osk
-                    gl.store(scale_ptrs, row_scale)
-                _store_half(out_ptr, stride_om, act0, row0, n0, N, out_layout)
-                _store_half(out_ptr, stride_om, act1, row0, n0 + HALF, N, out_layout)
+                # Padding comes last in an M-block: a first row of padding means a half of padding alone
+                # (the down GEMM measured no faster for passing such halves by).
+                if gl.load(sorted_token_ids_ptr + row0) >= num_slots:
+                    step = _pass_tile(step, num_k, ready, empty)
+                else:
+                    # the up rows' scale block: rows N + n0 of w1 (N = I)
+                    w_up_scale = (w_scale_ptr + expert.to(gl.int64) * stride_wse
+                                  + ((N + n0) // GROUP_N) * stride_wsn)
+                    offs_h = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, half_layout))
+                    a_scale_rows = a_scale_ptr + offs_h.to(gl.int64) * stride_asm
+                    g0, g1, u0, u1, step = _k_loop_swiglu(step, num_k, a_bufs, w_bufs, ready, empty, zero_half,
+                                                          a_scale_rows, stride_ask, w_scale_base, w_up_scale,
+                                                          stride_wsk)
+                    act0 = _gated_activation(g0, u0, alpha, limit, SWIGLU)
+                    act1 = _gated_activation(g1, u1, alpha, limit, SWIGLU)
+                    if out_scale_ptr is not None:  # float8 out, one scale per row per BLOCK_SIZE_N columns
+                        act0, act1, row_scale = _quantize_halves(act0, act1)
+                        scale_ptrs = (out_scale_ptr + offs_h.to(gl.int64) * stride_osm
+                                      + (n0 // BLOCK_SIZE_N) * stride_osk)
+                        gl.store(scale_ptrs, row_scale)
+                    _store_half(out_ptr, stride_om, act0, row0, n0, N, out_layout)
+                    _store_half(out_ptr, stride_om, act1, row0, n0 + HALF, N, out_layout)
             else:
                 offs_m = row0 + gl.arange(0, PARTITION_M, layout=gl.SliceLayout(1, mma_layout))
                 a_scale_rows = a_scale_ptr + offs_m.to(gl.int64) * stride_asm

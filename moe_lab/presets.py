@@ -74,9 +74,8 @@ class MoEPreset:
 
     def scaled(self, divisor: int) -> "MoEPreset":
         """The same routing (E, k, scoring) with H and I divided by `divisor` (rounded up to 16).
-        Raises ValueError unless divisor is an int >= 1."""
-        if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
-            raise ValueError(f"divisor must be an int >= 1, got {divisor!r}")
+        Raises TypeError unless divisor is an int, ValueError if it is < 1."""
+        divisor = check_positive_int("divisor", divisor, minimum=1)
 
         def shrink(x: int) -> int:
             return max(16, -(-(x // divisor) // 16) * 16)
@@ -96,13 +95,9 @@ class MoEPreset:
         or 64-bit floating torch.dtype (FP8: build in bfloat16, then `quantize_fp8`), ValueError for
         num_tokens < 0 or a device that torch does not know or this machine lacks."""
         num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
-            fp8 = isinstance(dtype, torch.dtype) and dtype.is_floating_point
-            raise TypeError(
-                f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
-                + ("; for FP8 build in bfloat16, then preset.quantize_fp8(w1, w2)" if fp8 else "")
-            )
+        _check_dtype(dtype)
         device = _check_device(device)
+        seed = check_positive_int("seed", seed, minimum=0)
         gen = torch.Generator(device=device).manual_seed(seed)
         h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
 
@@ -134,12 +129,14 @@ class MoEPreset:
         """The keyword arguments that say this preset's kind of experts to `fused_moe` and
         `fused_moe_reference`: {} for SwiGLU experts without biases, else `activation` and, with biases,
         random w1_bias [E, 2I] and w2_bias [E, H] in `dtype` (uniform ±1/sqrt(fan_in), nn.Linear's bias init)
-        at this preset's sizes. Raises TypeError / ValueError for a device as `build` does."""
+        at this preset's sizes. Raises TypeError / ValueError for a dtype, device or seed as `build` does."""
+        _check_dtype(dtype)
+        device = _check_device(device)
+        seed = check_positive_int("seed", seed, minimum=0)
         if self.activation == SILU and not self.biases:
             return {}
         kind = dict(activation=self.activation)
         if self.biases:
-            device = _check_device(device)
             gen = torch.Generator(device=device).manual_seed(seed)
             h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
             for name, shape, fan_in in (("w1_bias", (e, 2 * i), h), ("w2_bias", (e, h), i)):
@@ -152,13 +149,31 @@ class MoEPreset:
         float8_e4m3fn and `scales` = dict(w1_scale=, w2_scale=, block_shape=) for `fused_moe(...,
         **scales)` and `fused_moe_reference(..., **scales)`. One float32 scale per [bn, bk] weight block:
         `block_shape`, else this preset's `weight_block_size`, else DeepSeek-V3's (128, 128)
-        (`moe_lab.quantize_weights_fp8`; H and I need not be multiples of the block)."""
+        (`moe_lab.quantize_weights_fp8`; H and I need not be multiples of the block). Raises TypeError /
+        ValueError naming w1 or w2 when either is not a float16, bfloat16 or float32 tensor [E, 2I, H] /
+        [E, H, I] of this preset's sizes, and as quantize_weights_fp8 does for a bad block_shape."""
+        from ._validate import FLOAT_DTYPES, check_tensor
         from .quantize import quantize_weights_fp8
 
-        block = tuple(block_shape or self.weight_block_size or DEFAULT_FP8_BLOCK)
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        check_tensor("w1", w1, ndim=3, dtypes=FLOAT_DTYPES, shape=(e, 2 * i, h), layout="[E, 2I, H]")
+        check_tensor("w2", w2, ndim=3, dtypes=FLOAT_DTYPES, shape=(e, h, i), layout="[E, H, I]")
+        if block_shape is None:
+            block_shape = self.weight_block_size or DEFAULT_FP8_BLOCK
+        block = tuple(block_shape) if isinstance(block_shape, (tuple, list)) else block_shape
         w1_fp8, w1_scale = quantize_weights_fp8(w1, block)
         w2_fp8, w2_scale = quantize_weights_fp8(w2, block)
         return w1_fp8, w2_fp8, dict(w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block)
+
+
+def _check_dtype(dtype) -> None:
+    """A dtype `build` and `expert_kind` can draw in: a 16, 32 or 64-bit floating torch.dtype."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+        fp8 = isinstance(dtype, torch.dtype) and dtype.is_floating_point
+        raise TypeError(
+            f"dtype must be a floating torch.dtype such as torch.bfloat16, got {dtype!r}"
+            + ("; for FP8 build in bfloat16, then preset.quantize_fp8(w1, w2)" if fp8 else "")
+        )
 
 
 PRESETS = {

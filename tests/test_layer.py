@@ -63,11 +63,42 @@ def test_preset_build_draws_one_expert_at_a_time_with_the_same_values():
         (dict(num_tokens=2, device=3.5), TypeError, "device must be a torch.device or a name"),
         (dict(num_tokens=2, dtype=torch.float8_e4m3fn), TypeError, r"for FP8 build in bfloat16, then .*quantize_fp8"),
         (dict(num_tokens=2, dtype=torch.int8), TypeError, r"dtype must be a floating torch.dtype.*int8$"),
+        (dict(num_tokens=2, seed=1.5), TypeError, "seed must be an int, got float"),
+        (dict(num_tokens=2, seed=-1), ValueError, "seed must be >= 0, got -1"),
     ],
 )
 def test_preset_build_names_bad_arguments(kwargs, exc, match):
     with pytest.raises(exc, match=match):
         get_preset("mixtral-8x7b").scaled(64).build(**kwargs)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "gpt-oss-20b"])  # without biases, and with
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        (dict(dtype=torch.int8), TypeError, r"dtype must be a floating torch.dtype.*int8$"),
+        (dict(device="gpu"), ValueError, "device must be a torch.device or a name"),
+        (dict(seed=True), TypeError, "seed must be an int, got bool"),
+    ],
+)
+def test_preset_expert_kind_names_bad_arguments(name, kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        get_preset(name).expert_kind(**kwargs)
+
+
+def test_preset_scaled_and_quantize_fp8_name_bad_arguments():
+    preset = get_preset("mixtral-8x7b").scaled(64)
+    with pytest.raises(TypeError, match="divisor must be an int, got float"):
+        preset.scaled(2.0)
+    with pytest.raises(ValueError, match="divisor must be >= 1, got 0"):
+        preset.scaled(0)
+    _, w1, w2, _ = preset.build(2)
+    with pytest.raises(ValueError, match=r"w1 must have shape \[E, 2I, H\]"):
+        preset.quantize_fp8(w2, w1)
+    with pytest.raises(TypeError, match="w2 must be float16 or bfloat16 or float32, got float64"):
+        preset.quantize_fp8(w1, w2.double())
+    with pytest.raises(TypeError, match="block_shape must be a tuple or list of two ints"):
+        preset.quantize_fp8(w1, w2, block_shape=0)  # not read as "the default"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without a CUDA GPU")

@@ -673,7 +673,8 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
     TypeError / ValueError naming `grid` or the argument for a wrong grid, a tensor it cannot take (complex,
     stride 0, negative strides) or a value no kernel takes (a list, a numpy array, a dict or set; a str for a
     parameter that is not a tl.constexpr): mistakes of the call, found before the kernel runs. An autotuner of
-    several configs cannot run without a GPU (Triton times them there).
+    several configs cannot run without a GPU (Triton times them there). numpy scalars are taken as the
+    Python int, float or bool they hold.
     """
     names = getattr(kernel, "arg_names", None)
     if names is None or not hasattr(kernel, "__getitem__"):
@@ -686,6 +687,8 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             f"exercise passes {', '.join(args)}. Keep the stub's parameter names."
         )
     _check_arguments(kernel, args)
+    # numpy scalars (a shape or count read from an array) as the Python scalars Triton takes
+    args = {name: value.item() if isinstance(value, np.generic) else value for name, value in args.items()}
     grid = _checked_grid(grid)
     for name, value in args.items():
         if isinstance(value, torch.Tensor):

@@ -175,6 +175,17 @@ def test_a_grid_as_a_list_numpy_ints_or_a_callable_runs():
         assert run.clean and run.error is None and torch.equal(run.tensors["out_ptr"], x), grid
 
 
+def test_numpy_scalars_are_taken_as_python_scalars():
+    import numpy as np
+
+    x = torch.randn(40)
+    run = run_guarded(
+        copy_kernel, (3,), x_ptr=x, out_ptr=torch.zeros_like(x), n=np.int64(40), stride=np.int32(1), BLOCK=16,
+        MASK=np.bool_(True),
+    )  # fmt: skip
+    assert run.clean and run.error is None and torch.equal(run.tensors["out_ptr"], x)
+
+
 def test_tensors_the_guard_cannot_take_are_named():
     x = torch.randn(100)
     args = dict(n=100, stride=1, BLOCK=32, MASK=True)

@@ -165,6 +165,11 @@ def test_layer_cost_takes_a_preset_name():
         (lambda: perf.pipeline_shared_memory(-16, 32, 32, 2), ValueError, r"block_m must be >= 1, got -16"),
         (lambda: perf.pipeline_shared_memory(16, 32, 32, 0), ValueError, r"num_stages must be >= 1, got 0"),
         (lambda: perf.pipeline_shared_memory(16, 32.0, 32, 2), TypeError, r"block_n must be an int, got float"),
+        (lambda: perf.layer_cost("mixtral-8x7b", 64, experts_used=9), ValueError, r"experts_used must be in \(0, 8\]"),
+        (lambda: perf.layer_cost("mixtral-8x7b", 64, experts_used=0), ValueError, r"experts_used must be in"),
+        (lambda: perf.layer_cost("mixtral-8x7b", 64, experts_used=float("nan")), ValueError, r"got nan"),
+        (lambda: perf.layer_cost("mixtral-8x7b", 64, experts_used="8"), TypeError, r"experts_used must be a real"),
+        (lambda: perf.load_results(3), TypeError, r"path must be a str or os.PathLike .*got int"),
     ],
 )
 def test_bad_arguments_are_named(call, error, match):
@@ -172,7 +177,14 @@ def test_bad_arguments_are_named(call, error, match):
         call()
 
 
-@pytest.mark.parametrize("text,match", [("not json\n", r"is not valid JSON"), ("[1, 2]", r"must hold a JSON object")])
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("not json\n", r"is not valid JSON"),
+        ("[1, 2]", r"must hold a JSON object"),
+        ('{"rows": []}', r"is not a benchmark results file: it lacks environment, ceilings"),
+    ],
+)
 def test_load_results_names_a_file_that_is_not_results(tmp_path, text, match):
     path = tmp_path / "results.json"
     path.write_text(text)

@@ -78,6 +78,7 @@ def test_expert_tiles_widget_redraws_on_change():
         (lambda: tma.sorted_row_experts([5, 2.5], 4), TypeError, r"counts\[1\] must be an int, got float"),
         (lambda: tma.plot_expert_tiles("5,3", 4), TypeError, r"counts must be a sequence of ints .*got str"),
         (lambda: tma.crossing_tiles(5, 4), TypeError, r"counts must be a sequence of ints .*got int"),
+        (lambda: tma.crossing_tiles([5, 3], 4, packed="no"), TypeError, r"packed must be True or False, got str"),
     ],
 )
 def test_bad_counts_are_named(call, error, match):

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..._validate import check_positive_int, type_name
+from ..._validate import check_positive_int, is_bool, type_name
 from ...presets import MoEPreset, get_preset
 from ._common import figure_and_ax, show_figure
 
@@ -73,9 +73,12 @@ def load_results(path: Optional[str] = None) -> dict:
         in TB/s, bf16_matmul_tflops in TFLOP/s, measured in the same run), `rows` (one dict per model, T
         and implementation; times in ms) and `path` (the file read).
     Raises:
-        FileNotFoundError if no results file exists; ValueError naming the file if it is not valid JSON
-        (or holds no JSON object).
+        TypeError for a path that is not a str or os.PathLike; FileNotFoundError if no results file exists;
+        ValueError naming the file if it is not valid JSON, holds no JSON object, or lacks `environment`,
+        `ceilings` or `rows`.
     """
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or os.PathLike naming a results JSON file, or None, got {type_name(path)}")
     if path is None:
         files = glob.glob(os.path.join(committed_result(), "*.json"))
         if not files:
@@ -97,6 +100,9 @@ def load_results(path: Optional[str] = None) -> dict:
             raise ValueError(f"{path} is not valid JSON (a benchmark results file is expected): {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object (benchmark results), got a JSON {type(data).__name__}")
+    missing = [key for key in ("environment", "ceilings", "rows") if key not in data]
+    if missing:
+        raise ValueError(f"{path} is not a benchmark results file: it lacks {', '.join(missing)}")
     data["path"] = path
     return data
 
@@ -157,7 +163,8 @@ def layer_cost(
         intensity (FLOP/B), flops_per_token, bytes_per_token, experts_used.
     Raises:
         TypeError for a preset that is neither a MoEPreset nor a str, ValueError for an unknown name;
-        TypeError / ValueError for a T or itemsize that is not an int >= 1.
+        TypeError / ValueError for a T or itemsize that is not an int >= 1, or experts_used that is not a
+        real number in (0, E].
     """
     from ...tools.timing import gemm_costs
 
@@ -169,6 +176,10 @@ def layer_cost(
     itemsize = check_positive_int("itemsize", itemsize)
     if experts_used is None:
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
+    elif is_bool(experts_used) or not isinstance(experts_used, numbers.Real):
+        raise TypeError(f"experts_used must be a real number, got {type_name(experts_used)}")
+    elif not 0 < experts_used <= preset.num_experts:  # NaN fails too
+        raise ValueError(f"experts_used must be in (0, {preset.num_experts}] (the preset's E), got {experts_used}")
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
     flops, total = up.flops + down.flops, up.bytes + down.bytes
     return dict(

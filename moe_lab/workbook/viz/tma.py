@@ -15,7 +15,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from ..._validate import check_positive_int, type_name
+from ..._validate import check_positive_int, is_bool, type_name
 from ._common import figure_and_ax, show_figure
 
 INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
@@ -199,10 +199,13 @@ def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool
     Returns:
         int array of length = rows in use, rounded up to BLOCK_SIZE_M.
     Raises:
-        TypeError / ValueError unless counts is a sequence of ints >= 0 and block_size_m an int >= 1.
+        TypeError / ValueError unless counts is a sequence of ints >= 0, block_size_m an int >= 1 and packed
+        a bool.
     """
     counts = _check_counts(counts)
     block_size_m = check_positive_int("block_size_m", block_size_m)
+    if not is_bool(packed):
+        raise TypeError(f"packed must be True or False, got {type_name(packed)}")
     rows = []
     for e, c in enumerate(counts):
         rows += [e] * int(c)

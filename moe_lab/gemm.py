@@ -93,6 +93,11 @@ def check_weight_scale(name: str, w_scale, w: torch.Tensor, block_shape: Optiona
         )
         return w_scale
     layout = "[E] (per expert) or [E, N] (per channel)"
+    if isinstance(w_scale, torch.Tensor) and w_scale.dim() <= 1 and w_scale.numel() == 1 and num_experts > 1:
+        raise ValueError(
+            f"{name} must be {layout} without block_shape, got shape {tuple(w_scale.shape)}: one scale for "
+            f"every expert is {name}.expand({num_experts})"
+        )
     if isinstance(w_scale, torch.Tensor) and w_scale.dim() not in (1, 2):
         hint = ": a 3-D scale is one per weight block, pass block_shape (e.g. (128, 128))" if w_scale.dim() == 3 else ""
         raise ValueError(

@@ -317,16 +317,21 @@ class Fp8Weights:
         return run_quantize_activations(x, None, static_scale, num_rows, site)
 
 
+def _check_no_scales(w1: torch.Tensor, **given) -> None:
+    """Scales (or a block_shape) given with weights that are not float8 are refused, by name."""
+    extra = [name for name, value in given.items() if value is not None]
+    if extra:
+        raise ValueError(
+            f"{', '.join(extra)} given, but w1 and w2 are {str(w1.dtype)[6:]}: scales are for "
+            "float8_e4m3fn weights (moe_lab.quantize_weights_fp8)"
+        )
+
+
 def _check_fp8(w1, w2, w1_scale, w2_scale, a1_scale, a2_scale, block_shape) -> Optional[Fp8Weights]:
     block_shape = check_gemm_block_shape(block_shape)
     given = dict(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, block_shape=block_shape)
     if w1.dtype != FP8_DTYPE:
-        extra = [name for name, value in given.items() if value is not None]
-        if extra:
-            raise ValueError(
-                f"{', '.join(extra)} given, but w1 and w2 are {str(w1.dtype)[6:]}: scales are for "
-                "float8_e4m3fn weights (moe_lab.quantize_weights_fp8)"
-            )
+        _check_no_scales(w1, **given)
         return None
     for name in ("w1_scale", "w2_scale"):
         if given[name] is None:

@@ -91,13 +91,15 @@ class MoEPreset:
         (uniform ±1/sqrt(fan_in)), a random router. Returns (hidden_states, w1, w2, TopKRouting).
         Weights are drawn one expert at a time into `dtype` (memory beyond the outputs: one expert in float32,
         so DeepSeek-V3's full size fits an 80 GB GPU; on the CPU the values are one draw of the whole tensor's).
-        Raises TypeError for num_tokens not an int, a device of the wrong type or a dtype that is not a 16, 32
-        or 64-bit floating torch.dtype (FP8: build in bfloat16, then `quantize_fp8`), ValueError for
-        num_tokens < 0 or a device that torch does not know or this machine lacks."""
+        hidden_states are drawn first, so the weights depend on num_tokens too: to compare T, build once at the
+        largest and slice hidden_states and the routing.
+        Raises TypeError for num_tokens or seed not an int, a device of the wrong type or a dtype that is not a
+        16, 32 or 64-bit floating torch.dtype (FP8: build in bfloat16, then `quantize_fp8`), ValueError for
+        num_tokens < 0, a seed outside [0, 2**64) or a device that torch does not know or this machine lacks."""
         num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
         _check_dtype(dtype)
         device = _check_device(device)
-        seed = check_positive_int("seed", seed, minimum=0)
+        seed = _check_seed(seed)
         gen = torch.Generator(device=device).manual_seed(seed)
         h, i, e = self.hidden_size, self.intermediate_size, self.num_experts
 
@@ -132,7 +134,7 @@ class MoEPreset:
         at this preset's sizes. Raises TypeError / ValueError for a dtype, device or seed as `build` does."""
         _check_dtype(dtype)
         device = _check_device(device)
-        seed = check_positive_int("seed", seed, minimum=0)
+        seed = _check_seed(seed)
         if self.activation == SILU and not self.biases:
             return {}
         kind = dict(activation=self.activation)
@@ -164,6 +166,14 @@ class MoEPreset:
         w1_fp8, w1_scale = quantize_weights_fp8(w1, block)
         w2_fp8, w2_scale = quantize_weights_fp8(w2, block)
         return w1_fp8, w2_fp8, dict(w1_scale=w1_scale, w2_scale=w2_scale, block_shape=block)
+
+
+def _check_seed(seed) -> int:
+    """A seed torch.Generator.manual_seed takes: an int in [0, 2**64)."""
+    seed = check_positive_int("seed", seed, minimum=0)
+    if seed >= 2**64:
+        raise ValueError(f"seed must be < 2**64, got {seed}")
+    return seed
 
 
 def _check_dtype(dtype) -> None:

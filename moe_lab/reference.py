@@ -124,11 +124,16 @@ def fused_moe_reference(
     Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
     wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
     and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts
-    likewise ([S, 2I_s, H], [S, H, I_s]) and for experts outside [0, E). Unlike `fused_moe` it takes float
-    weights of another float dtype than hidden_states' (everything is computed in `dtype`).
+    likewise ([S, 2I_s, H], [S, H, I_s]), for experts outside [0, E) and for scales or a block_shape given
+    with weights that are not float8; TypeError for a `dtype` that is not a floating torch.dtype. Unlike
+    `fused_moe` it takes float weights of another float dtype than hidden_states' (everything is computed in
+    `dtype`).
     """
     # the layer imports the kernels: only when called
-    from .layer import _check_ids, _check_shared_weights, _check_weights
+    from .layer import _check_ids, _check_no_scales, _check_shared_weights, _check_weights
+
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
+        raise TypeError(f"dtype must be a floating torch.dtype (torch.float32 or torch.float64), got {dtype!r}")
 
     check_tensor("hidden_states", hidden_states, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, H]")
     _check_weights(w1, w2, FLOAT_DTYPES + (FP8_DTYPE,), hidden_states.shape[1])
@@ -142,6 +147,10 @@ def fused_moe_reference(
     _check_ids(topk_ids, expert_map, w1.shape[0], True)  # experts out of range would add nothing: say so
     shared_x = hidden_states.to(dtype)  # shared experts run in hidden_states' dtype, on unquantized rows
     fp8 = w1.dtype == FP8_DTYPE
+    if not fp8:
+        _check_no_scales(
+            w1, w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale, block_shape=block_shape
+        )
     if fp8:  # the layer's checks of the scales, so a mistake is named as fused_moe names it
         block_shape = check_gemm_block_shape(block_shape)
         check_weight_scale("w1_scale", w1_scale, w1, block_shape)

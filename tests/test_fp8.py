@@ -729,3 +729,31 @@ def test_reference_checks_its_fp8_arguments_as_the_layer_does():
         )
     ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=w1_s, w2_scale=w2_s, block_shape=(32, 32))
     assert ref.shape == (t, h) and torch.isfinite(ref).all()
+
+
+def test_reference_refuses_scales_for_float_weights_and_a_dtype_that_is_not_one():
+    """(From a new user's trial) fused_moe_reference ignored scales given with bfloat16 weights, which fused_moe
+    refuses, and `dtype="float32"` failed inside torch."""
+    e, t, h, i = 3, 4, 64, 32
+    x = torch.randn(t, h, device=DEVICE)
+    w1, w2 = torch.randn(e, 2 * i, h, device=DEVICE), torch.randn(e, h, i, device=DEVICE)
+    topk_weights, topk_ids = torch.rand(t, 2, device=DEVICE), random_topk_ids(t, e, 2)
+    with pytest.raises(ValueError, match=r"w1_scale, w2_scale given, but w1 and w2 are float32: scales are for"):
+        fused_moe_reference(x, w1, w2, topk_weights, topk_ids, w1_scale=torch.ones(e), w2_scale=torch.ones(e))
+    with pytest.raises(TypeError, match=r"dtype must be a floating torch.dtype .*got 'float32'"):
+        fused_moe_reference(x, w1, w2, topk_weights, topk_ids, dtype="float32")
+
+
+def test_one_weight_scale_for_every_expert_says_how_to_pass_it():
+    e, t, h, i = 3, 4, 64, 32
+    x = torch.randn(t, h, device=DEVICE)
+    (w1_q, w1_s), (w2_q, w2_s) = (
+        quantize_weights_fp8(torch.randn(e, n, k, device=DEVICE), None) for n, k in ((2 * i, h), (h, i))
+    )
+    topk_weights, topk_ids = torch.rand(t, 2, device=DEVICE), random_topk_ids(t, e, 2)
+    one = torch.ones(1, device=DEVICE)
+    with pytest.raises(ValueError, match=r"got shape \(1,\): one scale for every expert is w1_scale.expand\(3\)"):
+        fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=one, w2_scale=w2_s)
+    got = fused_moe(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=one.expand(e), w2_scale=w2_s)
+    ref = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, w1_scale=one.expand(e), w2_scale=w2_s)
+    assert relative_error(got, ref) < 1e-2

@@ -65,6 +65,7 @@ def test_preset_build_draws_one_expert_at_a_time_with_the_same_values():
         (dict(num_tokens=2, dtype=torch.int8), TypeError, r"dtype must be a floating torch.dtype.*int8$"),
         (dict(num_tokens=2, seed=1.5), TypeError, "seed must be an int, got float"),
         (dict(num_tokens=2, seed=-1), ValueError, "seed must be >= 0, got -1"),
+        (dict(num_tokens=2, seed=2**64), ValueError, r"seed must be < 2\*\*64"),
     ],
 )
 def test_preset_build_names_bad_arguments(kwargs, exc, match):

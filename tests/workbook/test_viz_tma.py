@@ -79,6 +79,9 @@ def test_expert_tiles_widget_redraws_on_change():
         (lambda: tma.plot_expert_tiles("5,3", 4), TypeError, r"counts must be a sequence of ints .*got str"),
         (lambda: tma.crossing_tiles(5, 4), TypeError, r"counts must be a sequence of ints .*got int"),
         (lambda: tma.crossing_tiles([5, 3], 4, packed="no"), TypeError, r"packed must be True or False, got str"),
+        (lambda: tma.sorted_row_experts([5, 3], 4, packed=torch.tensor([True])), TypeError, r"packed must be True"),
+        (lambda: tma.sorted_row_experts({0: 3, 1: 5}, 4), TypeError, r"counts must be a sequence .*got dict"),
+        (lambda: tma.sorted_row_experts(torch.tensor(3), 4), TypeError, r"sequence .*got a 0-d int64 tensor"),
     ],
 )
 def test_bad_counts_are_named(call, error, match):

@@ -74,8 +74,8 @@ def load_results(path: Optional[str] = None) -> dict:
         and implementation; times in ms) and `path` (the file read).
     Raises:
         TypeError for a path that is not a str or os.PathLike; FileNotFoundError if no results file exists;
-        ValueError naming the file if it is not valid JSON, holds no JSON object, or lacks `environment`,
-        `ceilings` or `rows`.
+        ValueError naming the file if it is not valid JSON, holds no JSON object, or lacks `environment`
+        and `ceilings` (objects) or `rows` (a list).
     """
     if path is not None and not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or os.PathLike naming a results JSON file, or None, got {type_name(path)}")
@@ -100,9 +100,10 @@ def load_results(path: Optional[str] = None) -> dict:
             raise ValueError(f"{path} is not valid JSON (a benchmark results file is expected): {e}") from e
     if not isinstance(data, dict):
         raise ValueError(f"{path} must hold a JSON object (benchmark results), got a JSON {type(data).__name__}")
-    missing = [key for key in ("environment", "ceilings", "rows") if key not in data]
-    if missing:
-        raise ValueError(f"{path} is not a benchmark results file: it lacks {', '.join(missing)}")
+    kinds = dict(environment=dict, ceilings=dict, rows=list)
+    wrong = [f"{key} ({kind.__name__})" for key, kind in kinds.items() if not isinstance(data.get(key), kind)]
+    if wrong:
+        raise ValueError(f"{path} is not a benchmark results file: it lacks {', '.join(wrong)}")
     data["path"] = path
     return data
 
@@ -164,7 +165,7 @@ def layer_cost(
     Raises:
         TypeError for a preset that is neither a MoEPreset nor a str, ValueError for an unknown name;
         TypeError / ValueError for a T or itemsize that is not an int >= 1, or experts_used that is not a
-        real number in (0, E].
+        real number in (0, min(E, T * top_k)].
     """
     from ...tools.timing import gemm_costs
 
@@ -178,8 +179,11 @@ def layer_cost(
         experts_used = expected_experts_used(preset.num_experts, preset.top_k, num_tokens)
     elif is_bool(experts_used) or not isinstance(experts_used, numbers.Real):
         raise TypeError(f"experts_used must be a real number, got {type_name(experts_used)}")
-    elif not 0 < experts_used <= preset.num_experts:  # NaN fails too
-        raise ValueError(f"experts_used must be in (0, {preset.num_experts}] (the preset's E), got {experts_used}")
+    else:
+        experts_used = float(experts_used)
+        most = min(preset.num_experts, num_tokens * preset.top_k)
+        if not 0 < experts_used <= most:  # NaN fails too
+            raise ValueError(f"experts_used must be in (0, min(E, T * top_k)] = (0, {most}], got {experts_used}")
     up, down = gemm_costs(preset, num_tokens, experts_used, itemsize)
     flops, total = up.flops + down.flops, up.bytes + down.bytes
     return dict(

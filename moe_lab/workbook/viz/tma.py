@@ -183,7 +183,8 @@ def plot_expert_weights_box(
 
 def _check_counts(counts) -> list:
     """`counts` (a list, tuple, array or 1-D tensor of rows per expert) as a list of ints >= 0."""
-    if isinstance(counts, (str, bytes)) or not hasattr(counts, "__iter__"):
+    zero_dim = getattr(counts, "ndim", 1) == 0  # a 0-d tensor or array has __iter__ but no items
+    if isinstance(counts, (str, bytes, dict, set)) or zero_dim or not hasattr(counts, "__iter__"):
         raise TypeError(f"counts must be a sequence of ints (rows per expert, [E]), got {type_name(counts)}")
     return [check_positive_int(f"counts[{e}]", c, minimum=0) for e, c in enumerate(counts)]
 
@@ -204,7 +205,7 @@ def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool
     """
     counts = _check_counts(counts)
     block_size_m = check_positive_int("block_size_m", block_size_m)
-    if not is_bool(packed):
+    if not is_bool(packed) or getattr(packed, "ndim", 0) != 0:
         raise TypeError(f"packed must be True or False, got {type_name(packed)}")
     rows = []
     for e, c in enumerate(counts):

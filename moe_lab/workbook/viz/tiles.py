@@ -109,7 +109,6 @@ def plot_tile_map(
     """
     require_expert_sorted(routing, "plot_tile_map")
     n, block_size_n = check_positive_int("n", n, minimum=0), check_positive_int("block_size_n", block_size_n)
-    group_size_m = check_positive_int("group_size_m", group_size_m)
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
     order = tile_order(num_m, num_n, group_size_m).astype(float)

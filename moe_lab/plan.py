@@ -773,7 +773,8 @@ def plan_gluon_fp8(
 ) -> GluonFp8Plan:
     """The launch of the Gluon FP8 grouped GEMM for a routing (or its `BlockSchedule`) and a weight [E, n, k]
     with `block_shape` scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages,
-    GROUP_SIZE_M = 8) fitted to the device's shared memory, the grid and the register limit. Raises ValueError
+    GROUP_SIZE_M `gluon_group_size_m`'s) fitted to the device's shared memory, the grid and the register limit.
+    Raises ValueError
     for a config or block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64
     rows), BLOCK_SIZE_K = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one
     weight scale per tile and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows).
@@ -782,7 +783,8 @@ def plan_gluon_fp8(
     block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
     tile)."""
     block_n, block_k = block_shape
-    if config is None:
+    default = config is None
+    if default:
         config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=GLUON_BLOCK_SIZE_N, num_stages=4)
     if config.BLOCK_SIZE_M != routing.block_size_m:
         raise ValueError(
@@ -810,11 +812,22 @@ def plan_gluon_fp8(
         stages = min(stages, (budget - epilogue - 1024) // per_stage)
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
+    sms = multiprocessor_count(device) if device.type != "cpu" else 1
+    if default:
+        n_tiles = -(-n_out // config.BLOCK_SIZE_N)
+        config = replace(config, GROUP_SIZE_M=gluon_group_size_m(n_tiles, sms, activation is not None))
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=4, num_stages=stages)
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
-    sms = multiprocessor_count(device) if device.type != "cpu" else 1
     warps = config.BLOCK_SIZE_M // GLUON_PARTITION_ROWS * _WARPGROUP + _WARPGROUP  # and the load warp's
     return GluonFp8Plan(config, max(1, min(sms, tiles)), _launch_regs(warps), block_n, activation)
+
+
+def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
+    """The Gluon FP8 kernel's default GROUP_SIZE_M for a GEMM of `n_tiles` N tiles on `programs` programs (one
+    per SM): 1 (each M-block's N tiles in a row) for the up GEMM (`swiglu`: gathered token rows, the SwiGLU
+    epilogue) where one wave of programs holds every N tile of two M-blocks or more, else 8 (docs/experiments.md,
+    "The Gluon GEMMs' tile order")."""
+    return 1 if swiglu and 2 * n_tiles <= programs else 8
 
 
 def gluon_block_shape_problem(block_shape, block_size_n: int = GLUON_BLOCK_SIZE_N) -> Optional[str]:

@@ -14,7 +14,7 @@ With `activation` (the up projection of a gated expert) the kernel computes the 
 [E, 2I, K] (gate rows, then up rows) in its epilogue, and with `out_scale` writes it as float8 with one float32
 scale per row per 128 columns: the input of the down GEMM, in the format `fused_moe`'s Triton up GEMM writes.
 
-`fused_moe` runs it for block-scaled float8 layers, per chunk, where the experts get 512 rows each or more
+`fused_moe` runs it for block-scaled float8 layers, per chunk, where the experts get 256 rows each or more
 and no config is given, or with MOE_LAB_GLUON=1 at every T (`moe_lab.plan.gluon_applies`);
 `moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with Gluon's `warp_specialize`, an
 sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.

@@ -912,9 +912,9 @@ GLUON_WIDE_ROWS_PER_EXPERT = 128
 # layer plan is made: `clear_layer_plans()` after a change.
 GLUON_ENV_VAR = "MOE_LAB_GLUON"
 # "auto"'s threshold on a chunk's T * top_k / E (E: every expert, this rank's or not, with an expert_map): where
-# the Gluon layer measured faster (docs/experiments.md, "Where the Gluon and Triton layers part", which also
-# says why switching by T adds no dependence on the batch that FP8's tuned tiles do not already have).
-GLUON_AUTO_ROWS_PER_EXPERT = 512
+# the Gluon layer measured faster (docs/experiments.md, "The Gluon GEMMs' tile order"; "Where the Gluon and Triton
+# layers part" says why switching by T adds no dependence on the batch that FP8's tuned tiles do not already have).
+GLUON_AUTO_ROWS_PER_EXPERT = 256
 # Rows of a tile per MMA partition (one warpgroup) of the Gluon FP8 kernel: tiles of 64 rows have one, of 128 two.
 GLUON_PARTITION_ROWS = 64
 

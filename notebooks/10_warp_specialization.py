@@ -8,7 +8,7 @@
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
 # `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
-# experts get 512 rows each or more and no config is given (section 7 says why only there). This notebook takes
+# experts get 256 rows each or more and no config is given (section 7 says why only there). This notebook takes
 # it apart.
 #
 # **Goals**
@@ -423,12 +423,13 @@ print(ws_viz.steps_table(results, tokens=512))
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
-#   epilogue) it is faster than the Triton layer where the experts get 512 rows each or more (1.06 to 1.24x:
-#   Mixtral T >= 2048, Qwen3 T >= 8192, DeepSeek-V3 T = 16384), 0.99 and 1.06x at 256 (Qwen3 T = 4096, DeepSeek-V3
-#   T = 8192), slower below
-#   (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe` runs the
-#   Gluon GEMMs where the experts get 512 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at every
-#   T). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;
+#   epilogue) it is faster than the Triton layer on an H200 where the experts get 256 rows each or more (1.08 to
+#   1.26x: Mixtral T >= 1024, Qwen3 T >= 4096, DeepSeek-V3 T >= 8192), mixed at 128 and 192 (faster for Mixtral
+#   and DeepSeek-V3, slower for Qwen3), slower below (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe`
+#   runs the Gluon GEMMs where the experts get 256 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at
+#   every T). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
+#   fit one wave of programs: the many small experts of DeepSeek-V3 and Qwen3 then share the A rows and weights in
+#   L2 better (docs/experiments.md, "The Gluon GEMMs' tile order"). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;
 #   elsewhere by a few float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md,
 #   "Where the Gluon and Triton layers part").
 #
@@ -442,7 +443,7 @@ print(ws_viz.steps_table(results, tokens=512))
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
-#   `fused_moe` runs them where the experts get 512 rows each or more (no config given), where the layer is
+#   `fused_moe` runs them where the experts get 256 rows each or more (no config given), where the layer is
 #   faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

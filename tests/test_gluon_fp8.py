@@ -9,11 +9,11 @@ import torch
 import moe_lab
 from moe_lab import GPT_OSS, fused_moe, moe_align, quantize_activations_fp8, quantize_weights_fp8
 from moe_lab import plan as plan_module
-from moe_lab.capability import gluon_fp8_support
+from moe_lab.capability import assumed_device, gluon_fp8_support
 from moe_lab.configs import GemmConfig
 from moe_lab.expert_kind import SILU
 from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
-from moe_lab.plan import BlockSchedule, gluon_applies, plan_gluon_fp8
+from moe_lab.plan import BlockSchedule, gluon_applies, gluon_group_size_m, plan_gluon_fp8
 from moe_lab.reference import relative_error
 from moe_lab.runtime import interpreter_active
 
@@ -139,6 +139,24 @@ def test_plan_refuses_what_the_kernel_cannot_run_and_fits_shared_memory():
         plan_gluon_fp8(small, 256, 256, (128, 128), cpu)
 
 
+def test_default_tile_order_is_one_m_block_at_a_time_for_up_gemms_whose_n_tiles_fit_half_a_wave():
+    """plan_gluon_fp8's default GROUP_SIZE_M (`gluon_group_size_m`): 1 for the SwiGLU up GEMM where two M-blocks'
+    N tiles fit one wave of programs (DeepSeek-V3's I = 2048: 16 tiles on 132 SMs), else 8 (Mixtral-8x7B's
+    I = 14336: 112 tiles; the down GEMM); a config given keeps its own."""
+    assert gluon_group_size_m(16, 132, swiglu=True) == 1 and gluon_group_size_m(66, 132, swiglu=True) == 1
+    assert gluon_group_size_m(67, 132, swiglu=True) == 8 and gluon_group_size_m(16, 132, swiglu=False) == 8
+    meta, schedule = torch.device("meta"), BlockSchedule(128, 64)
+    with assumed_device("H100", (9, 0), 232448, 132):
+        deepseek_up = plan_gluon_fp8(schedule, 2 * 2048, 7168, (128, 128), meta, None, 1, SILU)
+        mixtral_up = plan_gluon_fp8(schedule, 2 * 14336, 4096, (128, 128), meta, None, 1, SILU)
+        deepseek_down = plan_gluon_fp8(schedule, 7168, 2048, (128, 128), meta)
+        config = GemmConfig(128, 128, GROUP_SIZE_M=4)
+        given = plan_gluon_fp8(schedule, 2 * 2048, 7168, (128, 128), meta, config, 1, SILU)
+    assert deepseek_up.config.GROUP_SIZE_M == 1 and deepseek_up.constexprs["GROUP_SIZE_M"] == 1
+    assert mixtral_up.config.GROUP_SIZE_M == 8 and deepseek_down.config.GROUP_SIZE_M == 8
+    assert given.config.GROUP_SIZE_M == 4
+
+
 @ON_CPU_TENSORS
 def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_run():
     cpu = torch.device("cpu")
@@ -199,10 +217,10 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     meta = dict(device="meta", dtype=FP8)
     w1, w2 = torch.empty(8, 2 * 2048, 1024, **meta), torch.empty(8, 1024, 2048, **meta)
     block = (128, 128)
-    applies, why = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=256)  # by the rows per expert
-    assert not applies and "auto: 256 rows per expert (T * top_k / E) < 512" in why
-    auto = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=512)
-    assert auto == (True, "MOE_LAB_GLUON=auto: 512 rows per expert (T * top_k / E) >= 512")
+    applies, why = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=255.5)  # by the rows per expert
+    assert not applies and "auto: 255.5 rows per expert (T * top_k / E) < 256" in why
+    auto = gluon_applies(w1, w2, block, setting="auto", rows_per_expert=256)
+    assert auto == (True, "MOE_LAB_GLUON=auto: 256 rows per expert (T * top_k / E) >= 256")
     assert "config given" in gluon_applies(w1, w2, block, setting="auto", rows_per_expert=4096, config_given=True)[1]
     assert not gluon_applies(w1, w2, block, setting="auto")[0]  # no T to decide by
     assert not gluon_applies(w1, w2, block, setting="auto", rows_per_expert=float("nan"))[0]
@@ -265,9 +283,9 @@ def test_auto_takes_the_gluon_gemms_where_experts_get_enough_rows(monkeypatch):
 
     (wide,) = chunks(t)
     assert wide.gluon is not None and wide.gluon.block_size_m == 128
-    assert wide.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=auto: 512 rows per expert (T * top_k / E) >= 512"
+    assert wide.gemm_reason == "gluon GEMMs: MOE_LAB_GLUON=auto: 256 rows per expert (T * top_k / E) >= 256"
     (narrow,) = chunks(t - 2)
-    assert narrow.gluon is None and "511 rows per expert" in narrow.gemm_reason
+    assert narrow.gluon is None and "255 rows per expert" in narrow.gemm_reason
     (given,) = chunks(t, config={"up": {"num_stages": 3}})
     assert given.gluon is None and "config given" in given.gemm_reason
     assert [chunk.gluon for chunk in chunks(t, chunk_size=t // 2)] == [None, None]
@@ -539,8 +557,8 @@ def test_fused_layer_with_gluon_matches_the_reference_and_the_triton_layer(
 
 @pytest.mark.gpu
 @GPU_GLUON
-def test_auto_runs_the_gluon_gemms_from_512_rows_per_expert(monkeypatch):
-    """By default (MOE_LAB_GLUON unset: auto) a chunk of T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT (512) runs
+def test_auto_runs_the_gluon_gemms_from_256_rows_per_expert(monkeypatch):
+    """By default (MOE_LAB_GLUON unset: auto) a chunk of T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT (256) runs
     the Gluon GEMMs and one token fewer runs the Triton ones; both within FP8's error of each other."""
     monkeypatch.delenv("MOE_LAB_GLUON", raising=False)
     plan_module.clear_layer_plans()
@@ -548,9 +566,9 @@ def test_auto_runs_the_gluon_gemms_from_512_rows_per_expert(monkeypatch):
     t = plan_module.GLUON_AUTO_ROWS_PER_EXPERT * e // k
     x, w1, w2, tw, ids, scales = _fp8_layer(t=t, e=e, k=k, device="cuda")
     wide, info = fused_moe(x, w1, w2, tw, ids, **scales, return_info=True)
-    assert info.gemm_kernel == "gluon" and "auto: 512 rows per expert" in info.gemm_reason
+    assert info.gemm_kernel == "gluon" and "auto: 256 rows per expert" in info.gemm_reason
     narrow, info = fused_moe(x[1:], w1, w2, tw[1:], ids[1:], **scales, return_info=True)
-    assert info.gemm_kernel == "triton" and "< 512" in info.gemm_reason
+    assert info.gemm_kernel == "triton" and "< 256" in info.gemm_reason
     assert relative_error(narrow, wide[1:]) < 1e-2
     plan_module.clear_layer_plans()
 

@@ -774,10 +774,9 @@ def plan_gluon_fp8(
     """The launch of the Gluon FP8 grouped GEMM for a routing (or its `BlockSchedule`) and a weight [E, n, k]
     with `block_shape` scales: the config (default: the routing's BLOCK_SIZE_M, BLOCK_SIZE_N = 128, 4 stages,
     GROUP_SIZE_M `gluon_group_size_m`'s) fitted to the device's shared memory, the grid and the register limit.
-    Raises ValueError
-    for a config or block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two warpgroups of 64
-    rows), BLOCK_SIZE_K = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing block_n (one
-    weight scale per tile and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows).
+    Raises ValueError for a config or block shape the kernel cannot run: BLOCK_SIZE_M 64 or 128 (one or two
+    warpgroups of 64 rows), BLOCK_SIZE_K = block_k = 128 (one wgmma chain per scale block), BLOCK_SIZE_N dividing
+    block_n (one weight scale per tile and K block), K a multiple of 16 (TMA's 16-byte strides for float8 rows).
     With `activation` (the SwiGLU epilogue; out [rows, n / 2]): gate and up rows as halves only (interleaved
     rows refused), n / 2 a multiple of BLOCK_SIZE_N (each up box in one expert's up rows and one scale
     block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
@@ -824,9 +823,9 @@ def plan_gluon_fp8(
 
 def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     """The Gluon FP8 kernel's default GROUP_SIZE_M for a GEMM of `n_tiles` N tiles on `programs` programs (one
-    per SM): 1 (each M-block's N tiles in a row) for the up GEMM (`swiglu`: gathered token rows, the SwiGLU
-    epilogue) where one wave of programs holds every N tile of two M-blocks or more, else 8 (docs/experiments.md,
-    "The Gluon GEMMs' tile order")."""
+    per SM): 1 (each M-block's N tiles in a row) for the up GEMM with the SwiGLU epilogue (`swiglu`) where one
+    wave of programs holds every N tile of two M-blocks or more, else 8: where each measured faster
+    (docs/experiments.md, "The Gluon GEMMs' tile order")."""
     return 1 if swiglu and 2 * n_tiles <= programs else 8
 
 

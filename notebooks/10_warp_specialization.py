@@ -428,10 +428,10 @@ print(ws_viz.steps_table(results, tokens=512))
 #   and DeepSeek-V3, slower for Qwen3), slower below (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe`
 #   runs the Gluon GEMMs where the experts get 256 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at
 #   every T). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
-#   fit one wave of programs: the many small experts of DeepSeek-V3 and Qwen3 then share the A rows and weights in
-#   L2 better (docs/experiments.md, "The Gluon GEMMs' tile order"). Where the Triton up GEMM quantizes in its epilogue with 64-row tiles, the two layers agree bit for bit;
-#   elsewhere by a few float8 steps, as FP8's tuned tiles already do from one T to another (docs/experiments.md,
-#   "Where the Gluon and Triton layers part").
+#   fit one wave of programs (DeepSeek-V3 and Qwen3: that GEMM 1.02 to 1.21x on an H100, the layer 0.99 to 1.06x
+#   on an H200; docs/experiments.md, "The Gluon GEMMs' tile order"). Where the Triton up GEMM quantizes in its
+#   epilogue with 64-row tiles, the two layers agree bit for bit; elsewhere by a few float8 steps, as FP8's tuned
+#   tiles already do from one T to another (docs/experiments.md, "Where the Gluon and Triton layers part").
 #
 # ## Summary
 #

@@ -194,6 +194,11 @@ def assumed_device(
         _ASSUMED = previous
 
 
+def assumed_facts() -> Optional[DeviceFacts]:
+    """The device `assumed_device` assumes now, or None outside it."""
+    return _ASSUMED
+
+
 def _asked(device, default=None) -> Tuple[str, Optional[DeviceFacts]]:
     """The cache key of a device question: the device asked about (`_device_key`; `default` for None) and the
     device assumed now (None if none), so that no answer for one is given for the other."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import numbers
 import threading
 from dataclasses import dataclass, field, replace
 from typing import Dict, Hashable, Mapping, NamedTuple, Optional, Tuple, Union
@@ -30,8 +31,10 @@ import torch
 from ._ints import cdiv
 from ._kernels.grouped_matmul import _tile_coords
 from ._launch import LaunchSite, current_stream
+from ._validate import check_positive_int, is_bool, type_name
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import (
+    assumed_facts,
     descriptor_problem,
     env_setting,
     gluon_fp8_support,
@@ -41,7 +44,7 @@ from .capability import (
 )
 from .configs import ConfigLike, GemmConfig, MoEConfig, fit_to_shared_memory, full_precision_fp32
 from .expert_kind import SILU, Activation
-from .quantize import FP8_DTYPE, MIN_FP8_DOT_K
+from .quantize import FP8_DTYPE, MIN_FP8_DOT_K, check_block_shape
 from .runtime import interpreter_active, keeps_buffers
 from .tuned import ConfigChoice, choose_config
 
@@ -780,8 +783,27 @@ def plan_gluon_fp8(
     With `activation` (the SwiGLU epilogue; out [rows, n / 2]): gate and up rows as halves only (interleaved
     rows refused), n / 2 a multiple of BLOCK_SIZE_N (each up box in one expert's up rows and one scale
     block), and with a float8 output (out_itemsize 1) BLOCK_SIZE_N = block_k (one output scale per row and
-    tile)."""
-    block_n, block_k = block_shape
+    tile). TypeError/ValueError naming the argument for arguments of the wrong kind: routing an AlignedRouting
+    or BlockSchedule, n and k ints >= 0 (n even with activation), block_shape two ints >= 1, device a
+    torch.device or its name, config a GemmConfig or None, out_itemsize 1, 2 or 4, activation an Activation or
+    None."""
+    if not isinstance(routing, (AlignedRouting, BlockSchedule)):
+        raise TypeError(f"routing must be an AlignedRouting (moe_align's) or a BlockSchedule, got {type_name(routing)}")
+    n, k = check_positive_int("n", n, minimum=0), check_positive_int("k", k, minimum=0)
+    if block_shape is None:
+        raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
+    block_n, block_k = block_shape = check_block_shape(block_shape)
+    if not isinstance(device, (torch.device, str)):
+        raise TypeError(f"device must be a torch.device or its name, got {type_name(device)}")
+    device = torch.device(device)
+    if config is not None and not isinstance(config, GemmConfig):
+        raise TypeError(f"config must be a GemmConfig or None, got {type_name(config)}")
+    if is_bool(out_itemsize) or out_itemsize not in (1, 2, 4):
+        raise ValueError(f"out_itemsize must be 1, 2 or 4 (bytes of an output element), got {out_itemsize!r}")
+    if activation is not None and not isinstance(activation, Activation):
+        raise TypeError(f"activation must be an Activation or None, got {type_name(activation)}")
+    if activation is not None and n % 2:
+        raise ValueError(f"n must be even (2I: gate and up rows) with activation, got {n}")
     default = config is None
     if default:
         config = GemmConfig(BLOCK_SIZE_M=routing.block_size_m, BLOCK_SIZE_N=GLUON_BLOCK_SIZE_N, num_stages=4)
@@ -811,7 +833,8 @@ def plan_gluon_fp8(
         stages = min(stages, (budget - epilogue - 1024) // per_stage)
     if stages < 2:
         raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
-    sms = multiprocessor_count(device) if device.type != "cpu" else 1
+    on_gpu = device.type == "cuda" or assumed_facts() is not None
+    sms = multiprocessor_count(device) if on_gpu else 1
     if default:
         n_tiles = -(-n_out // config.BLOCK_SIZE_N)
         config = replace(config, GROUP_SIZE_M=gluon_group_size_m(n_tiles, sms, activation is not None))
@@ -825,7 +848,11 @@ def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     """The Gluon FP8 kernel's default GROUP_SIZE_M for a GEMM of `n_tiles` N tiles on `programs` programs (one
     per SM): 1 (each M-block's N tiles in a row) for the up GEMM with the SwiGLU epilogue (`swiglu`) where one
     wave of programs holds every N tile of two M-blocks or more, else 8: where each measured faster
-    (docs/experiments.md, "The Gluon GEMMs' tile order")."""
+    (docs/experiments.md, "The Gluon GEMMs' tile order"). TypeError/ValueError for counts that are not ints
+    >= 1 or a `swiglu` that is not a bool."""
+    n_tiles, programs = check_positive_int("n_tiles", n_tiles), check_positive_int("programs", programs)
+    if not isinstance(swiglu, bool):
+        raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
     return 1 if swiglu and 2 * n_tiles <= programs else 8
 
 
@@ -940,7 +967,26 @@ def gluon_applies(
     (`gluon_swiglu_problem`); no biases; each weight read as one [E * N, K] TMA matrix, H a multiple of 16
     (`gluon_weight_problem`)) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
     "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
-    least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles)."""
+    least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles).
+    Takes `fused_moe`'s checked weights (their shapes are not matched here); TypeError/ValueError naming the
+    argument for w1/w2 that are not tensors, a block_shape that is not two ints >= 1, an activation that is not
+    an Activation, has_bias/config_given that are not bools, or rows_per_expert that is not a number >= 0."""
+    for name, value in (("w1", w1), ("w2", w2)):
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type_name(value)}")
+    block_shape = check_block_shape(block_shape)
+    if not isinstance(activation, Activation):
+        raise TypeError(f"activation must be an Activation, got {type_name(activation)}")
+    for name, value in (("has_bias", has_bias), ("config_given", config_given)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type_name(value)}")
+    if rows_per_expert is not None:
+        if is_bool(rows_per_expert) or not isinstance(rows_per_expert, numbers.Real):
+            raise TypeError(
+                f"rows_per_expert must be a number (T * top_k / E) or None, got {type_name(rows_per_expert)}"
+            )
+        if rows_per_expert < 0:
+            raise ValueError(f"rows_per_expert must be >= 0 (T * top_k / E), got {rows_per_expert}")
     setting = gluon_setting() if setting is None else setting
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"setting must be '0', '1' or 'auto' (as {GLUON_ENV_VAR}), got {setting!r}")
@@ -966,7 +1012,7 @@ def gluon_applies(
     threshold = GLUON_AUTO_ROWS_PER_EXPERT
     if rows_per_expert is None:
         return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
-    rows = f"{rows_per_expert:.1f}".removesuffix(".0")
+    rows = f"{rows_per_expert:.6g}"
     if not rows_per_expert >= threshold:  # (NaN included)
         return False, (
             f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {threshold}, where the Triton GEMMs "

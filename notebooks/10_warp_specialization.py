@@ -423,9 +423,10 @@ print(ws_viz.steps_table(results, tokens=512))
 #   (docs/experiments.md, "FP8 in Gluon"), because the Triton kernel's several programs per SM already overlapped
 #   one program's scaling with another's MMAs.
 # - In the whole layer (`fused_moe` with SwiGLU and the activation's quantization in the Gluon up GEMM's
-#   epilogue) it is faster than the Triton layer on an H200 where the experts get 256 rows each or more (1.08 to
+#   epilogue) it is faster than the Triton layer on an H200 where the experts get 256 rows each or more (1.07 to
 #   1.26x: Mixtral T >= 1024, Qwen3 T >= 4096, DeepSeek-V3 T >= 8192), mixed at 128 and 192 (faster for Mixtral
-#   and DeepSeek-V3, slower for Qwen3), slower below (benchmarks/results/gluon_fp8/fp8_layer.md), so `fused_moe`
+#   and DeepSeek-V3, slower for Qwen3), slower below (benchmarks/results/gluon_fp8/fp8_layer.md; 192 rows and an
+#   H100's numbers in docs/experiments.md, "The Gluon GEMMs' tile order"), so `fused_moe`
 #   runs the Gluon GEMMs where the experts get 256 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at
 #   every T). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
 #   fit one wave of programs (DeepSeek-V3 and Qwen3: that GEMM 1.02 to 1.21x on an H100, the layer 0.99 to 1.06x

@@ -157,6 +157,49 @@ def test_default_tile_order_is_one_m_block_at_a_time_for_up_gemms_whose_n_tiles_
     assert given.config.GROUP_SIZE_M == 4
 
 
+def test_the_gluon_decisions_name_a_bad_argument():
+    """gluon_group_size_m, plan_gluon_fp8 and gluon_applies called directly: TypeError/ValueError naming the
+    argument; a device given by name, or a meta device with no GPU assumed (one program), plans."""
+    for args, error, match in (
+        (("16", 132, True), TypeError, "n_tiles must be an int"),
+        ((16, 0, True), ValueError, "programs must be >= 1"),
+        ((16, 132, "no"), TypeError, "swiglu must be a bool"),
+    ):
+        with pytest.raises(error, match=match):
+            gluon_group_size_m(*args)
+    schedule, block = BlockSchedule(64, 100), (128, 128)
+    for kwargs, error, match in (
+        (dict(routing=None), TypeError, "routing must be an AlignedRouting"),
+        (dict(n=-256), ValueError, "n must be >= 0"),
+        (dict(k=256.0), TypeError, "k must be an int"),
+        (dict(block_shape=(128,)), ValueError, "block_shape must hold two ints"),
+        (dict(block_shape=(0, 128)), ValueError, "block_shape"),
+        (dict(block_shape=None), ValueError, "block_shape must be given"),
+        (dict(device=0), TypeError, "device must be a torch.device or its name"),
+        (dict(config={"BLOCK_SIZE_M": 64}), TypeError, "config must be a GemmConfig or None"),
+        (dict(out_itemsize=3), ValueError, "out_itemsize must be 1, 2 or 4"),
+        (dict(activation="silu"), TypeError, "activation must be an Activation or None"),
+        (dict(n=257, activation=SILU), ValueError, "n must be even"),
+    ):
+        args = dict(routing=schedule, n=256, k=256, block_shape=block, device="cpu") | kwargs
+        with pytest.raises(error, match=match):
+            plan_gluon_fp8(**args)
+    assert plan_gluon_fp8(schedule, 256, 256, block, "meta").grid == 1
+    w1, w2 = torch.empty(8, 512, 256, device="meta", dtype=FP8), torch.empty(8, 256, 256, device="meta", dtype=FP8)
+    for args, kwargs, error, match in (
+        ((None, w2, block), {}, TypeError, "w1 must be a torch.Tensor"),
+        ((w1, w2, 128), {}, TypeError, "block_shape must be a tuple or list"),
+        ((w1, w2, block, "silu"), {}, TypeError, "activation must be an Activation"),
+        ((w1, w2, block), dict(has_bias="no"), TypeError, "has_bias must be a bool"),
+        ((w1, w2, block), dict(config_given=1), TypeError, "config_given must be a bool"),
+        ((w1, w2, block), dict(rows_per_expert="300"), TypeError, "rows_per_expert must be a number"),
+        ((w1, w2, block), dict(rows_per_expert=True), TypeError, "rows_per_expert must be a number"),
+        ((w1, w2, block), dict(rows_per_expert=-3), ValueError, "rows_per_expert must be >= 0"),
+    ):
+        with pytest.raises(error, match=match):
+            gluon_applies(*args, **kwargs)
+
+
 @ON_CPU_TENSORS
 def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_run():
     cpu = torch.device("cpu")

@@ -970,7 +970,7 @@ def gluon_applies(
     least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles).
     Takes `fused_moe`'s checked weights (their shapes are not matched here); TypeError/ValueError naming the
     argument for w1/w2 that are not tensors, a block_shape that is not two ints >= 1, an activation that is not
-    an Activation, has_bias/config_given that are not bools, or rows_per_expert that is not a number >= 0."""
+    an Activation, has_bias/config_given that are not bools, or rows_per_expert that is not a finite number >= 0."""
     for name, value in (("w1", w1), ("w2", w2)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type_name(value)}")
@@ -985,8 +985,8 @@ def gluon_applies(
             raise TypeError(
                 f"rows_per_expert must be a number (T * top_k / E) or None, got {type_name(rows_per_expert)}"
             )
-        if rows_per_expert < 0:
-            raise ValueError(f"rows_per_expert must be >= 0 (T * top_k / E), got {rows_per_expert}")
+        if not 0 <= rows_per_expert < float("inf"):  # NaN fails too
+            raise ValueError(f"rows_per_expert must be a finite number >= 0 (T * top_k / E), got {rows_per_expert}")
     setting = gluon_setting() if setting is None else setting
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"setting must be '0', '1' or 'auto' (as {GLUON_ENV_VAR}), got {setting!r}")
@@ -1013,7 +1013,7 @@ def gluon_applies(
     if rows_per_expert is None:
         return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
     rows = f"{rows_per_expert:.6g}"
-    if not rows_per_expert >= threshold:  # (NaN included)
+    if rows_per_expert < threshold:
         return False, (
             f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {threshold}, where the Triton GEMMs "
             f"are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"

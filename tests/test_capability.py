@@ -189,7 +189,13 @@ def test_an_assumed_device_obeys_moe_lab_tma(no_interpreter):
 
 @pytest.mark.parametrize(
     "args, error",
-    [(("x", (9,), 1, 1), TypeError), (("x", (9, 0), 1.5, 1), TypeError), (("x", (9, 0), 0, 1), ValueError)],
+    [
+        (("x", (9,), 1, 1), TypeError),
+        (("x", (9, 0), 1.5, 1), TypeError),
+        (("x", (9, 0), 0, 1), ValueError),
+        (("x", (9, 0), 232448, True), TypeError),
+        (("x", (True, 0), 232448, 132), TypeError),
+    ],
 )
 def test_assumed_device_refuses_bad_facts(args, error):
     with pytest.raises(error, match="assumed_device"):

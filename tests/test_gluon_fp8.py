@@ -194,7 +194,9 @@ def test_the_gluon_decisions_name_a_bad_argument():
         ((w1, w2, block), dict(config_given=1), TypeError, "config_given must be a bool"),
         ((w1, w2, block), dict(rows_per_expert="300"), TypeError, "rows_per_expert must be a number"),
         ((w1, w2, block), dict(rows_per_expert=True), TypeError, "rows_per_expert must be a number"),
-        ((w1, w2, block), dict(rows_per_expert=-3), ValueError, "rows_per_expert must be >= 0"),
+        ((w1, w2, block), dict(rows_per_expert=-3), ValueError, "rows_per_expert must be a finite number >= 0"),
+        ((w1, w2, block), dict(rows_per_expert=float("nan")), ValueError, "rows_per_expert must be a finite"),
+        ((w1, w2, block), dict(rows_per_expert=float("inf")), ValueError, "rows_per_expert must be a finite"),
     ):
         with pytest.raises(error, match=match):
             gluon_applies(*args, **kwargs)
@@ -266,7 +268,6 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     assert auto == (True, "MOE_LAB_GLUON=auto: 256 rows per expert (T * top_k / E) >= 256")
     assert "config given" in gluon_applies(w1, w2, block, setting="auto", rows_per_expert=4096, config_given=True)[1]
     assert not gluon_applies(w1, w2, block, setting="auto")[0]  # no T to decide by
-    assert not gluon_applies(w1, w2, block, setting="auto", rows_per_expert=float("nan"))[0]
     with pytest.raises(ValueError, match="setting must be '0', '1' or 'auto'"):
         gluon_applies(w1, w2, block, setting="on", rows_per_expert=4096)
     assert gluon_applies(w1, w2, block, setting="1") == (True, "MOE_LAB_GLUON=1")

@@ -836,7 +836,7 @@ def plan_gluon_fp8(
     on_gpu = device.type == "cuda" or assumed_facts() is not None
     sms = multiprocessor_count(device) if on_gpu else 1
     if default:
-        n_tiles = -(-n_out // config.BLOCK_SIZE_N)
+        n_tiles = cdiv(n_out, config.BLOCK_SIZE_N)
         config = replace(config, GROUP_SIZE_M=gluon_group_size_m(n_tiles, sms, activation is not None))
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=4, num_stages=stages)
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)

@@ -14,7 +14,9 @@
    kernel (each variant; the up GEMM's time includes permuting its rows and scales), and as the bf16 Triton
    pair (tuned bf16 config); ceilings at the same FLOPs (2 * T * k * 3 * H * I): dense bf16 torch.matmul and
    dense FP8 torch._scaled_mm with per-tensor scales and with the same block scales (cuBLAS's block-scaled
-   FP8 GEMM, CUDA >= 12.9), each [T*k, H] x [H, 2I] then [T*k, I] x [I, H].
+   FP8 GEMM, CUDA >= 12.9), each [T*k, H] x [H, 2I] then [T*k, I] x [I, H]; and grouped ceilings with the
+   routing's own rows per expert (packed, no padding, no permute or scatter): bf16 torch._grouped_mm and FP8
+   torch._scaled_grouped_mm (CUTLASS, one scale per row of A and per column of W: cheaper than block scales).
    CUDA-graph medians with L2 flushed (`moe_lab.tools.timing.graph_ms`), the variants in a rotating order over
    two rounds, the least median kept. Each Gluon variant's output is also compared with the Triton FP8 pair's.
 Prints a markdown table (ms, TFLOP/s, ratios) and writes DIR/gluon_fp8.json and DIR/gluon_fp8.md. Every
@@ -147,6 +149,48 @@ def block_scaled_mm(a: torch.Tensor, w: torch.Tensor):
         errors.append(f"{tuple(scale_b.shape)}/{scale_b.stride()}: error {err:.1e} against the dequantized product")
     print(f"note: no block-scaled _scaled_mm ceiling for {tuple(a.shape)} x {tuple(w.shape)}: {'; '.join(errors)}")
     return None
+
+
+def grouped_ceilings(topk_ids: torch.Tensor, a_up: torch.Tensor, a_down: torch.Tensor, w1, w2) -> dict:
+    """The grouped ceilings at the routing's own rows per expert: callables for the pair ([rows of expert e, H] x
+    w1[e].T, then [rows, I] x w2[e].T, rows packed by expert) as bf16 torch._grouped_mm and as FP8
+    torch._scaled_grouped_mm with rowwise scales (one float32 per row of A and per output column of W),
+    accumulated with and without CUTLASS's fast accumulation. The FP8 result is checked against the float32
+    product of its dequantized operands (relative Frobenius error < 1e-2) for the first used expert."""
+    e = w1.shape[0]
+    offs = torch.cumsum(torch.bincount(topk_ids.reshape(-1), minlength=e), 0).to(torch.int32)
+
+    def rowwise(x: torch.Tensor):  # [..., rows, K] -> float8 rows and their float32 scales [..., rows]
+        q, s = [], []
+        for chunk in x.split(16) if x.dim() == 3 else (x,):
+            amax = chunk.abs().amax(-1, keepdim=True).float().clamp(min=1e-12)
+            q.append((chunk.float() / amax * 448.0).to(FP8))
+            s.append((amax / 448.0).squeeze(-1))
+        return torch.cat(q), torch.cat(s)
+
+    fns = {"grouped bf16 _grouped_mm": lambda: (
+        torch._grouped_mm(a_up, w1.transpose(1, 2), offs=offs, out_dtype=torch.bfloat16),
+        torch._grouped_mm(a_down, w2.transpose(1, 2), offs=offs, out_dtype=torch.bfloat16),
+    )}  # fmt: skip
+    (qa, sa), (qb, sb), (qw1, sw1), (qw2, sw2) = (rowwise(v) for v in (a_up, a_down, w1, w2))
+    first = int((offs > 0).nonzero()[0])
+    lo = int(offs[first - 1]) if first else 0
+    want = (qa[lo : offs[first]].float() * sa[lo : offs[first], None]) @ (qw1[first].float() * sw1[first][:, None]).T
+    for fast in (False, True):
+
+        def run(fast=fast):
+            return (
+                torch._scaled_grouped_mm(qa, qw1.transpose(1, 2), sa, sw1, offs=offs, out_dtype=torch.bfloat16,
+                                         use_fast_accum=fast),
+                torch._scaled_grouped_mm(qb, qw2.transpose(1, 2), sb, sw2, offs=offs, out_dtype=torch.bfloat16,
+                                         use_fast_accum=fast),
+            )  # fmt: skip
+
+        err = relative_error(run()[0][lo : offs[first]].float(), want)
+        if err >= 1e-2:
+            raise RuntimeError(f"_scaled_grouped_mm (fast accumulation {fast}): {err:.1e} off the dequantized product")
+        fns[f"grouped fp8 rowwise _scaled_grouped_mm{' fast accum' if fast else ''}"] = run
+    return fns
 
 
 # --- 1. correctness --------------------------------------------------------------------------------------
@@ -386,6 +430,12 @@ def measure(model: str, tokens, check_first: bool) -> list:
                 fns["dense fp8 block-scaled _scaled_mm"] = lambda: (up(), down())
         except Exception as exc:  # noqa: BLE001
             fail(f"{model} T={t} block-scaled ceiling", exc)
+
+        try:
+            order = ti.reshape(-1).argsort(stable=True)
+            fns.update(grouped_ceilings(ti, x[order // k], act[order], w1, w2))
+        except Exception as exc:  # noqa: BLE001
+            fail(f"{model} T={t} grouped ceilings", exc)
 
         ms = timed(fns)
         base = ms.get("triton fp8")

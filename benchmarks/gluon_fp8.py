@@ -86,20 +86,22 @@ def sorted_rows(slot_rows: torch.Tensor, routing) -> torch.Tensor:
     return out * valid[:, None].to(out.dtype)
 
 
-def reference(a32: torch.Tensor, w32: torch.Tensor, routing, *, gather_a: bool, scatter: bool, topk_weights=None):
-    """float32 out of one GEMM: rows of each used M-block times its expert's weights (sorted rows, or scattered
-    to slots with the routed weight). Rows of padding are NaN in the sorted layout (not compared)."""
+def reference(a32: torch.Tensor, w_q: torch.Tensor, w_s: torch.Tensor, routing, *, gather_a: bool, scatter: bool,
+              topk_weights=None):  # fmt: skip
+    """float32 out of one GEMM: rows of each used M-block times its expert's dequantized weights (sorted rows, or
+    scattered to slots with the routed weight). Rows of padding are NaN in the sorted layout (not compared). One
+    expert's weights are dequantized at a time: all of DeepSeek-V3's w2 in float32 is 14 GiB."""
     ids = routing.sorted_token_ids.long()
     used = int(routing.num_tokens_post_padded.item())
     experts = routing.expert_ids.long().repeat_interleave(routing.block_size_m)[:used]
     rows = torch.arange(used, device=ids.device)
     valid = ids[:used] < routing.num_slots
-    n = w32.shape[1]
+    n = w_q.shape[1]
     out = torch.full((routing.num_slots if scatter else routing.max_num_tokens_padded, n), float("nan"), device="cuda")
     for e in experts[valid].unique().tolist():
         sel = rows[valid & (experts == e)]
         src = ids[sel] // routing.top_k if gather_a else sel
-        prod = a32[src] @ w32[e].T
+        prod = a32[src] @ dequantize_fp8(w_q[e : e + 1], w_s[e : e + 1], BLOCK)[0].T
         if scatter:
             if topk_weights is not None:
                 prod = prod * topk_weights.reshape(-1)[ids[sel]][:, None]
@@ -207,9 +209,7 @@ def check_gemms(label: str, t: int, e: int, k: int, h: int, i: int, block_m: int
     cfg = gluon_config(block_m)
     up = torch.full((routing.max_num_tokens_padded, 2 * i), float("nan"), device="cuda", dtype=torch.bfloat16)
     grouped_matmul_fp8_gluon(x_q, w1_q, routing, cfg, gather_a=True, a_scale=x_s, w_scale=w1_s, out=up)
-    want_up = reference(
-        dequantize_fp8(x_q, x_s, (1, 128)), dequantize_fp8(w1_q, w1_s, BLOCK), routing, gather_a=True, scatter=False
-    )
+    want_up = reference(dequantize_fp8(x_q, x_s, (1, 128)), w1_q, w1_s, routing, gather_a=True, scatter=False)
     act = torch.randn(t * k, i, device="cuda", dtype=torch.bfloat16)
     a_q, a_s = quantize_activations_fp8(sorted_rows(act, routing), group_size=128)
     down = torch.full((t * k, h), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -218,7 +218,8 @@ def check_gemms(label: str, t: int, e: int, k: int, h: int, i: int, block_m: int
     )
     want_down = reference(
         dequantize_fp8(a_q, a_s, (1, 128)),
-        dequantize_fp8(w2_q, w2_s, BLOCK),
+        w2_q,
+        w2_s,
         routing,
         gather_a=False,
         scatter=True,
@@ -394,7 +395,8 @@ def measure(model: str, tokens, check_first: bool) -> list:
                     )  # fmt: skip
                     want = reference(
                         dequantize_fp8(a_q, a_s, (1, 128)),
-                        dequantize_fp8(w2_q, w2_s, BLOCK),
+                        w2_q,
+                        w2_s,
                         r,
                         gather_a=False,
                         scatter=True,

@@ -4,7 +4,8 @@ The same function as `grouped_matmul(a, w, routing, config, gather_a=..., a_scal
 block_shape=(128, 128))` with float8_e4m3fn operands: per M-block of the routing, out = sum over 128-deep K
 blocks of (a @ w[e].T) x a_scale x w_scale, float32 sums, bfloat16 out. The kernel
 (moe_lab/_kernels/gluon_fp8.py) gives TMA loads to one warp and wgmmas to one or two warpgroups that scale
-each K block's product while the next block's wgmma runs; one program per SM walks the tiles.
+each K block's product while the next block's wgmma runs; one program per SM walks the tiles, or one program
+runs each tile (`moe_lab.plan.gluon_programs`).
 
 Hopper's TMA copies boxes and cannot gather rows, so with gather_a (the up GEMM) the token rows and their
 scales are first copied into the routing's padded expert order (`permute_tokens`: [rows, K] float8 and

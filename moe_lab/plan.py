@@ -731,9 +731,9 @@ class GluonFp8Plan:
     config: BLOCK_SIZE_M (the routing's), BLOCK_SIZE_N, BLOCK_SIZE_K (= the scale blocks' K), GROUP_SIZE_M,
         num_stages (the shared-memory ring, lowered to fit) and num_warps (4: each MMA partition is one
         warpgroup, taking 64 rows of the tile; 128-row tiles have two).
-    grid: programs (one per SM at most; each walks tiles). maxnreg: the register limit per thread that lets
-    every warp of the MMA and load partitions fit one SM's 64K registers. activation: the SwiGLU epilogue's
-    (gate and up as halves of w), or None for the plain GEMM."""
+    grid: programs (`gluon_programs`: one per SM at most, each walking tiles, or one per tile). maxnreg: the
+    register limit per thread that lets every warp of the MMA and load partitions fit one SM's 64K registers.
+    activation: the SwiGLU epilogue's (gate and up as halves of w), or None for the plain GEMM."""
 
     config: GemmConfig
     grid: int
@@ -840,8 +840,9 @@ def plan_gluon_fp8(
         config = replace(config, GROUP_SIZE_M=gluon_group_size_m(n_tiles, sms, activation is not None))
     config = replace(config, BLOCK_SIZE_K=block_k, num_warps=4, num_stages=stages)
     tiles = tile_grid(routing.max_num_m_blocks, n_out, config.BLOCK_SIZE_N)
+    grid = gluon_programs(tiles, sms, activation is not None, n * k)
     warps = config.BLOCK_SIZE_M // GLUON_PARTITION_ROWS * _WARPGROUP + _WARPGROUP  # and the load warp's
-    return GluonFp8Plan(config, max(1, min(sms, tiles)), _launch_regs(warps), block_n, activation)
+    return GluonFp8Plan(config, grid, _launch_regs(warps), block_n, activation)
 
 
 def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
@@ -854,6 +855,27 @@ def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     if not isinstance(swiglu, bool):
         raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
     return 1 if swiglu and 2 * n_tiles <= programs else 8
+
+
+# One expert's float8 w1 of this many bytes or more makes the SwiGLU up GEMM launch one program per tile.
+GLUON_TILE_PROGRAMS_W_BYTES = 16 * 2**20
+
+
+def gluon_programs(tiles: int, sms: int, swiglu: bool, expert_w_bytes: int) -> int:
+    """Programs of a Gluon FP8 launch over `tiles` tiles (at most; programs past the schedule's tiles return) on
+    `sms` SMs. One per tile for the up GEMM with the SwiGLU epilogue (`swiglu`) where one expert's weights take
+    GLUON_TILE_PROGRAMS_W_BYTES or more (DeepSeek-V3's w1 29 MB, Mixtral-8x7B's 117 MB): the GPU starts tiles
+    in order, so the M-blocks of an expert that share a weight box run at once and read it through L2, where
+    programs walking tiles drift apart and read it from DRAM. Else one per SM at most, each walking tiles
+    (Qwen3-30B-A3B's w1 of 3 MB, which stays in L2; the down GEMM). Where each measured faster:
+    docs/experiments.md, "One program per tile". At least 1. TypeError/ValueError for counts that are not
+    ints (tiles and expert_w_bytes >= 0, sms >= 1) or a `swiglu` that is not a bool."""
+    tiles, sms = check_positive_int("tiles", tiles, minimum=0), check_positive_int("sms", sms)
+    expert_w_bytes = check_positive_int("expert_w_bytes", expert_w_bytes, minimum=0)
+    if not isinstance(swiglu, bool):
+        raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
+    per_tile = swiglu and expert_w_bytes >= GLUON_TILE_PROGRAMS_W_BYTES
+    return max(1, tiles if per_tile else min(sms, tiles))
 
 
 def gluon_block_shape_problem(block_shape, block_size_n: int = GLUON_BLOCK_SIZE_N) -> Optional[str]:

@@ -190,7 +190,8 @@ for step in range(6):
 # needs few: 24, the least `setmaxnreg` allows, so each MMA warpgroup gets 240; at 232 the compiler spilled a few
 # of the SwiGLU K loop's addresses to local memory, and the layer ran 6 to 20 % slower). The load warp is padded
 # to a whole warpgroup, so the compiled kernel counts 8 or 12 warps. `moe_lab.plan.plan_gluon_fp8` decides the stages (as many as
-# shared memory holds, up to the config's), the grid (one program per SM, persistent) and the launch's
+# shared memory holds, up to the config's), the grid (one program per SM, persistent; one per tile for a SwiGLU up
+# GEMM whose experts' weights outgrow L2, below) and the launch's
 # register limit; `GLUON_CONSUMER_REGS` and `GLUON_LOAD_REGS` in `moe_lab/plan.py` are the split.
 
 # %%
@@ -430,7 +431,11 @@ print(ws_viz.steps_table(results, tokens=512))
 #   runs the Gluon GEMMs where the experts get 256 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at
 #   every T). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
 #   fit one wave of programs (DeepSeek-V3 and Qwen3: that GEMM 1.02 to 1.21x on an H100, the layer 0.99 to 1.06x
-#   on an H200; docs/experiments.md, "The Gluon GEMMs' tile order"). Where the Triton up GEMM quantizes in its
+#   on an H200; docs/experiments.md, "The Gluon GEMMs' tile order"). Where one expert's w1 takes 16 MiB or more
+#   (DeepSeek-V3, Mixtral) the up GEMM launches one program per tile instead of one per SM: the GPU starts tiles
+#   in order, so the M-blocks that share a weight box run at once and find it in L2, where programs walking tiles
+#   drift apart and each read it from DRAM (DeepSeek-V3's layer 1.11 to 1.20x on an H100; docs/experiments.md,
+#   "One program per tile"). Where the Triton up GEMM quantizes in its
 #   epilogue with 64-row tiles, the two layers agree bit for bit; elsewhere by a few float8 steps, as FP8's tuned
 #   tiles already do from one T to another (docs/experiments.md, "Where the Gluon and Triton layers part").
 #

@@ -13,7 +13,7 @@ from moe_lab.capability import assumed_device, gluon_fp8_support
 from moe_lab.configs import GemmConfig
 from moe_lab.expert_kind import SILU
 from moe_lab.gluon_fp8 import grouped_matmul_fp8_gluon
-from moe_lab.plan import BlockSchedule, gluon_applies, gluon_group_size_m, plan_gluon_fp8
+from moe_lab.plan import BlockSchedule, gluon_applies, gluon_group_size_m, gluon_programs, plan_gluon_fp8
 from moe_lab.reference import relative_error
 from moe_lab.runtime import interpreter_active
 
@@ -157,6 +157,26 @@ def test_default_tile_order_is_one_m_block_at_a_time_for_up_gemms_whose_n_tiles_
     assert given.config.GROUP_SIZE_M == 4
 
 
+def test_the_up_gemm_launches_one_program_per_tile_where_an_experts_weights_outgrow_l2():
+    """plan_gluon_fp8's grid (`gluon_programs`): one program per tile for the SwiGLU up GEMM where one expert's
+    w1 takes 16 MiB or more (DeepSeek-V3: 2I x H = 4096 x 7168 bytes; Mixtral-8x7B), else one per SM at most
+    (Qwen3-30B-A3B's 1536 x 2048; every down GEMM), and never 0."""
+    mib = 2**20
+    assert gluon_programs(2048, 132, True, 16 * mib) == 2048 and gluon_programs(2048, 132, True, 16 * mib - 1) == 132
+    assert gluon_programs(2048, 132, False, 64 * mib) == 132 and gluon_programs(100, 132, False, 0) == 100
+    assert gluon_programs(0, 132, True, 64 * mib) == 1 and gluon_programs(0, 132, False, 0) == 1
+    meta, schedule = torch.device("meta"), BlockSchedule(128, 64)
+    with assumed_device("H100", (9, 0), 232448, 132):
+        deepseek_up = plan_gluon_fp8(schedule, 2 * 2048, 7168, (128, 128), meta, None, 1, SILU)
+        mixtral_up = plan_gluon_fp8(schedule, 2 * 14336, 4096, (128, 128), meta, None, 1, SILU)
+        qwen_up = plan_gluon_fp8(schedule, 2 * 768, 2048, (128, 128), meta, None, 1, SILU)
+        deepseek_down = plan_gluon_fp8(schedule, 7168, 2048, (128, 128), meta)
+    assert deepseek_up.grid == 64 * 16 and mixtral_up.grid == 64 * 112
+    assert qwen_up.grid == 132 and deepseek_down.grid == 132  # 384 and 3584 tiles: one program per SM
+    with assumed_device("H100", (9, 0), 232448, 132):
+        assert plan_gluon_fp8(BlockSchedule(128, 4), 2 * 768, 2048, (128, 128), meta, None, 1, SILU).grid == 24
+
+
 def test_the_gluon_decisions_name_a_bad_argument():
     """gluon_group_size_m, plan_gluon_fp8 and gluon_applies called directly: TypeError/ValueError naming the
     argument; a device given by name, or a meta device with no GPU assumed (one program), plans."""
@@ -167,6 +187,14 @@ def test_the_gluon_decisions_name_a_bad_argument():
     ):
         with pytest.raises(error, match=match):
             gluon_group_size_m(*args)
+    for args, error, match in (
+        ((-1, 132, True, 0), ValueError, "tiles must be >= 0"),
+        ((16, 0, True, 0), ValueError, "sms must be >= 1"),
+        ((16, 132, 1, 0), TypeError, "swiglu must be a bool"),
+        ((16, 132, True, 2.0**30), TypeError, "expert_w_bytes must be an int"),
+    ):
+        with pytest.raises(error, match=match):
+            gluon_programs(*args)
     schedule, block = BlockSchedule(64, 100), (128, 128)
     for kwargs, error, match in (
         (dict(routing=None), TypeError, "routing must be an AlignedRouting"),

@@ -482,8 +482,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="folder for gluon_fp8.json and gluon_fp8.md")
     ap.add_argument("--quick", action="store_true", help="correctness, then DeepSeek-V3 at T = 4096 only")
-    ap.add_argument("--models", nargs="+", default=["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"])
-    ap.add_argument("--tokens", nargs="+", type=int, default=[512, 4096, 16384])
+    models = ["mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3"]
+    ap.add_argument("--models", nargs="+", default=models, help=f"model presets (default: {' '.join(models)})")
+    ap.add_argument("--tokens", nargs="+", type=int, default=[512, 4096, 16384], help="T (default: 512 4096 16384)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     start = time.perf_counter()

@@ -789,16 +789,23 @@ def plan_gluon_fp8(
     None."""
     if not isinstance(routing, (AlignedRouting, BlockSchedule)):
         raise TypeError(f"routing must be an AlignedRouting (moe_align's) or a BlockSchedule, got {type_name(routing)}")
+    if isinstance(routing, BlockSchedule):  # an AlignedRouting checks its own
+        if is_bool(routing.block_size_m) or routing.block_size_m not in (64, 128):
+            raise ValueError(f"routing.block_size_m must be 64 or 128, got {routing.block_size_m!r}")
+        check_positive_int("routing.max_num_m_blocks", routing.max_num_m_blocks, minimum=0)
     n, k = check_positive_int("n", n, minimum=0), check_positive_int("k", k, minimum=0)
     if block_shape is None:
         raise ValueError("block_shape must be given ([block_n, 128]): the Gluon kernel takes block scales only")
     block_n, block_k = block_shape = check_block_shape(block_shape)
     if not isinstance(device, (torch.device, str)):
         raise TypeError(f"device must be a torch.device or its name, got {type_name(device)}")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"device must be a torch.device or its name ('cuda:0', 'meta'), got {device!r}") from None
     if config is not None and not isinstance(config, GemmConfig):
         raise TypeError(f"config must be a GemmConfig or None, got {type_name(config)}")
-    if is_bool(out_itemsize) or out_itemsize not in (1, 2, 4):
+    if is_bool(out_itemsize) or not isinstance(out_itemsize, numbers.Integral) or out_itemsize not in (1, 2, 4):
         raise ValueError(f"out_itemsize must be 1, 2 or 4 (bytes of an output element), got {out_itemsize!r}")
     if activation is not None and not isinstance(activation, Activation):
         raise TypeError(f"activation must be an Activation or None, got {type_name(activation)}")
@@ -832,8 +839,10 @@ def plan_gluon_fp8(
     if budget is not None:
         stages = min(stages, (budget - epilogue - 1024) // per_stage)
     if stages < 2:
-        raise ValueError(f"config {config} leaves fewer than 2 pipeline stages in {budget} bytes of shared memory")
-    on_gpu = device.type == "cuda" or assumed_facts() is not None
+        room = f" in {budget} bytes of shared memory" if budget is not None else ""
+        raise ValueError(f"config {config} leaves fewer than 2 pipeline stages{room}")
+    # A CUDA device on a machine without one plans as a meta device does (one program), unless a GPU is assumed.
+    on_gpu = (device.type == "cuda" and torch.cuda.is_available()) or assumed_facts() is not None
     sms = multiprocessor_count(device) if on_gpu else 1
     if default:
         n_tiles = cdiv(n_out, config.BLOCK_SIZE_N)
@@ -850,8 +859,9 @@ def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     per SM): 1 (each M-block's N tiles in a row) for the up GEMM with the SwiGLU epilogue (`swiglu`) where one
     wave of programs holds every N tile of two M-blocks or more, else 8: where each measured faster
     (docs/experiments.md, "The Gluon GEMMs' tile order"). TypeError/ValueError for counts that are not ints
-    >= 1 or a `swiglu` that is not a bool."""
-    n_tiles, programs = check_positive_int("n_tiles", n_tiles), check_positive_int("programs", programs)
+    (n_tiles >= 0, programs >= 1) or a `swiglu` that is not a bool."""
+    n_tiles = check_positive_int("n_tiles", n_tiles, minimum=0)
+    programs = check_positive_int("programs", programs)
     if not isinstance(swiglu, bool):
         raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
     return 1 if swiglu and 2 * n_tiles <= programs else 8
@@ -869,13 +879,17 @@ def gluon_programs(tiles: int, sms: int, swiglu: bool, expert_w_bytes: int) -> i
     programs walking tiles drift apart and read it from DRAM. Else one per SM at most, each walking tiles
     (Qwen3-30B-A3B's w1 of 3 MB, which stays in L2; the down GEMM). Where each measured faster:
     docs/experiments.md, "One program per tile". At least 1. TypeError/ValueError for counts that are not
-    ints (tiles and expert_w_bytes >= 0, sms >= 1) or a `swiglu` that is not a bool."""
+    ints (tiles and expert_w_bytes >= 0, sms >= 1), a `swiglu` that is not a bool, or more programs than a
+    CUDA grid holds (2**31 - 1)."""
     tiles, sms = check_positive_int("tiles", tiles, minimum=0), check_positive_int("sms", sms)
     expert_w_bytes = check_positive_int("expert_w_bytes", expert_w_bytes, minimum=0)
     if not isinstance(swiglu, bool):
         raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
     per_tile = swiglu and expert_w_bytes >= GLUON_TILE_PROGRAMS_W_BYTES
-    return max(1, tiles if per_tile else min(sms, tiles))
+    programs = max(1, tiles if per_tile else min(sms, tiles))
+    if programs > 2**31 - 1:
+        raise ValueError(f"tiles={tiles} make {programs} programs, more than a CUDA grid holds (2**31 - 1)")
+    return programs
 
 
 def gluon_block_shape_problem(block_shape, block_size_n: int = GLUON_BLOCK_SIZE_N) -> Optional[str]:

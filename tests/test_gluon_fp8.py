@@ -192,6 +192,7 @@ def test_the_gluon_decisions_name_a_bad_argument():
         ((16, 0, True, 0), ValueError, "sms must be >= 1"),
         ((16, 132, 1, 0), TypeError, "swiglu must be a bool"),
         ((16, 132, True, 2.0**30), TypeError, "expert_w_bytes must be an int"),
+        ((2**40, 132, True, 2**30), ValueError, "more than a CUDA grid holds"),
     ):
         with pytest.raises(error, match=match):
             gluon_programs(*args)
@@ -204,6 +205,12 @@ def test_the_gluon_decisions_name_a_bad_argument():
         (dict(block_shape=(0, 128)), ValueError, "block_shape"),
         (dict(block_shape=None), ValueError, "block_shape must be given"),
         (dict(device=0), TypeError, "device must be a torch.device or its name"),
+        (dict(device="nonsense"), ValueError, "device must be a torch.device or its name"),
+        (dict(routing=BlockSchedule(100, 4)), ValueError, "routing.block_size_m must be 64 or 128, got 100"),
+        (dict(routing=BlockSchedule(64, None)), TypeError, "routing.max_num_m_blocks must be an int"),
+        (dict(routing=BlockSchedule(64, -1)), ValueError, "routing.max_num_m_blocks must be >= 0"),
+        (dict(out_itemsize=2.0), ValueError, "out_itemsize must be 1, 2 or 4"),
+        (dict(config=GemmConfig(64, 128, num_stages=1)), ValueError, "fewer than 2 pipeline stages"),
         (dict(config={"BLOCK_SIZE_M": 64}), TypeError, "config must be a GemmConfig or None"),
         (dict(out_itemsize=3), ValueError, "out_itemsize must be 1, 2 or 4"),
         (dict(activation="silu"), TypeError, "activation must be an Activation or None"),
@@ -213,6 +220,9 @@ def test_the_gluon_decisions_name_a_bad_argument():
         with pytest.raises(error, match=match):
             plan_gluon_fp8(**args)
     assert plan_gluon_fp8(schedule, 256, 256, block, "meta").grid == 1
+    assert plan_gluon_fp8(schedule, 0, 256, block, "meta", None, 2, SILU).grid == 1  # n = 0: no tiles
+    if not torch.cuda.is_available():  # a CUDA device named on a machine without one plans as meta does
+        assert plan_gluon_fp8(schedule, 256, 256, block, "cuda").grid == 1
     w1, w2 = torch.empty(8, 512, 256, device="meta", dtype=FP8), torch.empty(8, 256, 256, device="meta", dtype=FP8)
     for args, kwargs, error, match in (
         ((None, w2, block), {}, TypeError, "w1 must be a torch.Tensor"),

@@ -101,14 +101,15 @@ def is_bool(value) -> bool:
 
 
 def _as_int(name: str, value) -> int:
-    """`value` as a Python int if it is an int or int-like (a numpy integer: operator.index); bools of every
-    kind are refused (`is_bool`)."""
+    """`value` as a Python int if it is an int or int-like (a numpy integer, a 0-d integer array or tensor:
+    operator.index); bools of every kind are refused (`is_bool`), and so are arrays and tensors of one or more
+    dimensions (operator.index takes one of one element) and tensors without data (meta)."""
     kind = type_name(value)
     try:
-        if is_bool(value):
+        if is_bool(value) or getattr(value, "ndim", 0) != 0:
             raise TypeError
         return operator.index(value)
-    except TypeError:
+    except (TypeError, RuntimeError):  # RuntimeError: a meta tensor has no value to read
         raise TypeError(f"{name} must be an int, got {kind}") from None
 
 

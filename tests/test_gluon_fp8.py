@@ -193,6 +193,8 @@ def test_the_gluon_decisions_name_a_bad_argument():
         ((16, 132, 1, 0), TypeError, "swiglu must be a bool"),
         ((16, 132, True, 2.0**30), TypeError, "expert_w_bytes must be an int"),
         ((2**40, 132, True, 2**30), ValueError, "more than a CUDA grid holds"),
+        ((torch.tensor([16]), 132, True, 0), TypeError, "tiles must be an int, got a 1-d int64 tensor"),
+        ((torch.tensor(16, device="meta"), 132, True, 0), TypeError, "tiles must be an int, got a 0-d"),
     ):
         with pytest.raises(error, match=match):
             gluon_programs(*args)

@@ -162,12 +162,10 @@ def grouped_ceilings(topk_ids: torch.Tensor, a_up: torch.Tensor, a_down: torch.T
     offs = torch.cumsum(torch.bincount(topk_ids.reshape(-1), minlength=e), 0).to(torch.int32)
 
     def rowwise(x: torch.Tensor):  # [..., rows, K] -> float8 rows and their float32 scales [..., rows]
-        q, s = [], []
-        for chunk in x.split(16) if x.dim() == 3 else (x,):
-            amax = chunk.abs().amax(-1, keepdim=True).float().clamp(min=1e-12)
-            q.append((chunk.float() / amax * 448.0).to(FP8))
-            s.append((amax / 448.0).squeeze(-1))
-        return torch.cat(q), torch.cat(s)
+        if x.dim() == 3:
+            return quantize_weights_fp8(x, None, per_channel=True)
+        q, scale = quantize_activations_fp8(x, group_size=x.shape[1])
+        return q, scale.reshape(-1)
 
     fns = {"grouped bf16 _grouped_mm": lambda: (
         torch._grouped_mm(a_up, w1.transpose(1, 2), offs=offs, out_dtype=torch.bfloat16),

@@ -37,6 +37,7 @@ from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ._validate import is_bool
 from .runtime import interpreter_active
 
 ENV_VAR = "MOE_LAB_TMA"
@@ -173,7 +174,7 @@ def assumed_device(
     `capability`: (major, minor), e.g. (9, 0). Raises TypeError/ValueError for a capability that is not two
     ints >= 0, or a shared-memory size or SM count that is not an int >= 1."""
     try:
-        if any(isinstance(v, bool) for v in (*capability, max_shared_mem, multiprocessor_count)):
+        if any(is_bool(v) for v in (*capability, max_shared_mem, multiprocessor_count)):
             raise TypeError  # True would pass as 1
         major, minor = (operator.index(v) for v in capability)
         max_shared_mem, multiprocessor_count = operator.index(max_shared_mem), operator.index(multiprocessor_count)

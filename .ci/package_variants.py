@@ -28,8 +28,9 @@ Covered (per target; sm_80 takes pointer loads, sm_90/sm_100 TMA where the tenso
 - FP8 w8a8 layers (`fp8_layer_workloads`): block-scaled DeepSeek-V3 at each fp8 tile rule (and by pointer,
   persistent, with the quantizing epilogue, with [64, 128] blocks), per-channel Qwen3, per-tensor Mixtral
   with static activation scales; refused below sm_89 likewise.
-- the warp-specialized Gluon FP8 GEMM pair (`gluon_fp8_workloads`) at DeepSeek-V3's shape: compiled for sm_90
-  under a Triton with Gluon's warp_specialize, refused (with `gluon_fp8_support`'s reason) elsewhere.
+- the warp-specialized Gluon FP8 GEMM pair (`gluon_fp8_workloads`) at DeepSeek-V3's shape, and its up GEMM with the
+  SwiGLU epilogue as `fused_moe` runs it (float8 output with its scales) and with gpt-oss's swigluoai: compiled
+  for sm_90 under a Triton with Gluon's warp_specialize, refused (with `gluon_fp8_support`'s reason) elsewhere.
 - expert kinds (`expert_kind_workloads`) at gpt-oss-20b's shape (E=32, k=4, H=2880, I=2880), bf16: gpt-oss's
   clamped SwiGLU on interleaved rows with both biases at T = 1, 64, 4096 (and by pointer, unfused through
   silu_and_mul, persistent, FP8 block-scaled), the other two activation names (swigluoai in halves, silu
@@ -444,12 +445,14 @@ def fp8_layer_workloads() -> List[Workload]:
 
 def gluon_fp8_workloads() -> List[Workload]:
     """The warp-specialized Gluon FP8 grouped GEMM pair (moe_lab.gluon_fp8) at DeepSeek-V3's shape, T = 4096:
-    the up GEMM (rows permuted, sorted store) and the down GEMM (routed weights, scatter), BLOCK_SIZE_M 64 and
-    128 (one and two MMA warpgroups). Compiled where `gluon_fp8_support` says yes (sm_90, a Triton with
-    Gluon's warp_specialize); elsewhere the workload checks that the launcher refuses with that reason."""
+    the up GEMM (rows permuted, sorted store; plain, with the SwiGLU epilogue writing float8 and its scales as
+    `fused_moe` runs it, and with swigluoai writing bfloat16) and the down GEMM (routed weights, scatter),
+    BLOCK_SIZE_M 64 and 128 (one and two MMA warpgroups). Compiled where `gluon_fp8_support` says yes (sm_90, a
+    Triton with Gluon's warp_specialize); elsewhere the workload checks that the launcher refuses with that reason."""
     from moe_lab.gluon_fp8 import gluon_fp8_support, grouped_matmul_fp8_gluon
 
     fp8, f32 = torch.float8_e4m3fn, torch.float32
+    SILU, SWIGLUOAI = moe_lab.Activation(), moe_lab.Activation("swigluoai")
     p = moe_lab.PRESETS["deepseek-v3"]
     e, k, h, i, t = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size, 4096
 
@@ -457,7 +460,12 @@ def gluon_fp8_workloads() -> List[Workload]:
         routing = moe_lab.moe_align(_empty(t, k, dtype=torch.int32), e, block_m)
         rows = routing.max_num_tokens_padded
         up = dict(a_scale=_empty(t, h // 128, dtype=f32), w_scale=_empty(e, 2 * i // 128, h // 128, dtype=f32))
-        grouped_matmul_fp8_gluon(_empty(t, h, dtype=fp8), _empty(e, 2 * i, h, dtype=fp8), routing, gather_a=True, **up)
+        x, w1 = _empty(t, h, dtype=fp8), _empty(e, 2 * i, h, dtype=fp8)
+        grouped_matmul_fp8_gluon(x, w1, routing, gather_a=True, **up)
+        # fused_moe's up GEMM: the SwiGLU epilogue quantizing its output to float8 (and gpt-oss's, bfloat16 out)
+        act_scale = _empty(rows, i // 128, dtype=f32)
+        grouped_matmul_fp8_gluon(x, w1, routing, gather_a=True, activation=SILU, out_scale=act_scale, **up)
+        grouped_matmul_fp8_gluon(x, w1, routing, gather_a=True, activation=SWIGLUOAI, **up)
         down = dict(a_scale=_empty(rows, i // 128, dtype=f32), w_scale=_empty(e, h // 128, i // 128, dtype=f32))
         grouped_matmul_fp8_gluon(
             _empty(rows, i, dtype=fp8),

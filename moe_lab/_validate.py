@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 from typing import Iterable, Optional, Sequence
 
@@ -91,7 +92,8 @@ def type_name(value) -> str:
     """What a message says `value` is: "int", "numpy.float64", "a 0-d bool tensor" (numpy's bool is named
     "bool" too, so its module is given)."""
     if isinstance(value, torch.Tensor):
-        return f"a {value.dim()}-d {str(value.dtype).replace('torch.', '')} tensor"
+        where = " on meta (no data)" if value.is_meta else ""
+        return f"a {value.dim()}-d {str(value.dtype).replace('torch.', '')} tensor{where}"
     return f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
 
 
@@ -105,6 +107,9 @@ def _as_int(name: str, value) -> int:
     operator.index); bools of every kind are refused (`is_bool`), and so are arrays and tensors of one or more
     dimensions (operator.index takes one of one element) and tensors without data (meta)."""
     kind = type_name(value)
+    if isinstance(value, (str, numbers.Number)):  # a scalar: its value too ("got float 2.5", "got str '4'")
+        shown = repr(value) if isinstance(value, str) else str(value)
+        kind += f" {shown[:40]}" + ("..." if len(shown) > 40 else "")
     try:
         if is_bool(value) or getattr(value, "ndim", 0) != 0:
             raise TypeError

@@ -27,10 +27,12 @@ def check_tensor(
     shape: Optional[Sequence[Optional[int]]] = None,
     layout: str = "",
     dtype_of: str = "",
+    kernel_reads: bool = True,
 ) -> None:
     """Raise TypeError/ValueError unless `t` is a tensor of rank `ndim`, one of `dtypes`, and `shape`
-    (None entries are free). `layout` names the dimensions for the message, e.g. "[T, H]"; `dtype_of`
-    names the tensor whose dtype `t` must match, if any."""
+    (None entries are free), and, where a kernel reads its memory (`kernel_reads`), not a negated view. `layout`
+    names the dimensions for the message, e.g. "[T, H]"; `dtype_of` names the tensor whose dtype `t` must match,
+    if any."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor {layout}, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -47,6 +49,26 @@ def check_tensor(
             if want is not None and got != want:
                 want_s = "[" + ", ".join("*" if w is None else str(w) for w in shape) + "]"
                 raise ValueError(f"{name} must have shape {layout} = {want_s}, got {tuple(t.shape)}")
+    if kernel_reads and t.is_neg():  # torch ops honour the bit; a kernel reads memory, which holds the other sign
+        raise ValueError(
+            f"{name} is a negated view (torch's lazy negation bit, as .conj().imag makes): its memory holds the "
+            f"values' negatives; pass {name}.resolve_neg()"
+        )
+
+
+def check_own_memory(name: str, t: torch.Tensor) -> None:
+    """Raise ValueError unless every element of `t` (a buffer a kernel writes) has its own memory: with the
+    dimensions of more than one element sorted by stride, each stride passes the span of those before it (a
+    test that may refuse a few exotic non-overlapping layouts, never accepts an overlapping one)."""
+    span = 0
+    dims = sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    for stride, size in dims:
+        if stride <= span:
+            raise ValueError(
+                f"{name}'s entries overlap in memory (strides {tuple(t.stride())} for shape {tuple(t.shape)}): "
+                f"pass a buffer where each entry has its own memory"
+            )
+        span += (size - 1) * stride
 
 
 def check_one_device(**tensors: Optional[torch.Tensor]) -> torch.device:
@@ -97,6 +119,15 @@ def type_name(value) -> str:
     return f"{type(value).__module__}.{type(value).__name__}".replace("builtins.", "")
 
 
+def described(value) -> str:
+    """`type_name`, with the value of a scalar: "float 2.5", "str '4'", "bool True", "a 1-d int64 tensor"."""
+    kind = type_name(value)
+    if isinstance(value, (str, numbers.Number)):
+        shown = repr(value) if isinstance(value, str) else str(value)
+        kind += f" {shown[:40]}" + ("..." if len(shown) > 40 else "")
+    return kind
+
+
 def is_bool(value) -> bool:
     """A Python, numpy or torch bool: operator.index takes numpy's and 0-d tensors' as 0 and 1."""
     return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
@@ -106,10 +137,7 @@ def _as_int(name: str, value) -> int:
     """`value` as a Python int if it is an int or int-like (a numpy integer, a 0-d integer array or tensor:
     operator.index); bools of every kind are refused (`is_bool`), and so are arrays and tensors of one or more
     dimensions (operator.index takes one of one element) and tensors without data (meta)."""
-    kind = type_name(value)
-    if isinstance(value, (str, numbers.Number)):  # a scalar: its value too ("got float 2.5", "got str '4'")
-        shown = repr(value) if isinstance(value, str) else str(value)
-        kind += f" {shown[:40]}" + ("..." if len(shown) > 40 else "")
+    kind = described(value)
     try:
         if is_bool(value) or getattr(value, "ndim", 0) != 0:
             raise TypeError
@@ -188,9 +216,5 @@ def output_buffer(
     check_tensor("out", out, ndim=len(shape), dtypes=(dtype,), shape=tuple(shape), layout=layout)
     if out.stride(-1) != 1:
         raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
-    if out.dim() == 2 and out.shape[0] > 1 and out.stride(0) < out.shape[1]:
-        raise ValueError(
-            f"out rows overlap in memory (strides {tuple(out.stride())} for shape "
-            f"{tuple(out.shape)}): pass a buffer where each row has its own memory"
-        )
+    check_own_memory("out", out)
     return out

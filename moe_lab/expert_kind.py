@@ -6,12 +6,15 @@ Kept apart from the kernels so that the model presets (and the tools that read t
 
 from __future__ import annotations
 
-import math
+import numbers
 from dataclasses import dataclass
 from typing import Union
 
+from ._validate import described, is_bool
+
 ACTIVATION_KINDS = ("silu", "swigluoai")
 GATE_UP_LAYOUTS = ("halves", "interleaved")
+FLOAT32_MAX = 3.4028234663852886e38  # the kernels take alpha and limit as float32 scalars
 
 
 @dataclass(frozen=True)
@@ -44,10 +47,13 @@ class Activation:
             )
         for name in ("alpha", "limit"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise TypeError(f"activation {name} must be a finite number, got {type(value).__name__} {value!r}")
-            if not math.isfinite(value):
-                raise ValueError(f"activation {name} must be a finite number, got {value!r}")
+            if is_bool(value) or not isinstance(value, numbers.Real):  # numpy's reals too, as read from a config
+                raise TypeError(f"activation {name} must be a finite number, got {described(value)}")
+            if not abs(value) <= FLOAT32_MAX:  # NaN fails too
+                raise ValueError(
+                    f"activation {name} must be a finite number, got {value!r} (the kernels take it as a float32: "
+                    "|x| <= 3.4e38)"
+                )
             object.__setattr__(self, name, float(value))  # frozen; the kernels take it as a float32 scalar
         if self.limit <= 0:
             raise ValueError(f"activation limit must be > 0, got {self.limit!r}")

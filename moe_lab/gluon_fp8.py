@@ -28,7 +28,14 @@ from typing import Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, check_not_aliased, check_same_device, check_tensor, output_buffer
+from ._validate import (
+    FLOAT_DTYPES,
+    check_not_aliased,
+    check_own_memory,
+    check_same_device,
+    check_tensor,
+    output_buffer,
+)
 from .align import AlignedRouting
 from .capability import descriptor_problem, gluon_fp8_support
 from .configs import GemmConfig
@@ -134,6 +141,7 @@ def grouped_matmul_fp8_gluon(
             shape=(routing.max_num_tokens_padded, -(-n_out // 128)),
             layout="[max_num_tokens_padded, I/128]",
         )
+        check_own_memory("out_scale", out_scale)
     elif out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
     out_rows = routing.num_slots if scatter else routing.max_num_tokens_padded

@@ -1001,7 +1001,11 @@ class FusedMoE(torch.nn.Module):
         # float weights are the activations' dtype; with float8 ones each call checks against hidden_states
         self.register_buffer("w1_bias", check_bias("w1_bias", w1_bias, w1, w1.dtype, "[E, 2I]"))
         self.register_buffer("w2_bias", check_bias("w2_bias", w2_bias, w2, w1.dtype, "[E, H]"))
-        _check_shared_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], hidden_of="w1")
+        # shared experts run in hidden_states' dtype: float w1's, or any float dtype beside float8 w1
+        if w1.dtype == FP8_DTYPE:
+            _check_shared_weights(shared_w1, shared_w2, FLOAT_DTYPES, w1.shape[2], hidden_of="w1")
+        else:
+            _check_shared_weights(shared_w1, shared_w2, (w1.dtype,), w1.shape[2], hidden_of="w1", dtype_of="w1")
         if shared_w1 is not None:
             shared_w1 = torch.nn.Parameter(shared_w1, requires_grad=False)
             shared_w2 = torch.nn.Parameter(shared_w2, requires_grad=False)

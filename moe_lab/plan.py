@@ -371,10 +371,11 @@ class ScheduleShape(NamedTuple):
 
 def tensor_facts(t: Optional[torch.Tensor]) -> Optional[tuple]:
     """What a layer plan and the layer's input checks read of a tensor: (shape, strides, dtype, device,
-    requires_grad, data_ptr % 16); None for None. Raises AttributeError/TypeError for what is not a tensor."""
+    requires_grad, data_ptr % 16, is_neg); None for None. Raises AttributeError/TypeError for what is not a
+    tensor."""
     if t is None:
         return None
-    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16)
+    return (t.shape, t.stride(), t.dtype, t.device, t.requires_grad, t.data_ptr() % 16, t.is_neg())
 
 
 def _frozen(value):
@@ -394,7 +395,8 @@ class LayerKey(NamedTuple):
     """Everything a `fused_moe` call's plan (`plan_layer`) and its cached input checks depend on, hashable.
     Tensors enter as `tensor_facts`: shape (T, and every size the checks and plans read), strides (the
     descriptor rules, slot order), dtype, device (tuned table, TMA and FP8 support, shared memory, SMs),
-    requires_grad (the inference-only check) and data_ptr % 16 (the descriptor's base alignment); `scales`
+    requires_grad (the inference-only check), data_ptr % 16 (the descriptor's base alignment) and the
+    negation bit (refused); `scales`
     holds w1_scale, w2_scale, a1_scale, a2_scale so. `config` is `config` frozen (a dict's keys and values,
     types kept); use_tma, chunk_size and block_shape as checked; grad_enabled is torch.is_grad_enabled();
     fp32_precision is torch.get_float32_matmul_precision() for float32 inputs ("" else: the dot of float32

@@ -83,7 +83,9 @@ class MoEPreset:
         return replace(self, hidden_size=shrink(self.hidden_size), intermediate_size=shrink(self.intermediate_size))
 
     def flops(self, num_tokens: int) -> int:
-        """Matmul FLOPs of one layer call: 2*T*k*(H*2I + I*H)."""
+        """Matmul FLOPs of one layer call: 2*T*k*(H*2I + I*H). Raises TypeError/ValueError unless num_tokens is an
+        int >= 0."""
+        num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
         return 2 * num_tokens * self.top_k * 3 * self.hidden_size * self.intermediate_size
 
     def build(self, num_tokens: int, *, dtype=torch.bfloat16, device=None, seed: int = 0):

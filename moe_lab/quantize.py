@@ -36,6 +36,7 @@ from ._validate import (
     FLOAT_DTYPES,
     check_kernel_device,
     check_not_aliased,
+    check_own_memory,
     check_positive_int,
     check_same_device,
     check_tensor,
@@ -446,11 +447,7 @@ def quantize_activations_fp8(
             shape=scale_shape,
             layout="[1]" if static else "[rows, ceil(K/group_size)]",
         )
-        if any(stride == 0 for size, stride in zip(out_scale.shape, out_scale.stride()) if size > 1):
-            raise ValueError(
-                f"out_scale's entries overlap in memory (strides {tuple(out_scale.stride())} for shape "
-                f"{tuple(out_scale.shape)}): pass a buffer where each scale has its own memory"
-            )
+        check_own_memory("out_scale", out_scale)
         check_not_aliased(out_scale, x=x, out=out, name="out_scale")
         x_scale = out_scale
     device = check_kernel_device(x=x, scale=scale, num_rows=num_rows, out=out, out_scale=out_scale)

@@ -199,18 +199,24 @@ def _expert_scale(scale: torch.Tensor, e: int) -> torch.Tensor:
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """||out - ref||_F / ||ref||_F in float64; NaN anywhere gives NaN (never passes a `<` check).
-    Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped result
-    must not pass as a match); TypeError unless both are real (not complex) tensors (torch.as_tensor makes
-    one of an array)."""
+    """||out - ref||_F / ||ref||_F in float64 (both scaled by ref's largest magnitude first, so values near
+    float64's limit do not overflow the norms); NaN or inf anywhere gives NaN or inf (never passes a `<` check).
+    Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped
+    result must not pass as a match); TypeError unless both are real (not complex) tensors with data (not on
+    meta; torch.as_tensor makes one of an array)."""
     for name, value in (("out", out), ("ref", ref)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__} (torch.as_tensor makes one)")
         if value.is_complex():  # .double() would drop the imaginary part
             raise TypeError(f"{name} must be a real tensor, got {str(value.dtype).replace('torch.', '')}")
+        if value.is_meta:
+            raise TypeError(f"{name} must be a tensor with data, got one on meta")
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"out and ref must have the same shape, got {tuple(out.shape)} and {tuple(ref.shape)}")
     out64, ref64 = out.double().cpu(), ref.double().cpu()
+    scale = ref64.abs().max() if ref64.numel() else torch.zeros((), dtype=torch.float64)
+    if 0 < scale < float("inf"):
+        out64, ref64 = out64 / scale, ref64 / scale
     denom = ref64.norm()
     diff = (out64 - ref64).norm()
     if denom == 0:

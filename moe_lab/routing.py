@@ -59,9 +59,10 @@ def topk_routing(
     Returns:
         TopKRouting(topk_weights [T, k] float32, topk_ids [T, k] int32).
     Raises:
-        TypeError / ValueError naming the argument for a wrong type, dtype, shape or value.
+        TypeError / ValueError naming the argument for a wrong type, dtype, shape or value. The logits' values
+        are not checked (that would wait for the device): a row holding NaN or +inf gets NaN weights.
     """
-    check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, E]")
+    check_tensor("router_logits", router_logits, ndim=2, dtypes=FLOAT_DTYPES, layout="[T, E]", kernel_reads=False)
     num_tokens, num_experts = router_logits.shape
     top_k = check_positive_int("top_k", top_k)
     if top_k > num_experts:
@@ -72,7 +73,13 @@ def topk_routing(
         raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
     if correction_bias is not None:
         check_tensor(
-            "correction_bias", correction_bias, ndim=1, dtypes=FLOAT_DTYPES, shape=(num_experts,), layout="[E]"
+            "correction_bias",
+            correction_bias,
+            ndim=1,
+            dtypes=FLOAT_DTYPES,
+            shape=(num_experts,),
+            layout="[E]",
+            kernel_reads=False,
         )
         check_one_device(router_logits=router_logits, correction_bias=correction_bias)
     routed_scaling_factor = _scaling_factor(routed_scaling_factor)

@@ -3,6 +3,7 @@ interleaved gate/up rows (`moe_lab.Activation`), shared experts; in the grouped 
 paths, in `silu_and_mul` (the unfused path) and in the layer, against float64 references. The `gpu` tests run
 gpt-oss-20b's real shape on an H200 (`pytest -m gpu tests/test_expert_kinds.py`)."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -211,6 +212,13 @@ def test_bad_expert_kinds_name_what_is_wrong():
         Activation("swigluoai", limit=0)
     with pytest.raises(ValueError, match="activation alpha must be a finite number, got nan"):
         Activation("swigluoai", alpha=float("nan"))
+    with pytest.raises(
+        ValueError, match=r"alpha must be a finite number, got 1e\+39 \(the kernels take it as a float32"
+    ):
+        Activation("swigluoai", alpha=1e39)  # finite in Python, inf in the kernels
+    assert Activation("swigluoai", alpha=np.float32(1.5), limit=np.int64(3)) == Activation(
+        "swigluoai", alpha=1.5, limit=3.0
+    )
     with pytest.raises(TypeError, match="activation alpha must be a finite number, got str '1'"):
         Activation("swigluoai", alpha="1")
     hs, w1, w2, tw, ti = random_layer(4, 3, 2, 32, 32, torch.bfloat16)

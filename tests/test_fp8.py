@@ -527,6 +527,8 @@ def test_fp8_after_a_second_breaker_trial():
     a = torch.randn(6, 64, device=DEVICE)
     with pytest.raises(ValueError, match="out_scale's entries overlap"):
         quantize_activations_fp8(a, group_size=32, out_scale=torch.zeros(1, 2, device=DEVICE).expand(6, 2))
+    with pytest.raises(ValueError, match="out_scale's entries overlap"):  # rows one scale apart, two scales wide
+        quantize_activations_fp8(a, group_size=32, out_scale=torch.zeros(9, device=DEVICE).as_strided((6, 2), (1, 1)))
     with pytest.raises(ValueError, match="out_scale shares memory with x"):
         quantize_activations_fp8(a, group_size=32, out_scale=a[:, :2])
     assert quantize_activations_fp8(a, group_size=__import__("numpy").int64(32))[1].shape == (6, 2)

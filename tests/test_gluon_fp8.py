@@ -274,6 +274,18 @@ def test_plan_of_the_swiglu_variant_reads_two_boxes_and_refuses_what_it_cannot_r
             activation="silu",
             out_scale=torch.ones(routing.max_num_tokens_padded, 3),
         )
+    rows = routing.max_num_tokens_padded
+    with pytest.raises(ValueError, match="out_scale's entries overlap in memory"):
+        grouped_matmul_fp8_gluon(
+            a,
+            w,
+            routing,
+            gather_a=True,
+            a_scale=a_s,
+            w_scale=w_s,
+            activation="silu",
+            out_scale=torch.ones(rows + 1).as_strided((rows, 2), (1, 1)),
+        )
 
 
 def _fp8_layer(t=4, e=4, k=2, h=256, i=256, device="cpu", seed=0):

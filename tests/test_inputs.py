@@ -33,7 +33,7 @@ def test_use_tma_takes_only_bools_and_auto(use_tma):
 
 def test_overlapping_out_rows_are_refused():
     hs, w1, w2, tw, ti = small_layer()
-    with pytest.raises(ValueError, match="out rows overlap"):
+    with pytest.raises(ValueError, match="out's entries overlap"):
         fused_moe(hs, w1, w2, tw, ti, out=torch.zeros(1, 32, device=DEVICE).expand(8, 32))
 
 
@@ -410,3 +410,71 @@ def test_an_empty_environment_setting_counts_as_unset(monkeypatch, var):
 
     monkeypatch.setenv(var, " ")
     assert (env_override if var == "MOE_LAB_TMA" else gluon_setting)() == "auto"
+
+
+def test_negated_views_are_refused_where_kernels_read_memory():
+    """torch's lazy negation bit (x.conj().imag, torch._neg_view) leaves memory holding -x: a kernel would read
+    the wrong sign, so every kernel input and output refuses it by name; topk_routing (torch ops) takes it."""
+    hs, w1, w2, tw, ti = small_layer()
+    neg = torch._neg_view
+    fused_moe(hs, w1, w2, tw, ti)  # a plan cached for these shapes must not let the bit through
+    for args, name in (
+        ((neg(hs), w1, w2, tw, ti), "hidden_states"),
+        ((hs, neg(w1), w2, tw, ti), "w1"),
+        ((hs, w1, neg(w2), tw, ti), "w2"),
+        ((hs, w1, w2, neg(tw), ti), "topk_weights"),
+    ):
+        with pytest.raises(ValueError, match=f"{name} is a negated view .*pass {name}.resolve_neg"):
+            fused_moe(*args)
+    with pytest.raises(ValueError, match="out is a negated view"):
+        fused_moe(hs, w1, w2, tw, ti, out=neg(torch.empty_like(hs)))
+    with pytest.raises(ValueError, match="x is a negated view"):
+        moe_lab.silu_and_mul(neg(torch.randn(4, 64, device=DEVICE)))
+    with pytest.raises(ValueError, match="out_k is a negated view"):
+        moe_lab.topk_reduce(neg(torch.randn(ti.numel(), hs.shape[1], device=DEVICE)), ti, w1.shape[0])
+    with pytest.raises(ValueError, match="w1 is a negated view"):
+        FusedMoE(neg(w1), w2)
+    logits = torch.randn(5, 8, device=DEVICE)
+    got, want = moe_lab.topk_routing(neg(logits), 2), moe_lab.topk_routing(-logits, 2)
+    assert torch.equal(got.topk_ids, want.topk_ids) and torch.equal(got.topk_weights, want.topk_weights)
+    assert relative_error(neg(logits), logits) == 2.0  # torch ops honour the bit
+
+
+def test_outputs_whose_entries_share_memory_are_refused():
+    hs, w1, w2, tw, ti = small_layer()
+    t, h = hs.shape
+    with pytest.raises(ValueError, match="out's entries overlap in memory"):  # rows half a row apart
+        fused_moe(
+            hs, w1, w2, tw, ti, out=torch.empty(t * h, device=DEVICE, dtype=hs.dtype).as_strided((t, h), (h // 2, 1))
+        )
+    roomy = torch.empty(t, 2 * h, device=DEVICE, dtype=hs.dtype)[:, :h]  # rows apart, not dense: fine
+    assert relative_error(fused_moe(hs, w1, w2, tw, ti, out=roomy), fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
+
+
+def test_shared_experts_of_a_dtype_the_module_cannot_run_are_refused_when_built():
+    hs, w1, w2, tw, ti = small_layer()
+    other = torch.float64
+    with pytest.raises(TypeError, match=f"shared_w1 must be {str(w1.dtype)[6:]} \\(the dtype of w1\\), got float64"):
+        FusedMoE(w1, w2, shared_w1=w1[:1].to(other), shared_w2=w2[:1].to(other))
+
+
+def test_relative_error_refuses_meta_and_does_not_overflow():
+    with pytest.raises(TypeError, match="out must be a tensor with data, got one on meta"):
+        relative_error(torch.zeros(2, device="meta"), torch.zeros(2))
+    big = torch.full((2,), 1e308, dtype=torch.float64)
+    assert relative_error(big, big / 2) == pytest.approx(1.0)
+    tiny = torch.full((2,), 1e-308, dtype=torch.float64)  # squares underflow: the norms would read 0
+    assert relative_error(tiny, tiny / 2) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (-1, ValueError, "num_tokens must be >= 0, got -1"),
+        (1.5, TypeError, "num_tokens must be an int, got float 1.5"),
+        (True, TypeError, "num_tokens must be an int, got bool True"),
+    ],
+)
+def test_preset_flops_checks_num_tokens(bad, error, message):
+    with pytest.raises(error, match=message):
+        moe_lab.get_preset("mixtral-8x7b").flops(bad)

@@ -164,3 +164,9 @@ def test_model_and_dtype_names_in_any_case_for_every_command(gpu, tmp_path, caps
     assert gpu == [("mixtral-8x7b", 1), ("mixtral-8x7b", 1)]
     demo = ["demo", "--model", "OLMOE-1B-7B", "--tokens", "1", "--scale", "128", "--dtype", "FP32", "--use-tma", "OFF"]
     assert main(demo) == 0
+
+
+def test_a_table_under_a_file_says_the_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'file'} is a file, not a folder"):
+        tune.open_table(str(tmp_path / "file" / "sub" / "table.json"), "NVIDIA H200", "3.6.0", "--out")

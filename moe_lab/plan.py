@@ -396,13 +396,13 @@ class LayerKey(NamedTuple):
     Tensors enter as `tensor_facts`: shape (T, and every size the checks and plans read), strides (the
     descriptor rules, slot order), dtype, device (tuned table, TMA and FP8 support, shared memory, SMs),
     requires_grad (the inference-only check), data_ptr % 16 (the descriptor's base alignment) and the
-    negation bit (refused); `scales`
-    holds w1_scale, w2_scale, a1_scale, a2_scale so. `config` is `config` frozen (a dict's keys and values,
-    types kept); use_tma, chunk_size and block_shape as checked; grad_enabled is torch.is_grad_enabled();
-    fp32_precision is torch.get_float32_matmul_precision() for float32 inputs ("" else: the dot of float32
-    operands and their heuristic config follow it). Not in the key, read when a plan is made: the tuned
-    tables (`moe_lab.tuned.clear_cache` clears the plans too), and the environment (TRITON_INTERPRET,
-    MOE_LAB_TMA): call `clear_layer_plans()` after changing either in a running process.
+    negation bit (refused); `scales` holds w1_scale, w2_scale, a1_scale, a2_scale so. `config` is `config`
+    frozen (a dict's keys and values, types kept); use_tma, chunk_size and block_shape as checked;
+    grad_enabled is torch.is_grad_enabled(); fp32_precision is torch.get_float32_matmul_precision() for float32
+    inputs ("" else: the dot of float32 operands and their heuristic config follow it). Not in the key, read
+    when a plan is made: the tuned tables (`moe_lab.tuned.clear_cache` clears the plans too), and the
+    environment (TRITON_INTERPRET, MOE_LAB_TMA): call `clear_layer_plans()` after changing either in a running
+    process.
     The expert kind: `activation` (a `moe_lab.Activation`, as checked) and `expert_tensors`, the
     `tensor_facts` of w1_bias, w2_bias, shared_w1, shared_w2 and shared_weights (their checks are cached)."""
 

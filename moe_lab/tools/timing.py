@@ -37,10 +37,10 @@ def check_timed_tokens(tokens) -> List[int]:
 def folder_write_problem(folder: str) -> Optional[str]:
     """None if a file can be written in `folder` (made if missing, as the first write would make it), else
     why not. Tried for real: `os.access` says yes to root even where nothing can be created (/proc)."""
-    parent = folder
-    while parent and not os.path.exists(parent):
-        parent = os.path.dirname(parent.rstrip(os.sep)) if parent != os.sep else ""
-    if parent and not os.path.isdir(parent):  # makedirs would say only "File exists"
+    parent = os.path.abspath(folder)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):  # makedirs would say only "File exists"
         return f"{parent} is a file, not a folder"
     try:
         os.makedirs(folder, exist_ok=True)

@@ -50,12 +50,14 @@ program's loads and stores, is worth a look on Triton 3.6/3.7 (`docs/exercises.m
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 import inspect
 import operator
 import re
 import signal
+import textwrap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -224,6 +226,77 @@ class NeverEnds(RuntimeError):
     """An interpreted launch ran past `MAX_SECONDS` or `MAX_ACCESSES`: the kernel was stopped."""
 
 
+class WontCompile(ValueError):
+    """A kernel the interpreter runs but a GPU's compiler refuses (`static_range_problem`)."""
+
+
+_RUNTIME_CALLS = ("program_id", "num_programs", "load")
+
+
+def static_range_problem(kernel) -> Optional[str]:
+    """Why a `tl.static_range` loop of `kernel` will not compile, or None: its bounds must be tl.constexpr (the
+    loop is unrolled when the kernel compiles), and the interpreter runs it with runtime bounds all the same.
+    Read from the source: a bound naming a parameter that is not a tl.constexpr, a local variable assigned
+    without a tl.constexpr annotation, a loop variable, or a tl.load / tl.program_id / tl.num_programs."""
+    fn = _python_function(kernel)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn))) if fn is not None else None
+    except (OSError, TypeError, SyntaxError):  # no source to read (a lambda, a function made by exec)
+        return None
+    func = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None) if tree else None
+    if func is None:
+        return None
+
+    def constexpr(annotation) -> bool:
+        return annotation is not None and "constexpr" in ast.unparse(annotation)
+
+    runtime = {a.arg for a in func.args.args if not constexpr(a.annotation)}
+
+    def runtime_part(expr) -> Optional[str]:
+        """The first runtime value `expr` reads (a name or a tl call), or None where it is a constant."""
+        for part in ast.walk(expr):
+            inner = part.func if isinstance(part, ast.Call) else None
+            if isinstance(part, ast.Name) and part.id in runtime:
+                return part.id
+            if isinstance(inner, ast.Attribute) and inner.attr in _RUNTIME_CALLS:
+                return f"tl.{inner.attr}(...)"
+        return None
+
+    def is_static_range(expr) -> bool:
+        call = expr.func if isinstance(expr, ast.Call) else None
+        return (call.attr if isinstance(call, ast.Attribute) else getattr(call, "id", None)) == "static_range"
+
+    changed = True
+    while changed:  # a local is a constant where every value given to it is (Triton keeps constexpr through =)
+        before = len(runtime)
+        for node in ast.walk(func):
+            if isinstance(node, ast.Assign) and runtime_part(node.value):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign) and not constexpr(node.annotation):
+                targets = [node.target]
+            elif isinstance(node, ast.AugAssign) and runtime_part(node.value):
+                targets = [node.target]
+            elif isinstance(node, ast.For) and not is_static_range(node.iter):  # static_range's index: a constant
+                targets = [node.target]
+            else:
+                continue
+            runtime |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        changed = len(runtime) != before
+    for node in ast.walk(func):
+        if not is_static_range(node):
+            continue
+        for arg in node.args:
+            what = runtime_part(arg)
+            if what:
+                return (
+                    f"`{ast.unparse(node)}`: the bounds of tl.static_range must be tl.constexpr (the loop is "
+                    f"unrolled when the kernel compiles), and {what} is a runtime value, so a GPU will not "
+                    "compile this kernel (the interpreter runs it anyway). Loop over runtime bounds with "
+                    "tl.range(...) or range(...)"
+                )
+    return None
+
+
 class Stopped(KeyboardInterrupt):
     """A keyboard interrupt (Jupyter's stop button) during a guarded launch; says where the kernel was."""
 
@@ -312,7 +385,7 @@ _CAST = re.compile(r"cannot cast .*? to <\[[^\]]*\], (\w+)>")
 def describe_error(exc: BaseException) -> str:
     """The first lines of what a kernel raised, without the interpreter's traceback noise."""
     for cause in (exc, exc.__cause__, exc.__context__):
-        if isinstance(cause, NeverEnds):  # the interpreter may wrap what a kernel raised
+        if isinstance(cause, (NeverEnds, WontCompile)):  # the interpreter may wrap what a kernel raised
             return str(cause)
     text = str(exc).strip() or repr(exc)
     lines = [line for line in text.splitlines() if line.strip()]
@@ -621,6 +694,10 @@ def _deadline(seconds: Optional[float], checker: Optional[_CheckedMemory] = None
         watchdog.join()
 
 
+def _has_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) or (_is_descriptor(value) and isinstance(value.base, torch.Tensor))
+
+
 def _is_descriptor(value) -> bool:
     return type(value).__name__ == "TensorDescriptor" and hasattr(value, "base")
 
@@ -695,6 +772,10 @@ def run_guarded(kernel, grid, **args) -> GuardedRun:
             _check_tensor_argument(name, value)
         elif _is_descriptor(value) and isinstance(value.base, torch.Tensor):
             _check_tensor_argument(f"{name}.base", value.base)
+    unrolled = static_range_problem(kernel)
+    if unrolled is not None:  # found before it runs: the interpreter would run it
+        tensors = {name: (v.base if _is_descriptor(v) else v).clone() for name, v in args.items() if _has_tensor(v)}
+        return GuardedRun(tensors, error=WontCompile(unrolled))
     from triton.runtime.jit import JITFunction
 
     if not isinstance(kernel, JITFunction):  # interpreted: defined while TRITON_INTERPRET=1

@@ -258,6 +258,28 @@ def scale_only(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
     tl.store(scale_ptr + row * tl.cdiv(K, GROUP) + group, 1.0)
 
 
+@triton.jit
+def zeroes_its_input(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP)
+    cols = tl.program_id(1) * GROUP + tl.arange(0, GROUP)
+    tl.store(x_ptr + tl.program_id(0) * K + cols, tl.zeros((GROUP,), tl.float32), mask=cols < K)
+
+
+@triton.jit
+def stores_two_groups(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    """Right values (the interpreter runs group g + 1 after g, which overwrites it), but each program also
+    stores the next group's q with its own scale: a race on a GPU."""
+    row, group = tl.program_id(0), tl.program_id(1)
+    cols = group * GROUP + tl.arange(0, GROUP)
+    x = tl.load(x_ptr + row * K + cols, mask=cols < K, other=0.0)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-10) / 448.0
+    wide = group * GROUP + tl.arange(0, 2 * GROUP)
+    xw = tl.load(x_ptr + row * K + wide, mask=wide < K, other=0.0)
+    q = round_to_e4m3_grid(tl.minimum(tl.maximum(xw / scale, -448.0), 448.0))
+    tl.store(q_ptr + row * K + wide, q.to(tl.float8e4nv), mask=wide < K)
+    tl.store(scale_ptr + row * tl.cdiv(K, GROUP) + group, scale)
+
+
 def _solution():
     return notebook_kernel("09_fp8", "quantize_rows_kernel_solution", round_to_e4m3_grid=round_to_e4m3_grid)
 
@@ -300,6 +322,8 @@ def test_wrong_kernels_are_named(capsys):
         (q_not_scaled, ["x cast as it is"]),
         (axes_swapped, ["never"]),
         (scale_only, ["q was never stored"]),
+        (zeroes_its_input, ["also stores into x_ptr, an input it must only read"]),
+        (stores_two_groups, ["elements of q_ptr are stored by more than one program", "race"]),
     ):
         assert_not_yet(exercises.check_quantize_rows, kernel, words, "quantize_rows_kernel", capsys)
 

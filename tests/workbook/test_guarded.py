@@ -315,3 +315,30 @@ def test_a_loop_without_memory_accesses_is_stopped_too(monkeypatch):
     monkeypatch.setattr(guarded, "MAX_SECONDS", 2.0)
     run = guarded.run_guarded(_spins_without_memory, (1,), x_ptr=torch.zeros(4), n=5)
     assert isinstance(run.error, guarded.NeverEnds) and "a loop that never ends" in str(run.error)
+
+
+def test_static_range_bounds_must_be_constants():
+    """The interpreter runs tl.static_range over runtime bounds; a GPU's compiler refuses it: said before any
+    launch. Constants (constexpr parameters, locals made of them, a static_range's own index) pass."""
+    from moe_lab.workbook.guarded import static_range_problem
+
+    def fine(x_ptr, N, BLOCK: tl.constexpr, STEPS: tl.constexpr = 2):
+        HALF = BLOCK // 2
+        for i in tl.static_range(STEPS):
+            for j in tl.static_range(i, HALF):
+                tl.store(x_ptr + j, j)
+
+    def runtime_param(x_ptr, N, BLOCK: tl.constexpr):
+        for i in tl.static_range(0, N):
+            tl.store(x_ptr + i, i)
+
+    def runtime_local(x_ptr, n_ptr, BLOCK: tl.constexpr):
+        n = tl.load(n_ptr)
+        m = n * 2
+        for i in tl.static_range(m):
+            tl.store(x_ptr + i, i)
+
+    assert static_range_problem(fine) is None
+    assert "N is a runtime value" in static_range_problem(runtime_param)
+    assert "m is a runtime value" in static_range_problem(runtime_local)
+    assert static_range_problem(lambda: None) is None  # no source to read: no claim

@@ -102,6 +102,18 @@ def undefined_lanes_problem(
     )
 
 
+def stray_stores(run: GuardedRun, written: Sequence[str]) -> Optional[str]:
+    """The message for stores into tensors other than `written` (the launch's outputs; the others are inputs,
+    to be read only), from the interpreter's record of every access, or None."""
+    stray = sorted({a.tensor for a in run.accesses if a.kind != "load" and a.tensor not in written})
+    if not stray:
+        return None
+    return (
+        f"the kernel also stores into {', '.join(stray)}, an input it must only read (on a GPU another program, "
+        f"or the next launch, would read the changed values): store only into {', '.join(written)}"
+    )
+
+
 def diagnose(
     run: GuardedRun,
     output: str,
@@ -113,6 +125,7 @@ def diagnose(
     nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
     untouched: Optional[torch.Tensor] = None,
     undefined_hint: str = "",
+    also_written: Sequence[str] = (),
 ) -> Optional[str]:
     """What is wrong with one guarded launch, or None when it is right: `grade`'s diagnosis, unprinted."""
     got = run.tensors[output]
@@ -137,6 +150,8 @@ def diagnose(
             problem = next((why for why, wrong in mistakes if _close(got, wrong, tol)), None) or _difference(
                 got, want, tol
             )
+    if problem is None:
+        problem = stray_stores(run, (output, *also_written))
     return problem
 
 
@@ -160,6 +175,7 @@ def grade(
     nothing_written: str = "the kernel stores nothing: compute the values and tl.store them",
     untouched: Optional[torch.Tensor] = None,
     undefined_hint: str = "",
+    also_written: Sequence[str] = (),
     then: Optional[Tuple[str, Callable[[], Optional[str]]]] = None,
     strict: bool = False,
 ) -> Verdict:
@@ -171,7 +187,8 @@ def grade(
     results); values computed from the undefined masked lanes of a load without `other=`
     (`undefined_hint`: what `other` must be); the output left as given (`untouched`, default all NaN:
     `nothing_written`); a result equal to one of `mistakes` ((explanation, what that mistake computes)
-    pairs); else what differs, and where. then: (what it checked, for the PASS line; a further check run
+    pairs); else what differs, and where; then a store into any tensor but `output` and `also_written` (an
+    input, to be read only). then: (what it checked, for the PASS line; a further check run
     only when this launch is right, returning its problem or None), such as the same kernel at other sizes.
     """
     got = run.tensors[output]
@@ -185,6 +202,7 @@ def grade(
         nothing_written=nothing_written,
         untouched=untouched,
         undefined_hint=undefined_hint,
+        also_written=also_written,
     )
     if problem is None and then is not None:
         problem = then[1]()

@@ -24,7 +24,7 @@ import triton
 
 from ...runtime import default_device
 from ..guarded import run_guarded
-from ._grade import Verdict, _close, _difference, report
+from ._grade import Verdict, _close, _difference, report, stray_stores
 
 EXERCISE = "persistent_copy_kernel"
 
@@ -205,6 +205,9 @@ def _case_problem(kernel, case: Case):
     got = run.tensors["out_ptr"]
     if not _close(got, want, 1e-6):
         return "every tile was stored once, but " + _difference(got, want, 1e-6), None
+    problem = stray_stores(run, ("out_ptr",))
+    if problem is not None:
+        return "every tile was copied once, but " + problem, None
     return None, float((got[: case.num_rows] - want[: case.num_rows]).abs().max())
 
 

@@ -557,7 +557,7 @@ figure
 # product is a second float32 tile beside the accumulator, so tiles larger than 64 x 128 run out of
 # registers. Two or three programs per SM fill part of the gap. DeepSeek-V3 keeps its tensor cores busy with
 # two warpgroups, one multiplying while the other scales and adds (§3.3.2): notebook 10 builds that kernel in
-# Gluon (warp-specialized: a load warp, two MMA warpgroups), which `fused_moe` runs where the experts get 512
+# Gluon (warp-specialized: a load warp, two MMA warpgroups), which `fused_moe` runs where the experts get 256
 # rows each or more; it closes part of the gap, not all (docs/experiments.md has the measurements).
 #
 # ## Summary

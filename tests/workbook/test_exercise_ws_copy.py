@@ -84,6 +84,14 @@ SLIPS = {
         WAIT + EXPECT + LOAD.replace("bufs.index(step % STAGES)", "bufs.index(step)") + STEP,
         "the ring has STAGES = 3 stages",
     ),
+    "expect_before_wait": (EXPECT + WAIT + LOAD + STEP, "comes before the wait on empty"),
+    # pred=: a call predicated off does nothing, as on the GPU (the model used to record it all the same)
+    "wait_only_in_round_0": (
+        WAIT.replace(" ^ 1)", " ^ 1, pred=step < STAGES)") + EXPECT + LOAD + STEP,
+        "does not wait for stage 0 to be empty",
+    ),
+    "expect_predicated_off": (WAIT + EXPECT.replace("nbytes)", "nbytes, pred=False)") + LOAD + STEP, "no expect on"),
+    "loads_predicated_off": (WAIT + EXPECT + LOAD.replace("STAGES))", "STAGES), pred=t < 3)") + STEP, "deadlock"),
     "producer_arrives": (
         WAIT + EXPECT + LOAD + "        mbarrier.arrive(ready.index(step % STAGES), count=1)\n" + STEP,
         "the producer arrives on ready[0] itself",
@@ -307,3 +315,23 @@ def test_the_verdict_is_labelled_with_the_exercise(tmp_path):
     kernel = _define(source + "\n\ncopy_load_partition = my_producer\n", tmp_path, "renamed")
     verdict = exercises.check_ws_copy(kernel, gpu=False)
     assert kernel.__name__ == "my_producer" and str(verdict).startswith("PASS copy_load_partition: "), verdict
+
+
+def test_the_descriptors_dtype_and_element_type_are_gluons(tmp_path):
+    """A producer counting the expect's bytes from the dtype (a right one) passes the model; what the model's
+    src_desc lacks is said, not shown as an AttributeError of a stand-in."""
+    bits = EXPECT.replace("src_desc.block_type.nbytes", "BLOCK_M * BLOCK_N * src_desc.dtype.primitive_bitwidth // 8")
+    assert ws_copy.model_problem(_define(_slip(WAIT + bits + LOAD + STEP), tmp_path, "bits")) is None
+    element = bits.replace("src_desc.dtype", "src_desc.block_type.element_ty")
+    assert ws_copy.model_problem(_define(_slip(WAIT + element + LOAD + STEP), tmp_path, "element")) is None
+    layout = "        lay = src_desc.layout\n"
+    message = ws_copy.model_problem(_define(_slip(layout + WAIT + EXPECT + LOAD + STEP), tmp_path, "layout"))
+    assert "the model's src_desc has" in message and "not .layout" in message, message
+
+
+def test_a_compile_error_the_compiler_prints_names_the_line(tmp_path):
+    """A bool parity passes the model (True is 1) but not the compiler, which says why only on stderr (MLIR's
+    diagnostic): the verdict gives that line and reason, not only "error encountered during parsing"."""
+    wait = WAIT.replace("((step // STAGES) & 1) ^ 1", "(step // STAGES) % 2 == 0")
+    message = exercises.check_ws_copy(_define(_slip(wait + EXPECT + LOAD + STEP), tmp_path, "bool")).message
+    assert "(line 10 of copy_load_partition" in message and "32-bit signless integer" in message, message

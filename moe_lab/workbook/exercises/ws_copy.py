@@ -35,6 +35,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -186,14 +187,21 @@ class _Recorder:
             raise ModelError(f"{what} takes a barrier (ready.index(stage) or empty.index(stage)), got {bar!r}")
         return bar
 
+    # pred=False: the call does nothing, as on the GPU (a predicated-off wait waits for nothing)
     def wait(self, bar, phase, pred=True, deps=()):
-        self._add(Op("wait", self._bar(bar, "mbarrier.wait"), int(phase)))
+        bar = self._bar(bar, "mbarrier.wait")
+        if pred:
+            self._add(Op("wait", bar, int(phase)))
 
     def expect(self, bar, bytes_per_cta=None, pred=True):
-        self._add(Op("expect", self._bar(bar, "mbarrier.expect"), int(bytes_per_cta)))
+        bar = self._bar(bar, "mbarrier.expect")
+        if pred:
+            self._add(Op("expect", bar, int(bytes_per_cta)))
 
     def arrive(self, bar, *, count=1, pred=True):
-        self._add(Op("arrive", self._bar(bar, "mbarrier.arrive"), int(count)))
+        bar = self._bar(bar, "mbarrier.arrive")
+        if pred:
+            self._add(Op("arrive", bar, int(count)))
 
     def load(self, desc, coord, barrier, result, pred=True, **_):
         if desc is not self.desc:
@@ -201,7 +209,9 @@ class _Recorder:
         if not isinstance(result, _Box):
             raise ModelError(f"the TMA load's destination is a stage of the ring, bufs.index(stage), got {result!r}")
         coord = tuple(int(c) for c in coord)
-        self._add(Op("load", self._bar(barrier, "the TMA load's barrier"), (coord, result.stage)))
+        barrier = self._bar(barrier, "the TMA load's barrier")
+        if pred:
+            self._add(Op("load", barrier, (coord, result.stage)))
 
     # named as the learner calls them, for a call with wrong arguments ("mbarrier.expect() got an unexpected ...")
     wait.__qualname__, expect.__qualname__, arrive.__qualname__ = "mbarrier.wait", "mbarrier.expect", "mbarrier.arrive"
@@ -283,13 +293,28 @@ def _stand_ins(recorder: _Recorder, program: int, config: Config):
     return {id(gl): fake_gl, id(mbarrier): fake_mbarrier, id(tma): fake_tma}, real_loads
 
 
+class _Desc(types.SimpleNamespace):
+    """The model's src_desc (and its block_type): what the load loop reads of a tensor descriptor. Anything else
+    is said to be out of the model's reach, not shown as an AttributeError of a stand-in."""
+
+    def __getattr__(self, name):
+        known = ", ".join(k for k in vars(self))
+        raise ModelError(
+            f"the model's src_desc has {known} (block_type: shape, nbytes, element_ty), not .{name}: the load loop "
+            "needs only src_desc.block_type.shape and .nbytes"
+        )
+
+
 def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
     """Run the producer's Python body for one program of the model at `config` with the stand-ins: its waits,
     expects, arrives and loads in order. Raises ModelError for a call the protocol has no place for."""
+    from triton.experimental.gluon import language as gl
+
     fn = kernel.fn
-    desc = types.SimpleNamespace(
-        block_type=types.SimpleNamespace(shape=[config.block_m, config.block_n], nbytes=config.nbytes),
-        dtype=torch.float32,
+    desc = _Desc(
+        block_type=_Desc(shape=[config.block_m, config.block_n], nbytes=config.nbytes, element_ty=gl.float32),
+        dtype=gl.float32,
+        shape=[config.m, config.n],
     )
     recorder = _Recorder(desc, len(config.tiles(program)))
     by_id, real_loads = _stand_ins(recorder, program, config)
@@ -451,6 +476,12 @@ def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -
                 if op.kind in ("wait", "load"):
                     break
                 expects += [op] if op.kind == "expect" else []
+        if not expects and any(op.kind == "expect" for op in step[: waits_at[-1] if waits_at else 0]):
+            return (
+                f"the expect on ready[{stage}] comes before the wait on empty[{stage}]: until the consumer has "
+                "released the stage, its ready barrier may still be in the last round (the expect would count "
+                "toward that one). Order per tile: wait on empty, expect on ready, then the load"
+            )
         if not expects:
             return (
                 f"no expect on ready[{stage}]: ready's one arrival comes from mbarrier.expect(ready.index(stage), "
@@ -639,7 +670,13 @@ def _child(kernel, mode: str, seconds: float) -> dict:
     if not lines:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
         return {"error": f"the child process ended with code {proc.returncode}: {tail[-800:]}"}
-    return json.loads(lines[-1][len("RESULT ") :])
+    result = json.loads(lines[-1][len("RESULT ") :])
+    said = re.search(r"producer\.py:(\d+):\d+: error: (.+)", proc.stderr or "")
+    if result.get("error") and not result.get("where") and said:  # MLIR's diagnostic, on stderr only
+        line = int(said.group(1)) - source.count("\n", 0, source.index("\ndef ") + 1)
+        text = kernel.src.splitlines()[line - 1].strip() if 0 < line <= len(kernel.src.splitlines()) else ""
+        result.update(where=f"`{text}` (line {line} of {kernel.__name__}, its def line 1)", cause=said.group(2))
+    return result
 
 
 BUILTIN_ADVICE = {

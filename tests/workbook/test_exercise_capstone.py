@@ -58,7 +58,7 @@ def _up(
     GROUP_SIZE_M: tl.constexpr, EXPERT: tl.constexpr = 0, ORDER: tl.constexpr = 0, ROW_MASK: tl.constexpr = True,
     K_MASK: tl.constexpr = True, OTHER: tl.constexpr = True, N_MASK: tl.constexpr = True,
     SKIP_UNUSED: tl.constexpr = True, K_TAIL: tl.constexpr = True, STORE_PADDING: tl.constexpr = True,
-    TOKEN_ROW: tl.constexpr = True, ROW_STRIDE: tl.constexpr = True,
+    TOKEN_ROW: tl.constexpr = True, ROW_STRIDE: tl.constexpr = True, INT64: tl.constexpr = True,
 ):  # fmt: skip
     """The solution, with switches that each make one slip."""
     pid_m, pid_n = _tile(num_m_blocks, N, BLOCK_SIZE_N, GROUP_SIZE_M, ORDER)
@@ -74,6 +74,8 @@ def _up(
     if not ROW_MASK:
         row_ok = slots >= 0
     tokens = (slots // TOP_K).to(tl.int64)
+    if not INT64:
+        tokens = slots // TOP_K
     if not TOKEN_ROW:
         tokens = slots.to(tl.int64)
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
@@ -168,7 +170,7 @@ def test_solutions_pass(capsys):
     assert up.passed and down.passed
     out = capsys.readouterr().out
     assert out.startswith("PASS capstone_up_kernel: ") and "\nPASS capstone_down_kernel: " in out
-    assert "in GROUP_SIZE_M order" in out
+    assert "in GROUP_SIZE_M order" in out and "int64 token offsets" in out
 
 
 @pytest.mark.parametrize(
@@ -185,6 +187,7 @@ def test_solutions_pass(capsys):
         (Slip(_up, OTHER=False), ["masked lanes of a tl.load with no other=", "other=0.0"]),
         (Slip(_up, SKIP_UNUSED=False), ["blocks past num_tokens_post_padded were written"]),
         (Slip(_up, STORE_PADDING=False), ["padding rows of the blocks in use were left unwritten"]),
+        (Slip(_up, INT64=False), ["computed in int32", "4 * 2^30 = 2^32 wrapped", "(slots // TOP_K).to(tl.int64)"]),
         (Slip(_up, ORDER=1), ["every value is right", "row-major order"]),
         (Slip(_up, ORDER=2), ["every value is right", "the last group is not clipped", "min(num_m_blocks"]),
         (notebook_kernel(NOTEBOOK, "capstone_up_kernel"), ["stores nothing", "fill in the TODOs"]),

@@ -451,6 +451,34 @@ def _second_size(kernel, projection: str, make_w_desc, make_a_desc) -> Optional[
     )
 
 
+PROBE_STRIDE = 2**30  # the int64 probe's stride_am: token 4's row at 4 * 2^30 wraps to 0 in int32
+
+
+def _int32_rows(kernel, make_w_desc, make_a_desc) -> Optional[str]:
+    """The up kernel's int64 probe (as notebook 03's checker has it): stride_am = 2^30 stands for token rows past
+    2^31 elements. With the row offset in int64 every token's row but 0's lies far outside the small A and
+    reads 0 (dropped); in int32 token 4's offset 4 * 2^30 = 2^32 wraps to 0 and its rows read row 0 of A."""
+    inp = _inputs(CASES[UP][0], UP)
+    inp.a = inp.a + 3.0  # no zeros in row 0
+    descs, problem = _descriptors(inp, UP, make_w_desc, make_a_desc)
+    if problem:
+        return None
+    run = run_guarded(kernel, grid(inp), **{**kernel_args(inp, UP, descs), "stride_am": PROBE_STRIDE})
+    if run.error is not None:
+        return f"with stride_am = 2^30 (standing for token rows past 2^31 elements), {run.problem()}"
+    slots = inp.routing.sorted_token_ids[: inp.out.shape[0]].long()
+    token_4 = (slots // inp.case.TOP_K == 4) & (slots < inp.routing.num_slots)
+    got = run.tensors["out_ptr"][token_4].float()
+    if token_4.any() and bool(torch.nan_to_num(got, nan=0.0).abs().max() > 0):
+        return (
+            "the row offset `tokens * stride_am` is computed in int32. With stride_am = 2^30 (a probe standing for "
+            "token rows past 2^31 elements: 262144 tokens of H = 8192), token 4's offset 4 * 2^30 = 2^32 wrapped "
+            "around to 0 and read row 0 of A. Cast the token index before multiplying: "
+            "`tokens = (slots // TOP_K).to(tl.int64)`"
+        )
+    return None
+
+
 def _check(projection: str, kernel, make_w_desc, make_a_desc, strict: bool, timing: bool) -> Verdict:
     first = CASES[projection][0]
     inp = _inputs(first, projection)
@@ -459,7 +487,11 @@ def _check(projection: str, kernel, make_w_desc, make_a_desc, strict: bool, timi
         return report(projection, problem, "", strict)
 
     def then() -> Optional[str]:
-        return _order_problem(run, inp) or _second_size(kernel, projection, make_w_desc, make_a_desc)
+        return (
+            _order_problem(run, inp)
+            or _second_size(kernel, projection, make_w_desc, make_a_desc)
+            or (_int32_rows(kernel, make_w_desc, make_a_desc) if projection == UP else None)
+        )
 
     verdict = grade(
         projection,
@@ -474,7 +506,11 @@ def _check(projection: str, kernel, make_w_desc, make_a_desc, strict: bool, timi
         undefined_hint=OTHER_HINT,
         nothing_written="the kernel stores nothing: fill in the TODOs (the tile of the program, the expert, the K "
         "loop, the masked store)",
-        then=(f"in GROUP_SIZE_M order, and with {CASES[projection][1].describe(projection)}", then),
+        then=(
+            f"in GROUP_SIZE_M order, and with {CASES[projection][1].describe(projection)}"
+            + (", and int64 token offsets" if projection == UP else ""),
+            then,
+        ),
     )
     if verdict.passed and timing and torch.cuda.is_available() and not interpreter_active():
         try:

@@ -31,8 +31,8 @@ instead of max |x|, one per row instead of one per group, groups starting at cha
 approximate `/`); rows or channels of q never written; q multiplied by the scale instead of divided, or cast
 without it, or divided by 448 instead of the scale; every scale 448; the row's start missing from x's offsets
 (every row gets row 0's scales); a masked load of x without `other=` (undefined lanes on a GPU, read by
-the amax; the guarded run fills them with the largest value of the dtype); a cast to another float8 type (e5m2, before or
-after `round_to_e4m3_grid`, or e4b15); the interpreter's cast without `round_to_e4m3_grid`;
+the amax; the guarded run fills them with the largest value of the dtype); a cast to another float8 type
+(e5m2, before or after `round_to_e4m3_grid`, or e4b15); the interpreter's cast without `round_to_e4m3_grid`;
 sizes written into the kernel (the second launch only). A missing clamp cannot be seen: with scale =
 amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_to_e4m3_grid` and a GPU's
 cast saturate at 448 anyway. The clamp is there for a static (calibrated) scale, which the package's kernel

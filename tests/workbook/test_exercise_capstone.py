@@ -189,7 +189,10 @@ def test_solutions_pass(capsys):
         (Slip(_up, STORE_PADDING=False), ["padding rows of the blocks in use were left unwritten"]),
         (Slip(_up, INT64=False), ["computed in int32", "4 * 2^30 = 2^32 wrapped", "(slots // TOP_K).to(tl.int64)"]),
         (Slip(_up, ORDER=1), ["every value is right", "row-major order"]),
-        (Slip(_up, ORDER=2), ["every value is right", "the last group is not clipped", "min(num_m_blocks"]),
+        (
+            Slip(_up, ORDER=2),
+            ["every value is right", "in grouped order with the last group not clipped", "min(num_m_blocks"],
+        ),
         (notebook_kernel(NOTEBOOK, "capstone_up_kernel"), ["stores nothing", "fill in the TODOs"]),
     ],
     ids=lambda v: repr(v) if isinstance(v, (Slip, list)) else "notebook_stub",

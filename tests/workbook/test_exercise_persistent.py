@@ -161,6 +161,28 @@ def static_range_loop(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BL
         tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
 
 
+@triton.jit
+def tile_index_swapped(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = (tl.load(num_rows_ptr) // BLOCK_M) * num_pid_n
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile % num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (tile // num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs = rows[:, None] * N + cols[None, :]
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
+
+
+@triton.jit
+def count_in_rows(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    num_tiles = tl.load(num_rows_ptr) * num_pid_n  # rows, not M-blocks
+    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
+        rows = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs = rows[:, None] * N + cols[None, :]
+        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
+
+
 def test_wrong_walks_are_named(capsys):
     for kernel, words in (
         (every_program_from_tile_zero, ["stored more than once", "tl.program_id(0)"]),
@@ -176,6 +198,8 @@ def test_wrong_walks_are_named(capsys):
         (count_from_buffer, ["rows 80 .. 127 were written", "tl.load(num_rows_ptr)"]),
         (one_tile_each, ["only tiles 0 .. 2 were copied"]),
         (unmasked, ["next row", "cols < N"]),
+        (tile_index_swapped, ["which its walk (tiles p, p + P, ...) does not reach", "swapped"]),
+        (count_in_rows, ["The tiles reach past the buffer", "tl.load(num_rows_ptr) // BLOCK_M"]),
         (zeroes_its_input, ["every tile was copied once, but the kernel also stores into x_ptr"]),
         (static_range_loop, ["bounds of tl.static_range must be tl.constexpr", "tl.program_id(...)", "tl.range"]),
     ):

@@ -240,8 +240,8 @@ def _order_problem(run: GuardedRun, inp: Inputs) -> Optional[str]:
         ),
         "column-major order (pid_m = pid % num_m_blocks): program pid must take the tile of the grouped "
         f"ordering, GROUP_SIZE_M = {g} M-blocks walking the N-blocks together": lambda p: (p % num_m, p // num_m),
-        f"the last group is not clipped: with {num_m} M-blocks and GROUP_SIZE_M = {g}, the last group has "
-        f"{num_m % g or g}; group_size_m = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)": unclipped,
+        f"grouped order with the last group not clipped: with {num_m} M-blocks and GROUP_SIZE_M = {g}, the last "
+        f"group has {num_m % g or g}; group_size_m = min(num_m_blocks - first_pid_m, GROUP_SIZE_M)": unclipped,
     }
     for why, order in orders.items():
         if all(order(p) == tile for p, tile in seen.items()):

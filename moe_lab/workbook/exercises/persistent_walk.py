@@ -158,6 +158,15 @@ def _walk_problem(case: Case, run) -> Optional[str]:
                 f"only tiles 0 .. {done[-1]} were copied, one per program, of {case.num_tiles}: each program "
                 f"must go on to its next tile (use the loop variable as the tile). {LOOP_HINT}"
             )
+        if missing == list(range(missing[0], case.num_tiles)) and any(
+            programs != [tile % case.programs] for tile, programs in owners.items()
+        ):  # the tail is missing, but the programs stored tiles their walk does not give them: the mapping is off
+            tile, programs = next((t, p) for t, p in sorted(owners.items()) if p != [t % case.programs])
+            return (
+                f"tiles {missing[0]} .. {case.num_tiles - 1} of {case.num_tiles} were never copied, and program "
+                f"{programs[0]} stored tile {tile}, which its walk (tiles p, p + P, ...) does not reach: the tile "
+                f"index maps to the wrong rows and columns (are // and % swapped?). {TILE_HINT}"
+            )
         if missing == list(range(missing[0], case.num_tiles)):
             return (  # every other tile was stored once, as a whole tile: the count is short
                 f"tiles {missing[0]} .. {case.num_tiles - 1} of {case.num_tiles} were never copied: the loop "
@@ -174,8 +183,11 @@ def _walk_problem(case: Case, run) -> Optional[str]:
 
 
 def _bounds_hint(run) -> str:
-    tensors = {o.tensor for o in run.out_of_bounds}
-    if "num_rows_ptr" in tensors:
+    # num_rows_ptr read as a vector (past its one element); not accesses that only land near it (other tensors')
+    if any(
+        o.tensor == "num_rows_ptr" and o.kind == "load" and not o.far and min(o.offsets, default=0) > 0
+        for o in run.out_of_bounds
+    ):
         return "num_rows_ptr holds one value: read it with `tl.load(num_rows_ptr)`"
     return f"The tiles reach past the buffer: {COUNT_HINT}; {TILE_HINT}"
 

@@ -231,6 +231,7 @@ class WontCompile(ValueError):
 
 
 _RUNTIME_CALLS = ("program_id", "num_programs", "load")
+_CONSTANT_ATTRIBUTES = ("shape", "block_shape", "block_type", "dtype", "type", "numel")
 
 
 def static_range_problem(kernel) -> Optional[str]:
@@ -253,14 +254,15 @@ def static_range_problem(kernel) -> Optional[str]:
     runtime = {a.arg for a in func.args.args if not constexpr(a.annotation)}
 
     def runtime_part(expr) -> Optional[str]:
-        """The first runtime value `expr` reads (a name or a tl call), or None where it is a constant."""
-        for part in ast.walk(expr):
-            inner = part.func if isinstance(part, ast.Call) else None
-            if isinstance(part, ast.Name) and part.id in runtime:
-                return part.id
-            if isinstance(inner, ast.Attribute) and inner.attr in _RUNTIME_CALLS:
-                return f"tl.{inner.attr}(...)"
-        return None
+        """The first runtime value `expr` reads (a name or a tl call), or None where it is a constant (a
+        tensor's or descriptor's shape and type are constants even where the tensor is not)."""
+        if isinstance(expr, ast.Attribute) and expr.attr in _CONSTANT_ATTRIBUTES:
+            return None
+        if isinstance(expr, ast.Name) and expr.id in runtime:
+            return expr.id
+        if isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr in _RUNTIME_CALLS:
+            return f"tl.{expr.func.attr}(...)"
+        return next(filter(None, map(runtime_part, ast.iter_child_nodes(expr))), None)
 
     def is_static_range(expr) -> bool:
         call = expr.func if isinstance(expr, ast.Call) else None

@@ -324,8 +324,9 @@ def test_static_range_bounds_must_be_constants():
 
     def fine(x_ptr, N, BLOCK: tl.constexpr, STEPS: tl.constexpr = 2):
         HALF = BLOCK // 2
+        x = tl.load(x_ptr + tl.arange(0, BLOCK))
         for i in tl.static_range(STEPS):
-            for j in tl.static_range(i, HALF):
+            for j in tl.static_range(i, HALF + x.shape[0]):
                 tl.store(x_ptr + j, j)
 
     def runtime_param(x_ptr, N, BLOCK: tl.constexpr):

@@ -24,16 +24,20 @@ def _walk(
     COUNT: tl.constexpr = 0,
     MASK: tl.constexpr = True,
     ONE_WORKER: tl.constexpr = False,
+    SWAP: tl.constexpr = False,
 ):
     """The solution, with switches that each make one typical mistake: START 0 starts every program at tile 0;
     STEP 0 steps by 1, 2 by one more than the grid (tiles skipped); COUNT 1 takes the tile count from the
     buffer's 128 rows instead of num_rows_ptr, 2 walks no loop (one tile per program), 3 writes 80 rows in,
-    4 stops one tile early; MASK False drops the column mask; ONE_WORKER makes program 0 copy every tile."""
+    4 stops one tile early, 5 counts rows instead of M-blocks; MASK False drops the column mask; ONE_WORKER makes
+    program 0 copy every tile; SWAP swaps // and % in the tile's (m, n)."""
     num_pid_n = tl.cdiv(N, BLOCK_N)
     if COUNT == 1:
         num_tiles = (128 // BLOCK_M) * num_pid_n
     elif COUNT == 3:
         num_tiles = (80 // BLOCK_M) * num_pid_n
+    elif COUNT == 5:
+        num_tiles = tl.load(num_rows_ptr) * num_pid_n
     else:
         num_tiles = (tl.load(num_rows_ptr) // BLOCK_M) * num_pid_n
     if COUNT == 4:
@@ -51,8 +55,11 @@ def _walk(
         if tl.program_id(0) > 0:
             num_tiles = 0
     for tile in tl.range(tl.program_id(0) if START else 0, num_tiles, step):
-        rows = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+        m, n = tile // num_pid_n, tile % num_pid_n
+        if SWAP:
+            m, n = tile % num_pid_n, tile // num_pid_n
+        rows = m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs = rows[:, None] * N + cols[None, :]
         if MASK:
             tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
@@ -163,24 +170,12 @@ def static_range_loop(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BL
 
 @triton.jit
 def tile_index_swapped(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = (tl.load(num_rows_ptr) // BLOCK_M) * num_pid_n
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        rows = (tile % num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (tile // num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs = rows[:, None] * N + cols[None, :]
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
+    _walk(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M, BLOCK_N, SWAP=True)
 
 
 @triton.jit
 def count_in_rows(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    num_pid_n = tl.cdiv(N, BLOCK_N)
-    num_tiles = tl.load(num_rows_ptr) * num_pid_n  # rows, not M-blocks
-    for tile in tl.range(tl.program_id(0), num_tiles, tl.num_programs(0)):
-        rows = (tile // num_pid_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-        cols = (tile % num_pid_n) * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs = rows[:, None] * N + cols[None, :]
-        tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=cols[None, :] < N), mask=cols[None, :] < N)
+    _walk(x_ptr, out_ptr, num_rows_ptr, N, BLOCK_M, BLOCK_N, COUNT=5)
 
 
 def test_wrong_walks_are_named(capsys):

@@ -175,10 +175,15 @@ def _stored_twice(run, tensor: str) -> Optional[str]:
         return None
     offset = min(twice)
     programs = " and ".join(str(p) for p in sorted(twice[offset]))
+    own = (
+        "its own group only: columns group * GROUP .. group * GROUP + GROUP - 1"
+        if tensor == "q_ptr"
+        else f"one scale: {LAYOUT_HINT}"
+    )
     return (
         f"{len(twice)} elements of {tensor} are stored by more than one program (element {offset} by programs "
         f"{programs}): on a GPU they race, and which value stays depends on which runs last. Each program "
-        f"stores its own group only: columns group * GROUP .. group * GROUP + GROUP - 1"
+        f"stores {own}"
     )
 
 

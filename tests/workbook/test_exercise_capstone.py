@@ -59,6 +59,7 @@ def _up(
     K_MASK: tl.constexpr = True, OTHER: tl.constexpr = True, N_MASK: tl.constexpr = True,
     SKIP_UNUSED: tl.constexpr = True, K_TAIL: tl.constexpr = True, STORE_PADDING: tl.constexpr = True,
     TOKEN_ROW: tl.constexpr = True, ROW_STRIDE: tl.constexpr = True, INT64: tl.constexpr = True,
+    ACC: tl.constexpr = True, SLOT_MOD: tl.constexpr = False,
 ):  # fmt: skip
     """The solution, with switches that each make one slip."""
     pid_m, pid_n = _tile(num_m_blocks, N, BLOCK_SIZE_N, GROUP_SIZE_M, ORDER)
@@ -74,6 +75,8 @@ def _up(
     if not ROW_MASK:
         row_ok = slots >= 0
     tokens = (slots // TOP_K).to(tl.int64)
+    if SLOT_MOD:
+        tokens = (slots % TOP_K).to(tl.int64)
     if not INT64:
         tokens = slots // TOP_K
     if not TOKEN_ROW:
@@ -87,7 +90,10 @@ def _up(
         else:
             a = tl.load(a_ptr + tokens[:, None] * stride_am + k0 + offs_k[None, :], mask=mask)
         w = w_desc.load([expert, pid_n * BLOCK_SIZE_N, k0]).reshape(BLOCK_SIZE_N, BLOCK_SIZE_K)
-        acc = tl.dot(a, w.T, acc)
+        if ACC:
+            acc = tl.dot(a, w.T, acc)
+        else:
+            acc = tl.dot(a, w.T)
     mask = (offs_n[None, :] < N) | (not N_MASK)
     if not STORE_PADDING:
         mask = mask & row_ok[:, None]
@@ -102,7 +108,7 @@ def _down(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr, GROUP_SIZE_M: tl.constexpr,
     EXPERT: tl.constexpr = 0, ORDER: tl.constexpr = 0, WEIGHT: tl.constexpr = 1, K_TAIL: tl.constexpr = True,
     STORE_ROW_MASK: tl.constexpr = True, N_MASK: tl.constexpr = True, WEIGHT_MASK: tl.constexpr = True,
-    ROW_STRIDE: tl.constexpr = True,
+    ROW_STRIDE: tl.constexpr = True, A_ROW: tl.constexpr = True,
 ):  # fmt: skip
     pid_m, pid_n = _tile(num_m_blocks, N, BLOCK_SIZE_N, GROUP_SIZE_M, ORDER)
     if pid_m * BLOCK_SIZE_M >= tl.load(num_tokens_post_padded_ptr):
@@ -111,7 +117,7 @@ def _down(
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     k_end = K if K_TAIL else K - BLOCK_SIZE_K + 1
     for k0 in range(0, k_end, BLOCK_SIZE_K):
-        a = a_desc.load([pid_m * BLOCK_SIZE_M, k0])
+        a = a_desc.load([pid_m * BLOCK_SIZE_M if A_ROW else pid_m, k0])
         w = w_desc.load([expert, pid_n * BLOCK_SIZE_N, k0]).reshape(BLOCK_SIZE_N, BLOCK_SIZE_K)
         acc = tl.dot(a, w.T, acc)
     offs_m = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
@@ -187,6 +193,8 @@ def test_solutions_pass(capsys):
         (Slip(_up, OTHER=False), ["masked lanes of a tl.load with no other=", "other=0.0"]),
         (Slip(_up, SKIP_UNUSED=False), ["blocks past num_tokens_post_padded were written"]),
         (Slip(_up, STORE_PADDING=False), ["padding rows of the blocks in use were left unwritten"]),
+        (Slip(_up, ACC=False), ["only the last K step's product", "tl.dot(a, w.T, acc)"]),
+        (Slip(_up, SLOT_MOD=True), ["slots % TOP_K", "slots // TOP_K"]),
         (Slip(_up, INT64=False), ["computed in int32", "4 * 2^30 = 2^32 wrapped", "(slots // TOP_K).to(tl.int64)"]),
         (Slip(_up, ORDER=1), ["every value is right", "row-major order"]),
         (
@@ -214,6 +222,7 @@ def test_up_slips_are_named(kernel, says, capsys):
         (Slip(_down, ROW_STRIDE=False), ["the output row stride", "not N = 56", "sorted_token_ids[r]"]),
         (Slip(_down, WEIGHT_MASK=False), ["routed weight of a padding row was loaded unmasked"]),
         (Slip(_down, ORDER=1), ["every value is right", "row-major order"]),
+        (Slip(_down, A_ROW=False), ["the A box starts at row pid_m", "pid_m * BLOCK_SIZE_M"]),
         (notebook_kernel(NOTEBOOK, "capstone_down_kernel"), ["stores nothing"]),
     ],
     ids=lambda v: repr(v) if isinstance(v, (Slip, list)) else "notebook_stub",

@@ -110,15 +110,20 @@ def _model(
     *,
     expert: Callable[[int, int], int] = lambda block, e: e,
     k_stop: Optional[int] = None,
+    k_start: int = 0,
     weight_power: int = 1,
     unused_written: bool = False,
     padding_written: bool = True,
+    token_of_slot: Callable[[torch.Tensor, int], torch.Tensor] = lambda s, top_k: s // top_k,
+    a_row0: Callable[[int, int], int] = lambda block, block_m: block * block_m,
 ) -> torch.Tensor:
     """What out holds after a kernel that computes this way (float64 sums, rounded to out's dtype): the
     right answer with the defaults; `expert(block, expert_ids[block])` the expert a block multiplies by (one
-    outside [0, E) reads the descriptor's zeros); `k_stop` the K where the sum stops; `weight_power` how
-    often the routed weight is applied (down); `unused_written` blocks past num_tokens_post_padded stored
-    as zeros (up); `padding_written` padding rows stored as zeros (up)."""
+    outside [0, E) reads the descriptor's zeros); `k_stop` the K where the sum stops, `k_start` where it
+    starts; `weight_power` how often the routed weight is applied (down); `unused_written` blocks past
+    num_tokens_post_padded stored as zeros (up); `padding_written` padding rows stored as zeros (up);
+    `token_of_slot(slots, TOP_K)` the token row a slot reads (up); `a_row0(block, BLOCK_SIZE_M)` the first
+    sorted row the A box of a block starts at (down; rows past A read the descriptor's zeros)."""
     case, r = inp.case, inp.routing
     slots = r.sorted_token_ids.long().cpu()
     want = inp.out.detach().cpu().double().clone()
@@ -137,11 +142,15 @@ def _model(
         wt = w[e] if 0 <= e < case.E else torch.zeros_like(w[0])
         if projection == UP:
             x = torch.zeros(case.BLOCK_SIZE_M, case.K, dtype=torch.float64)
-            x[real] = a[s[real] // case.TOP_K]
+            x[real] = a[token_of_slot(s[real], case.TOP_K)]
         else:
-            x = a[rows].clone()
+            x = torch.zeros(case.BLOCK_SIZE_M, case.K, dtype=torch.float64)
+            start = a_row0(block, case.BLOCK_SIZE_M)
+            box = a[start : start + case.BLOCK_SIZE_M]
+            x[: box.shape[0]] = box
         if k_stop is not None:
             x[:, k_stop:] = 0
+        x[:, :k_start] = 0
         y = x @ wt.T
         if projection == UP:
             want[rows] = torch.where(real[:, None] | padding_written, y, want[rows])
@@ -171,6 +180,11 @@ def _mistakes(inp: Inputs, projection: str) -> List[Tuple[str, torch.Tensor]]:
             "(the descriptor gives zeros past K" + (", and the masked A load must too)" if projection == UP else ")"),
             _model(inp, projection, k_stop=k_stop),
         ),
+        (
+            "only the last K step's product is in the result: `acc = tl.dot(a, w.T)` starts the sum afresh at each "
+            "step; pass the accumulator in, `acc = tl.dot(a, w.T, acc)` (or acc += tl.dot(a, w.T))",
+            _model(inp, projection, k_start=(case.K - 1) // case.BLOCK_SIZE_K * case.BLOCK_SIZE_K),
+        ),
     ]
     if projection == UP:
         found += [
@@ -184,6 +198,11 @@ def _mistakes(inp: Inputs, projection: str) -> List[Tuple[str, torch.Tensor]]:
                 "only the columns, offs_n < N); padding rows hold zeros, since their A rows load as 0.0",
                 _model(inp, projection, padding_written=False),
             ),
+            (
+                "the token row is slots % TOP_K, which is the slot's place among its token's TOP_K experts: the "
+                "token is slots // TOP_K",
+                _model(inp, projection, token_of_slot=lambda s, top_k: s % top_k),
+            ),
         ]
     else:
         found += [
@@ -195,6 +214,11 @@ def _mistakes(inp: Inputs, projection: str) -> List[Tuple[str, torch.Tensor]]:
             (
                 "the routed weight is applied twice: multiply the accumulator by it once, in the epilogue",
                 _model(inp, projection, weight_power=2),
+            ),
+            (
+                "the A box starts at row pid_m: M-block pid_m's sorted rows start at pid_m * BLOCK_SIZE_M, "
+                "a_desc.load([pid_m * BLOCK_SIZE_M, k0])",
+                _model(inp, projection, a_row0=lambda block, block_m: block),
             ),
         ]
     return found

@@ -26,7 +26,16 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_one_device, check_positive_int, check_tensor
+from ._validate import (
+    FLOAT_DTYPES,
+    INDEX_DTYPES,
+    check_not_aliased,
+    check_one_device,
+    check_positive_int,
+    check_tensor,
+    output_buffer,
+    same_view,
+)
 from .layer import fused_moe
 from .reduce import topk_reduce
 
@@ -255,7 +264,7 @@ def fused_moe_expert_parallel(
         mode: "all_to_all" (dispatch and combine) or "all_reduce" (`fused_moe` with the rank's
             `expert_map`, then one all-reduce of [T, H]).
         group: the process group (default: the world).
-        out: optional [T, H] output buffer, as `fused_moe` takes it.
+        out: optional [T, H] output buffer, as `fused_moe` takes it (checked before any exchange).
         layer_options: `fused_moe`'s keywords (config, use_tma, activation, w1_bias / w2_bias and w1_scale /
             w2_scale of the local experts, a1_scale, a2_scale, block_shape, chunk_size, check_ids); not
             expert_map (set here) nor shared experts (every rank holds them: run them apart).
@@ -285,21 +294,29 @@ def fused_moe_expert_parallel(
         raise. A failure after the exchange (the received rows' launch) is not shared. all_reduce has no exchange to
         tell them in (no host sync): a rank refused alone raises alone and the others wait in the all-reduce
         until the group's timeout, as they do for a T that differs between ranks (gloo may abort the
-        process). Ranks in different modes wait in different collectives: the mode must be the same.
+        process); ranks that disagree on num_experts (with as many local experts) compute wrong shares
+        without an error: every rank must pass the same. Ranks in different modes wait in different
+        collectives: the mode must be the same.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {mode!r}")
     rank, world = _group_rank_and_size(group)
+    num_experts = check_positive_int("num_experts", num_experts)  # (a 0-d tensor or numpy int as a Python int)
     if mode == "all_reduce":
         _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options)
         expert_map = expert_map_for_rank(num_experts, rank, world, hidden_states.device)
         out = fused_moe(
             hidden_states, w1_local, w2_local, topk_weights, topk_ids, expert_map=expert_map, out=out, **layer_options
         )
-        dist.all_reduce(out, group=group)  # the shares of every rank's experts
-        return out
+        # the shares of every rank's experts; the collective reduces dense memory (an out with gaps between its
+        # rows, which fused_moe takes, would be reduced wrong and past its rows)
+        dense = out if out.is_contiguous() else out.contiguous()
+        dist.all_reduce(dense, group=group)
+        return out if dense is out else out.copy_(dense)
     try:
         _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options)
+        if out is not None:  # as fused_moe checks it (combine writes it last, after the exchanges)
+            _check_out(out, hidden_states, w1_local, w2_local, topk_weights, topk_ids)
         # fused_moe's own checks of the local experts and options, on no rows (the received rows' routing:
         # top_k = 1, float32 weights, int32 local ids): before the first collective.
         no_weights = topk_weights.new_empty((0, 1), dtype=torch.float32)
@@ -313,6 +330,20 @@ def fused_moe_expert_parallel(
         dispatched.hidden_states, w1_local, w2_local, dispatched.topk_weights, dispatched.topk_ids, **layer_options
     )
     return combine(expert_out, dispatched, topk_ids, num_experts=num_experts, group=group, out=out)
+
+
+def _check_out(out, hidden_states, w1_local, w2_local, topk_weights, topk_ids):
+    """`out` [T, H] as fused_moe takes it: hidden_states' dtype and device, a last stride of 1, its own memory,
+    no grad (while grad is on), sharing memory with no input but hidden_states itself (in place)."""
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise ValueError(
+            "out requires grad: fused_moe_expert_parallel writes into it without autograd (inference only)"
+        )
+    output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
+    inputs = dict(w1_local=w1_local, w2_local=w2_local, topk_weights=topk_weights, topk_ids=topk_ids)
+    if not same_view(out, hidden_states):
+        inputs["hidden_states"] = hidden_states
+    check_not_aliased(out, **inputs)
 
 
 def _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options):

@@ -85,6 +85,17 @@ def _worker(rank, world, init_file, single_outputs):
                 hs, w1_local, w2_local, weights, ids, num_experts=num_experts, mode="all_reduce"
             )
             assert relative_error(shared, single) < 1e-2, f"all_reduce: rank {rank} of {world}"
+            # an out whose rows have gaps (fused_moe takes it; the collective reduces dense memory)
+            base = torch.full((hs.shape[0], 2 * HIDDEN), 7.0, dtype=hs.dtype)
+            fused_moe_expert_parallel(
+                hs, w1_local, w2_local, weights, ids, num_experts=num_experts, mode="all_reduce", out=base[:, :HIDDEN]
+            )
+            assert torch.equal(base[:, :HIDDEN], shared) and bool((base[:, HIDDEN:] == 7).all()), "strided out"
+            # num_experts as a 0-d tensor, as the package's ints take it
+            again = fused_moe_expert_parallel(
+                hs[mine], w1_local, w2_local, weights[mine], ids[mine], num_experts=torch.tensor(num_experts)
+            )
+            assert torch.equal(again, single[mine]), "num_experts as a 0-d tensor"
 
     # A non-contiguous batch: hidden states a column slice, topk_ids and topk_weights transposed views.
     counts, num_experts, hs, w1, w2, weights, ids, _ = _case("bf16, uneven tokens, an idle rank, E=6", world)
@@ -128,6 +139,7 @@ def _worker(rank, world, init_file, single_outputs):
         "hidden_states is float32 but w1 is bfloat16": dict(hidden_states=hs[mine].float()),
         "all tensors must be on one device": dict(topk_ids=ids[mine].to("meta")),  # the counts' device is not it
         "return_info is fused_moe's alone": dict(return_info=True),
+        "out must be bfloat16": dict(out=torch.empty(args[0].shape, dtype=torch.float64)),  # checked before
     }
     for own_error, mistake in mistakes.items():
         call = dict(zip(("hidden_states", "w1_local", "w2_local", "topk_weights", "topk_ids"), args))
@@ -137,6 +149,10 @@ def _worker(rank, world, init_file, single_outputs):
         expected = own_error if last else rf"rank {world - 1} of the group refused its arguments"
         with pytest.raises((TypeError, ValueError), match=expected):
             fused_moe_expert_parallel(**call)
+    # An out over this rank's weights (every rank alike, each with tokens): refused before any exchange.
+    alias = w1_local.reshape(-1)[: hs.numel()].view(hs.shape)
+    with pytest.raises(ValueError, match="out shares memory with w1_local"):
+        fused_moe_expert_parallel(hs, w1_local, w2_local, weights, ids, num_experts=num_experts, out=alias)
     # Ranks that disagree on E (6, and 7 on the last rank, whose block has as many experts either way, so its own
     # checks pass): the counts' exchange finds them apart, every rank raises.
     with pytest.raises(ValueError, match=r"num_experts must be the same on every rank of the group, got rank 0: 6"):

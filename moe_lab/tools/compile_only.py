@@ -405,14 +405,15 @@ def _run(self, *args, grid, warmup, **kwargs):
 @contextlib.contextmanager
 def fake_gpu(cc: int, session: Session):
     """Within: the fake driver is sm_`cc`, moe_lab's device rules answer for `DEVICES[cc]` (as read on
-    entry; `moe_lab.capability.assumed_device`), and every kernel launch goes to `session`. Raises
-    ValueError for a cc not in DEVICES."""
+    entry; `moe_lab.capability.assumed_device`), and every kernel launch goes to `session`; after it, Triton's
+    driver is the one before. Raises ValueError for a cc not in DEVICES."""
     if cc not in DEVICES:
         raise ValueError(f"unknown target sm_{cc}; known: {sorted(DEVICES)}")
     from ..capability import assumed_device
     from ..plan import clear_layer_plans  # made for the GPU they were made on: none outlives its fake GPU
 
     device = DEVICES[cc]
+    active = triton.runtime.driver._active  # (None until first asked for: then made on demand again)
     triton.runtime.driver.set_active(DRIVER)
     JITFunction.run = _run
     previous, DRIVER.cc = DRIVER.cc, cc
@@ -425,6 +426,7 @@ def fake_gpu(cc: int, session: Session):
         clear_layer_plans()
         _ACTIVE.pop()
         DRIVER.cc = previous
+        triton.runtime.driver._active = active  # the real driver again after the block
 
 
 def compile_kernel(variant: Variant):

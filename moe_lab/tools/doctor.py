@@ -17,6 +17,7 @@ import importlib.util
 import os
 import platform
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -108,7 +109,14 @@ def cache_problem(path: str) -> Optional[str]:
         probe = os.path.dirname(probe)
     if not os.path.isdir(probe):
         return f"cannot be created: {probe} is a file"
-    if not os.access(probe, os.W_OK | os.X_OK):
+    writable = os.access(probe, os.W_OK | os.X_OK)
+    if writable:  # tried for real: os.access says yes to root even where nothing can be made (/proc)
+        try:
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError:
+            writable = False
+    if not writable:
         return "is not writable" if probe == os.path.abspath(path) else f"cannot be created: {probe} is not writable"
     return None
 

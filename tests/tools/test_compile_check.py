@@ -290,3 +290,22 @@ def test_a_recorded_descriptor_leaves_out_fields_at_their_default():
     assert out["plain"] == ["base", "block_shape", "shape", "strides"]
     assert out["nan"] == ["base", "block_shape", "padding", "shape", "strides"]
     assert out["back"] == [[8, 8], "nan"]
+
+
+def test_the_fake_gpu_gives_back_tritons_driver():
+    """After `fake_gpu`, Triton's driver is the one before (a later launch used to meet the fake driver)."""
+    child = textwrap.dedent(
+        """
+        import triton
+        from moe_lab.tools import compile_only as co
+
+        before = triton.runtime.driver._active
+        with co.fake_gpu(90, co.Session()):
+            assert triton.runtime.driver.active is co.DRIVER
+        assert triton.runtime.driver._active is before, triton.runtime.driver._active
+        print("ok")
+        """
+    )
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=ROOT)
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

@@ -71,6 +71,8 @@ def test_cache_problem(tmp_path):
     assert doctor.cache_problem(str(tmp_path / "new" / "cache")) is None  # created on first use
     (tmp_path / "file").write_text("x")
     assert "is a file" in doctor.cache_problem(str(tmp_path / "file" / "cache"))
+    if os.path.isdir("/proc"):  # writable to os.access as root, yet nothing can be made there
+        assert doctor.cache_problem("/proc/triton-cache") == "cannot be created: /proc is not writable"
 
 
 def test_doctor_without_triton(monkeypatch):

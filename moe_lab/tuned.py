@@ -270,12 +270,13 @@ class _Entries:
         for bucket, entry in by_tokens.items():
             try:
                 config = MoEConfig(GemmConfig(**entry["up"]), GemmConfig(**entry["down"]))
+                tokens = int(bucket)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(
                     f"{where}, T bucket {bucket}: not a valid entry ({type(exc).__name__}: {exc})"
                 ) from exc
             self.buckets.append(
-                (math.log(max(int(bucket), 1)), ConfigChoice(config, f"tuned: {summary}, T bucket {bucket}"))
+                (math.log(max(tokens, 1)), ConfigChoice(config, f"tuned: {summary}, T bucket {bucket}"))
             )
 
     def nearest(self, num_tokens: int) -> ConfigChoice:

@@ -246,6 +246,11 @@ def test_a_bad_entry_raises_naming_the_file(gpu_world):
         tuned.choose_config(1, **SHAPE)
     with pytest.raises(ValueError, match=os.path.basename(path)):
         tuned.choose_config(1, **SHAPE)
+    good = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 32, "BLOCK_SIZE_K": 32, "GROUP_SIZE_M": 1}
+    write_table(d, H200, "3.6.0", shapes={KEY: {"abc": {"up": good, "down": good}}})  # a bucket that is no T
+    tuned.clear_cache()
+    with pytest.raises(ValueError, match=rf"{os.path.basename(path)}.*T bucket abc: not a valid entry"):
+        tuned.choose_config(1, **SHAPE)
 
 
 @pytest.mark.skipif(ON_GPU, reason="the interpreter's heuristic source")

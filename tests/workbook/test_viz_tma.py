@@ -1,11 +1,13 @@
 """moe_lab.workbook.viz.tma: every plot function returns a Figure; the widgets redraw when driven."""
 
+import re
+
 import matplotlib
+import pytest
 
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
-import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -15,6 +17,13 @@ from moe_lab.workbook.viz import tma  # noqa: E402
 def test_box_overlap_counts_inside_and_outside():
     assert tma.box_overlap((12, 20), (8, 8), (0, 0)) == (64, 0)
     assert tma.box_overlap((12, 20), (8, 8), (8, 16)) == (16, 48)
+    for args, error, message in (
+        (((4, 4), (2,), (0, 0)), ValueError, "must have one rank, got 2, 1 and 2"),
+        (((4, 4), (-2, 2), (0, 0)), ValueError, "block_shape must be >= 1, got -2"),
+        (((4, 4), (2, 2), (0.5, 0)), TypeError, "offsets must be an int, got float 0.5"),
+    ):
+        with pytest.raises(error, match=re.escape(message)):
+            tma.box_overlap(*args)
     assert tma.box_overlap((4, 4, 4), (1, 4, 4), (3, 2, 0)) == (8, 8)
 
 

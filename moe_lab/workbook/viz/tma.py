@@ -33,7 +33,18 @@ def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Seque
         offsets: the box's first element in each dimension (may be negative or past the end).
     Returns:
         (inside, outside) element counts; `outside` elements load as zero.
+    Raises:
+        ValueError unless the three have one rank, shape holds sizes >= 0 and block_shape sizes >= 1 (ints;
+        TypeError for others).
     """
+    if not len(shape) == len(block_shape) == len(offsets):
+        raise ValueError(
+            f"shape, block_shape and offsets must have one rank, got {len(shape)}, {len(block_shape)} and "
+            f"{len(offsets)} entries"
+        )
+    shape = [check_positive_int("shape", v, minimum=0) for v in shape]
+    block_shape = [check_positive_int("block_shape", v) for v in block_shape]
+    offsets = [check_positive_int("offsets", v, minimum=-(2**63)) for v in offsets]
     inside = 1
     for size, block, off in zip(shape, block_shape, offsets):
         inside *= max(0, min(off + block, size) - max(off, 0))

@@ -856,14 +856,15 @@ def fused_moe_op(
     shared_w1: Optional[torch.Tensor] = None,
     shared_w2: Optional[torch.Tensor] = None,
     shared_weights: Optional[torch.Tensor] = None,
+    check_ids: bool = True,
 ) -> torch.Tensor:
     """`torch.ops.moe_lab.fused_moe`: `fused_moe` as a PyTorch custom op. use_tma: True or False as in
     `fused_moe`, None for "auto" (an op's schema has no bool-or-string type; PyTorch's schema check refuses
     other values). w1_scale, w2_scale, block_shape: for float8_e4m3fn weights, as in `fused_moe`
     (activations quantized dynamically). activation, gate_up_layout, swiglu_alpha, swiglu_limit: the fields
-    of `moe_lab.Activation` (a schema has no dataclass type). The biases and shared experts as in `fused_moe`.
-    It keeps no buffer past the call (`moe_lab.runtime.keeping_no_buffers`): torch.compile's CUDA graphs may run
-    it on their own memory pool."""
+    of `moe_lab.Activation` (a schema has no dataclass type). The biases, shared experts and check_ids as in
+    `fused_moe`. It keeps no buffer past the call (`moe_lab.runtime.keeping_no_buffers`): torch.compile's CUDA
+    graphs may run it on their own memory pool."""
     with keeping_no_buffers():
         return fused_moe(
             hidden_states,
@@ -882,6 +883,7 @@ def fused_moe_op(
             shared_w1=shared_w1,
             shared_w2=shared_w2,
             shared_weights=shared_weights,
+            check_ids=check_ids,
         )
 
 
@@ -906,6 +908,7 @@ def _fused_moe_fake(
     shared_w1=None,
     shared_w2=None,
     shared_weights=None,
+    check_ids=True,
 ):
     # PyTorch also picks this for a real call with one input on the meta device: refuse mixed devices, as
     # fused_moe does, rather than return an empty tensor as if it were the result
@@ -947,8 +950,8 @@ def fused_moe_through_op(
 ):
     """`fused_moe` with its own arguments, called as the custom op `torch.ops.moe_lab.fused_moe`: what
     torch.compile traces as one node (and meta tensors run as the op's fake). Takes the arguments the op has:
-    expert_map, use_tma, w1_scale, w2_scale, block_shape, activation, the biases and the shared experts (ids
-    checked as fused_moe's default does: on CPU tensors only)."""
+    expert_map, use_tma, w1_scale, w2_scale, block_shape, activation, the biases, the shared experts and
+    check_ids (default: checked as fused_moe's default does, on CPU tensors only)."""
     activation = check_activation(activation)
     return torch.ops.moe_lab.fused_moe(
         hidden_states,

@@ -310,7 +310,7 @@ def experts_forward(
     compute_dtype = hidden_states.dtype if judged.dtype == FP8_DTYPE else judged.dtype
     x = hidden_states.to(compute_dtype)
     if torch.compiler.is_compiling():  # torch.compile traces the custom op, one opaque node, not fused_moe's Python
-        out = fused_moe_through_op(x, topk_weights=top_k_weights, topk_ids=top_k_index, **arguments)
+        out = fused_moe_through_op(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)
     else:
         try:
             out = fused_moe(x, topk_weights=top_k_weights, topk_ids=top_k_index, check_ids=False, **arguments)

@@ -205,6 +205,10 @@ def test_edges_empty_batch_all_experts_strided_input_other_dtype_and_sentinels(c
         kept = torch.where(ids < num_experts, weights, torch.zeros_like(weights))
         ref = fused_moe_reference(hidden[:3].contiguous(), experts.gate_up_proj, experts.down_proj, kept, ids % 6)
         assert relative_error(out, ref) < 1e-5 and not out[1].any()
+        # and so under torch.compile (the custom op, told not to check the ids)
+        torch._dynamo.reset()
+        compiled = torch.compile(experts, fullgraph=True, backend="aot_eager")(hidden[:3], ids, weights)
+        assert relative_error(compiled, ref) < 1e-5 and not compiled[1].any()
 
 
 def experts_class(**traits):

@@ -101,9 +101,20 @@ def test_solution_passes():
     assert verdict.passed and str(verdict).startswith("PASS histogram_kernel:")
 
 
+@triton.jit
+def one_slot_at_a_time(topk_ids_ptr, counts_ptr, num_slots, BLOCK: tl.constexpr):
+    """Counts right under the interpreter (programs one after another), a race between programs on a GPU."""
+    start = tl.program_id(0) * BLOCK
+    for i in range(BLOCK):
+        if start + i < num_slots:
+            e = tl.load(topk_ids_ptr + start + i)
+            tl.store(counts_ptr + e, tl.load(counts_ptr + e) + 1)
+
+
 @pytest.mark.parametrize(
     "kernel, says",
     [
+        (one_slot_at_a_time, ["stored by more than one program", "race", "use tl.atomic_add"]),
         (
             unmasked,
             [

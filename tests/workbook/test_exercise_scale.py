@@ -71,6 +71,20 @@ def shape_error(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
     tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
 
 
+@triton.jit
+def alpha_written_in(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, 2.5 * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+@triton.jit
+def junk_into_the_next_block_first(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr):
+    """Right under the interpreter (the next program runs later and overwrites), a race on a GPU."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs + BLOCK, tl.zeros((BLOCK,), tl.float32), mask=offs + BLOCK < n)
+    tl.store(out_ptr + offs, alpha * tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
 def test_solution_passes():
     verdict = exercises.check_scale(notebook_kernel("00_start_here", "scale_kernel_solution"), strict=True)
     assert verdict.passed and str(verdict).startswith("PASS scale_kernel:")
@@ -88,6 +102,8 @@ def test_solution_passes():
         (stub, ["stores nothing"]),
         (stores_into_x, ["nothing was stored into out_ptr; the kernel stored into x_ptr instead"]),
         (shape_error, ["raised", "256 and 512"]),
+        (alpha_written_in, ["alpha = -1.5", "written into the kernel"]),
+        (junk_into_the_next_block_first, ["stored by more than one program", "race"]),
     ],
     ids=lambda v: getattr(v, "__name__", ""),
 )

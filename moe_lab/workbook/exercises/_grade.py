@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ...reference import relative_error
@@ -114,6 +115,30 @@ def stray_stores(run: GuardedRun, written: Sequence[str]) -> Optional[str]:
     )
 
 
+def stored_by_two_programs(run: GuardedRun, hint: str = "") -> Optional[str]:
+    """The message for elements that more than one program stored with plain stores (atomics aside), from the
+    interpreter's record, or None: on a GPU the programs run at once and race (which value stays, or whether an
+    add of a load survives, depends on timing), while the interpreter runs them one after another, so the
+    result may look right. `hint`: what each program must store instead."""
+    for tensor in sorted({a.tensor for a in run.accesses if a.kind == "store"}):
+        seen: dict = {}
+        for a in run.accesses:
+            if a.tensor == tensor and a.kind == "store":
+                for offset in np.unique(a.offsets[a.in_bounds]).tolist():
+                    seen.setdefault(offset, set()).add(a.program)
+        twice = {offset: programs for offset, programs in seen.items() if len(programs) > 1}
+        if twice:
+            offset = min(twice)
+            programs = " and ".join(str(p[: 2 if p[2] == 0 else 3]) for p in sorted(twice[offset])[:2])
+            return (
+                f"{len(twice)} elements of {tensor} are stored by more than one program (element {offset} by "
+                f"programs {programs}{' and more' if len(twice[offset]) > 2 else ''}): on a GPU the programs run at "
+                "once and race, so which value stays depends on timing (the interpreter runs them one after "
+                f"another, which hides it){'. ' + hint if hint else ''}"
+            )
+    return None
+
+
 def diagnose(
     run: GuardedRun,
     output: str,
@@ -126,6 +151,7 @@ def diagnose(
     untouched: Optional[torch.Tensor] = None,
     undefined_hint: str = "",
     also_written: Sequence[str] = (),
+    race_hint: str = "",
 ) -> Optional[str]:
     """What is wrong with one guarded launch, or None when it is right: `grade`'s diagnosis, unprinted."""
     got = run.tensors[output]
@@ -151,7 +177,7 @@ def diagnose(
                 got, want, tol
             )
     if problem is None:
-        problem = stray_stores(run, (output, *also_written))
+        problem = stored_by_two_programs(run, race_hint) or stray_stores(run, (output, *also_written))
     return problem
 
 
@@ -176,6 +202,7 @@ def grade(
     untouched: Optional[torch.Tensor] = None,
     undefined_hint: str = "",
     also_written: Sequence[str] = (),
+    race_hint: str = "",
     then: Optional[Tuple[str, Callable[[], Optional[str]]]] = None,
     strict: bool = False,
 ) -> Verdict:
@@ -187,7 +214,8 @@ def grade(
     results); values computed from the undefined masked lanes of a load without `other=`
     (`undefined_hint`: what `other` must be); the output left as given (`untouched`, default all NaN:
     `nothing_written`); a result equal to one of `mistakes` ((explanation, what that mistake computes)
-    pairs); else what differs, and where; then a store into any tensor but `output` and `also_written` (an
+    pairs); else what differs, and where; then elements stored by two programs (a race on a GPU; `race_hint`:
+    what each program must store instead), and a store into any tensor but `output` and `also_written` (an
     input, to be read only). then: (what it checked, for the PASS line; a further check run
     only when this launch is right, returning its problem or None), such as the same kernel at other sizes.
     """
@@ -203,6 +231,7 @@ def grade(
         untouched=untouched,
         undefined_hint=undefined_hint,
         also_written=also_written,
+        race_hint=race_hint,
     )
     if problem is None and then is not None:
         problem = then[1]()

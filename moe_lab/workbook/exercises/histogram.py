@@ -174,4 +174,6 @@ def check_expert_histogram(kernel, strict: bool = False) -> Verdict:
         then=(f"and with num_slots = {NUM_TOKENS2 * TOP_K2}, BLOCK = {BLOCK2}", lambda: _second_size(kernel)),
         nothing_written="every count is still 0: the kernel adds nothing. Load each slot's expert id "
         "and tl.atomic_add 1 at counts_ptr + that id",
+        race_hint="A count that several programs add to needs an atomic: use tl.atomic_add(counts_ptr + ids, 1, "
+        "mask=...), which reads, adds and writes as one step",
     )

@@ -10,10 +10,10 @@ from ..guarded import run_guarded
 from ._grade import Verdict, at_other_sizes, diagnose, grade
 
 N, BLOCK, ALPHA = 1000, 256, 2.5  # n is not a multiple of BLOCK: the last program must mask
-N2, BLOCK2 = 777, 128  # the second launch: other sizes, n again not a multiple of BLOCK
+N2, BLOCK2, ALPHA2 = 777, 128, -1.5  # the second launch: other sizes (n again not a multiple of BLOCK), alpha
 SIZES_HINT = (
-    f"look for a size written into the kernel (1000, 256, {triton.cdiv(N, BLOCK)} programs) where the "
-    "arguments n and BLOCK belong: the mask is `offs < n`"
+    f"look for a size written into the kernel (1000, 256, {triton.cdiv(N, BLOCK)} programs, alpha {ALPHA}) where "
+    "the arguments n, BLOCK and alpha belong: the mask is `offs < n`"
 )
 
 MASK_HINT = f"n = {N} is not a multiple of BLOCK = {BLOCK}: mask the last block's load and store with `offs < n`"
@@ -36,20 +36,22 @@ def _bounds_hint(run) -> str:
     return MASK_HINT
 
 
-def _launch(kernel, n: int, block: int):
+def _launch(kernel, n: int, block: int, alpha: float = ALPHA):
     x = torch.randn(n, device=default_device())
     out = torch.full_like(x, float("nan"))
-    return x, run_guarded(kernel, (triton.cdiv(n, block),), x_ptr=x, out_ptr=out, alpha=ALPHA, n=n, BLOCK=block)
+    return x, run_guarded(kernel, (triton.cdiv(n, block),), x_ptr=x, out_ptr=out, alpha=alpha, n=n, BLOCK=block)
 
 
 def _second_size(kernel):
-    x, run = _launch(kernel, N2, BLOCK2)
-    problem = diagnose(run, "out_ptr", ALPHA * x, tol=1e-6)
+    x, run = _launch(kernel, N2, BLOCK2, ALPHA2)
+    problem = diagnose(run, "out_ptr", ALPHA2 * x, tol=1e-6)
     offsets = run.offsets()
     hint = SIZES_HINT
     if run.out_of_bounds and offsets.size and ((offsets >= N2) & (offsets < N)).all():
         hint = f"the mask compares with {N}, the first launch's n: use the argument, `offs < n`"
-    return at_other_sizes(problem, f"n = {N}, BLOCK = {BLOCK}", f"n = {N2}, BLOCK = {BLOCK2}", hint)
+    return at_other_sizes(
+        problem, f"n = {N}, BLOCK = {BLOCK}, alpha = {ALPHA}", f"n = {N2}, BLOCK = {BLOCK2}, alpha = {ALPHA2}", hint
+    )
 
 
 def _offsets_without_block(x: torch.Tensor) -> torch.Tensor:
@@ -63,12 +65,12 @@ def _offsets_without_block(x: torch.Tensor) -> torch.Tensor:
 
 def check_scale(kernel, strict: bool = False) -> Verdict:
     """Grade `scale_kernel(x_ptr, out_ptr, alpha, n, BLOCK: tl.constexpr)` on n = 1000, BLOCK = 256
-    (4 programs), then (if right there) on n = 777, BLOCK = 128 (7 programs): float32 `x`, `out`
-    poisoned with NaN. Names: sizes written into the kernel (right at the first sizes only: `offs < 1000`
-    named), a missing mask (out-of-bounds load or store within the last block's spill, n .. n + BLOCK -
-    1), wrong offsets (out of bounds anywhere else:
-    a stride, a wrapping int8 cast), alpha left out, only the first block written (offsets without
-    `program_id * BLOCK`), overlapping blocks (`program_id + arange`)."""
+    (4 programs), alpha = 2.5, then (if right there) on n = 777, BLOCK = 128 (7 programs), alpha = -1.5:
+    float32 `x`, `out` poisoned with NaN. Names: sizes written into the kernel (right at the first sizes only:
+    `offs < 1000` named), a missing mask (out-of-bounds load or store within the last block's spill, n .. n +
+    BLOCK - 1), wrong offsets (out of bounds anywhere else: a stride, a wrapping int8 cast), alpha left out,
+    only the first block written (offsets without `program_id * BLOCK`), overlapping blocks (`program_id +
+    arange`), blocks stored by two programs (a race)."""
     x, run = _launch(kernel, N, BLOCK)
     first_block = torch.full_like(x, float("nan"))
     first_block[:BLOCK] = ALPHA * x[:BLOCK]
@@ -80,7 +82,7 @@ def check_scale(kernel, strict: bool = False) -> Verdict:
         tol=1e-6,
         strict=strict,
         out_of_bounds_hint=_bounds_hint(run),
-        then=(f"and with n = {N2}, BLOCK = {BLOCK2}", lambda: _second_size(kernel)),
+        then=(f"and with n = {N2}, BLOCK = {BLOCK2}, alpha = {ALPHA2}", lambda: _second_size(kernel)),
         mistakes=[
             ("out equals x: multiply by alpha before storing", x),
             (

@@ -305,7 +305,9 @@ check_combine(my_combine_solution)
 # Use the strides you are given: the checker's `y` and `topk_weights` are views of wider buffers, so their
 # rows are further apart than `H` and `TOP_K`. It runs `TOP_K = 6` (not a power of two; `tl.static_range`
 # unrolls the loop over it) and `H = 200`, not a multiple of `BLOCK_H = 64`: mask the last H block.
-# Accumulate in float32.
+# Accumulate in float32. The token index is an int64 (`tl.program_id(0).to(tl.int64)`): at real sizes the
+# slot rows pass 2^31 elements (T = 37,000 tokens, k = 8, H = 7168), and an int32 offset would wrap around;
+# the checker probes it with a row stride of 2^28.
 
 # %%
 import triton
@@ -317,7 +319,7 @@ from moe_lab.workbook import exercises
 @triton.jit
 def topk_reduce_kernel(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                        TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)                                          # the token
+    t = tl.program_id(0).to(tl.int64)                             # the token (int64: offsets past 2^31)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # this program's columns of H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
@@ -336,7 +338,7 @@ exercises.check_topk_reduce(topk_reduce_kernel)
 @triton.jit
 def topk_reduce_kernel_solution(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
                                 TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
-    t = tl.program_id(0)
+    t = tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = offs_h < H
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)

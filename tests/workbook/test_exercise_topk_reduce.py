@@ -29,10 +29,11 @@ def _reduce(
     Y_STRIDE_H: tl.constexpr = False,
     OUT_STRIDE_Y: tl.constexpr = False,
     OVERWRITE: tl.constexpr = False,
+    INT32: tl.constexpr = False,
 ):
     """The solution, with switches that each make one typical mistake (WEIGHTS: 0 slot j's, right; 1 none,
-    a plain sum; 2 slot TOP_K - 1 - j's; 3 slot (j + 1) % TOP_K's)."""
-    t = tl.program_id(0)
+    a plain sum; 2 slot TOP_K - 1 - j's; 3 slot (j + 1) % TOP_K's; INT32: the token index left int32)."""
+    t = tl.program_id(0) if INT32 else tl.program_id(0).to(tl.int64)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
     for j in tl.static_range(TOP_K):
@@ -236,6 +237,16 @@ def out_stride_y(
 
 
 @triton.jit
+def int32_rows(
+    y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    _reduce(
+        y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token, stride_out_row, TOP_K, BLOCK_H, INT32=True
+    )
+
+
+@triton.jit
 def acc_overwritten(
     y_ptr,
     topk_weights_ptr,
@@ -282,6 +293,7 @@ def test_solution_passes():
             ["store(s) past the", "wrong stride for out", "stride_out_row = 200", "not t * stride_y_row (= 224"],
         ),
         (acc_overwritten, ["only the last slot counts", "overwritten", "acc += w * row"]),
+        (int32_rows, ["computed in int32", "2^32 wrapped around", "tl.program_id(0).to(tl.int64)"]),
         (notebook_kernel("06_fused_moe_layer", "topk_reduce_kernel"), ["stores nothing"]),
     ],
     ids=[
@@ -294,6 +306,7 @@ def test_solution_passes():
         "y_stride_h",
         "out_stride_y",
         "acc_overwritten",
+        "int32_rows",
         "notebook_stub",
     ],
 )

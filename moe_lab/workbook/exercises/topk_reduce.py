@@ -188,6 +188,31 @@ def _second_size(kernel) -> Optional[str]:
     )
 
 
+PROBE_STRIDE = 2**28  # the int64 probe's stride_y_row: slot 16's row at 16 * 2^28 = 2^32 wraps to 0 in int32
+
+
+def _int32_rows(kernel) -> Optional[str]:
+    """The int64 probe (as notebook 03's checker has it): stride_y_row = 2^28 stands for slot rows past 2^31
+    elements. With int64 offsets every slot row but 0's lies far outside the small y and reads 0 (dropped); in
+    int32 slot 16 (token 2, j = 4) at 16 * 2^28 = 2^32 wraps to 0 and token 2 reads row 0 of y."""
+    y, weights = _inputs(default_device())
+    y = y + 3.0  # no zeros in row 0
+    out = torch.full((T, H), float("nan"), device=y.device)
+    args = dict(y_ptr=y, topk_weights_ptr=weights, out_ptr=out, H=H, stride_y_row=PROBE_STRIDE)
+    args.update(stride_w_token=weights.stride(0), stride_out_row=out.stride(0), TOP_K=TOP_K, BLOCK_H=BLOCK_H)
+    run = run_guarded(kernel, (T, triton.cdiv(H, BLOCK_H)), **args)
+    if run.error is not None:
+        return f"with stride_y_row = 2^28 (standing for slot rows past 2^31 elements), {run.problem()}"
+    if bool(torch.nan_to_num(run.tensors["out_ptr"][2].float(), nan=0.0).abs().max() > 0):
+        return (
+            "the row offset `(t * TOP_K + j) * stride_y_row` is computed in int32. With stride_y_row = 2^28 (a "
+            "probe standing for slot rows past 2^31 elements: 37,000 tokens of k = 8 and H = 7168), slot 16's "
+            "offset 16 * 2^28 = 2^32 wrapped around to 0 and token 2 read row 0 of y. Make the token index an "
+            "int64 before multiplying: `t = tl.program_id(0).to(tl.int64)`"
+        )
+    return None
+
+
 def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
     """Grade `topk_reduce_kernel(y_ptr, topk_weights_ptr, out_ptr, H, stride_y_row, stride_w_token,
     stride_out_row, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr)` on T = 5 tokens, TOP_K = 6, H = 200,
@@ -199,7 +224,8 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
     mask on the last H block (out-of-bounds loads or stores); the weights or y read with the wrong row
     stride (out-of-bounds reads of the gaps between rows); out's rows stepped by y's stride (stores past
     the last row plus BLOCK_H); the accumulator overwritten (only the last slot counts). Then, if right, a
-    second launch (T = 3, TOP_K = 2, H = 100, BLOCK_H = 32, row strides 112 and 3) for sizes written in."""
+    second launch (T = 3, TOP_K = 2, H = 100, BLOCK_H = 32, row strides 112 and 3) for sizes written in, and
+    the int64 probe (stride_y_row = 2^28: an int32 row offset wraps around)."""
     y, weights = _inputs(default_device())
     run = _launch(kernel, y, weights)
     last_only = torch.zeros_like(weights)
@@ -252,5 +278,8 @@ def check_topk_reduce(kernel, strict: bool = False) -> Verdict:
         strict=strict,
         out_of_bounds_hint=_out_of_bounds_hint(kernel, run, y, weights),
         mistakes=mistakes,
-        then=(f"and with T = {T2}, TOP_K = {TOP_K2}, H = {H2}, BLOCK_H = {BLOCK_H2}", lambda: _second_size(kernel)),
+        then=(
+            f"and with T = {T2}, TOP_K = {TOP_K2}, H = {H2}, BLOCK_H = {BLOCK_H2}, and int64 row offsets",
+            lambda: _second_size(kernel) or _int32_rows(kernel),
+        ),
     )

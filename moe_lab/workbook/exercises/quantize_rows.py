@@ -45,7 +45,6 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 import triton
@@ -54,7 +53,7 @@ from triton.runtime.jit import JITFunction
 from ...quantize import quantize_activations_fp8
 from ...runtime import default_device
 from ..guarded import _interpreted, _interpreting_beside_a_gpu, run_guarded
-from ._grade import Verdict, report, stray_stores, undefined_lanes_problem
+from ._grade import Verdict, report, stored_by_two_programs, stray_stores, undefined_lanes_problem
 
 EXERCISE = "quantize_rows_kernel"
 FP8 = torch.float8_e4m3fn
@@ -160,31 +159,6 @@ def _stored(run, tensor: str) -> torch.Tensor:
         if a.tensor == tensor and a.kind != "load" and a.in_bounds.any()
     ]
     return torch.unique(torch.cat(chunks)) if chunks else torch.zeros(0, dtype=torch.int64)
-
-
-def _stored_twice(run, tensor: str) -> Optional[str]:
-    """The message for elements of `tensor` that more than one program stored (a race on a GPU: which value
-    stays depends on which program runs last; the interpreter runs them in order), or None."""
-    seen: dict = {}
-    for a in run.accesses:
-        if a.tensor == tensor and a.kind != "load":
-            for offset in np.unique(a.offsets[a.in_bounds]).tolist():
-                seen.setdefault(offset, set()).add(a.program[:2])
-    twice = {offset: programs for offset, programs in seen.items() if len(programs) > 1}
-    if not twice:
-        return None
-    offset = min(twice)
-    programs = " and ".join(str(p) for p in sorted(twice[offset]))
-    own = (
-        "its own group only: columns group * GROUP .. group * GROUP + GROUP - 1"
-        if tensor == "q_ptr"
-        else f"one scale: {LAYOUT_HINT}"
-    )
-    return (
-        f"{len(twice)} elements of {tensor} are stored by more than one program (element {offset} by programs "
-        f"{programs}): on a GPU they race, and which value stays depends on which runs last. Each program "
-        f"stores {own}"
-    )
 
 
 def _group_amax(x: torch.Tensor, case: Case, starts=None) -> torch.Tensor:
@@ -418,8 +392,11 @@ def _case_problem(kernel, case: Case) -> Optional[str]:
         or _coverage_problem(case, stored_q, False)
         or _scale_problem(case, x, got_s, want_s, stored_s)
         or _q_problem(case, x, got_q, want_q, want_s)
-        or _stored_twice(run, "q_ptr")
-        or _stored_twice(run, "scale_ptr")
+        or stored_by_two_programs(
+            run,
+            f"Each program stores its own group's q (columns group * GROUP .. group * "
+            f"GROUP + GROUP - 1) and one scale: {LAYOUT_HINT}",
+        )
         or stray_stores(run, ("q_ptr", "scale_ptr"))
     )
 

@@ -120,23 +120,23 @@ def stored_by_two_programs(run: GuardedRun, hint: str = "") -> Optional[str]:
     interpreter's record, or None: on a GPU the programs run at once and race (which value stays, or whether an
     add of a load survives, depends on timing), while the interpreter runs them one after another, so the
     result may look right. `hint`: what each program must store instead."""
-    for tensor in sorted({a.tensor for a in run.accesses if a.kind == "store"}):
-        seen: dict = {}
-        for a in run.accesses:
-            if a.tensor == tensor and a.kind == "store":
-                for offset in np.unique(a.offsets[a.in_bounds]).tolist():
-                    seen.setdefault(offset, set()).add(a.program)
-        twice = {offset: programs for offset, programs in seen.items() if len(programs) > 1}
-        if twice:
-            offset = min(twice)
-            programs = " and ".join(str(p[: 2 if p[2] == 0 else 3]) for p in sorted(twice[offset])[:2])
-            return (
-                f"{len(twice)} elements of {tensor} are stored by more than one program (element {offset} by "
-                f"programs {programs}{' and more' if len(twice[offset]) > 2 else ''}): on a GPU the programs run at "
-                "once and race, so which value stays depends on timing (the interpreter runs them one after "
-                f"another, which hides it){'. ' + hint if hint else ''}"
-            )
-    return None
+    seen: dict = {}  # (tensor, element offset) -> the programs that stored it, in one pass over the record
+    for a in run.accesses:
+        if a.kind == "store":
+            for offset in np.unique(a.offsets[a.in_bounds]).tolist():
+                seen.setdefault((a.tensor, offset), set()).add(a.program)
+    twice = {key: programs for key, programs in seen.items() if len(programs) > 1}
+    if not twice:
+        return None
+    (tensor, offset), programs = min(twice.items())
+    count = sum(1 for name, _ in twice if name == tensor)
+    who = " and ".join(str(p[: 2 if p[2] == 0 else 3]) for p in sorted(programs)[:2])
+    return (
+        f"{count} elements of {tensor} are stored by more than one program (element {offset} by programs "
+        f"{who}{' and more' if len(programs) > 2 else ''}): on a GPU the programs run at once and race, so which "
+        "value stays depends on timing (the interpreter runs them one after another, which hides it)"
+        f"{'. ' + hint if hint else ''}"
+    )
 
 
 def diagnose(

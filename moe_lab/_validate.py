@@ -218,3 +218,21 @@ def output_buffer(
         raise ValueError(f"out must have a last stride of 1, got strides {tuple(out.stride())}")
     check_own_memory("out", out)
     return out
+
+
+def check_layer_out(out: torch.Tensor, hidden_states: torch.Tensor, caller: str) -> None:
+    """A layer's `out` [T, H]: hidden_states' shape, dtype and device, a last stride of 1, its own memory, and no
+    grad while grad is on (`caller` writes into it without autograd). Where it lies: `check_layer_out_overlap`."""
+    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+        raise ValueError(f"out requires grad: {caller} writes into it without autograd (inference only)")
+    output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
+    check_same_device(hidden_states=hidden_states, out=out)
+
+
+def check_layer_out_overlap(out: torch.Tensor, hidden_states: torch.Tensor, **inputs: Optional[torch.Tensor]) -> None:
+    """A layer's `out` shares memory with none of `inputs`, nor with hidden_states unless it is the same view:
+    each chunk reads its hidden states before it writes its output rows, so out=hidden_states is in place; any
+    other overlap would feed written rows back in, or overwrite the weights."""
+    if not same_view(out, hidden_states):
+        inputs["hidden_states"] = hidden_states
+    check_not_aliased(out, **inputs)

@@ -29,12 +29,11 @@ import torch.distributed as dist
 from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
-    check_not_aliased,
+    check_layer_out,
+    check_layer_out_overlap,
     check_one_device,
     check_positive_int,
     check_tensor,
-    output_buffer,
-    same_view,
 )
 from .layer import fused_moe
 from .reduce import topk_reduce
@@ -333,17 +332,11 @@ def fused_moe_expert_parallel(
 
 
 def _check_out(out, hidden_states, w1_local, w2_local, topk_weights, topk_ids):
-    """`out` [T, H] as fused_moe takes it: hidden_states' dtype and device, a last stride of 1, its own memory,
-    no grad (while grad is on), sharing memory with no input but hidden_states itself (in place)."""
-    if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
-        raise ValueError(
-            "out requires grad: fused_moe_expert_parallel writes into it without autograd (inference only)"
-        )
-    output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
-    inputs = dict(w1_local=w1_local, w2_local=w2_local, topk_weights=topk_weights, topk_ids=topk_ids)
-    if not same_view(out, hidden_states):
-        inputs["hidden_states"] = hidden_states
-    check_not_aliased(out, **inputs)
+    """`out` [T, H] as fused_moe takes it (its checks, shared: moe_lab._validate)."""
+    check_layer_out(out, hidden_states, "fused_moe_expert_parallel")
+    check_layer_out_overlap(
+        out, hidden_states, w1_local=w1_local, w2_local=w2_local, topk_weights=topk_weights, topk_ids=topk_ids
+    )
 
 
 def _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options):

@@ -27,13 +27,12 @@ from ._validate import (
     FLOAT_DTYPES,
     INDEX_DTYPES,
     check_kernel_device,
-    check_not_aliased,
+    check_layer_out,
+    check_layer_out_overlap,
     check_one_device,
     check_positive_int,
     check_same_device,
     check_tensor,
-    output_buffer,
-    same_view,
 )
 from .activation import Activation, check_activation, silu_and_mul
 from .align import AlignedRouting, align_buffers, run_align, run_slot_order
@@ -574,10 +573,7 @@ def fused_moe(
         _check_fp8(w1, w2, *scales, block_shape)
         _check_expert_kind(hidden_states, w1, w2, expert_map, kind)
         if out is not None:
-            if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
-                raise ValueError("out requires grad: fused_moe writes into it without autograd (inference only)")
-            output_buffer(out, tuple(hidden_states.shape), hidden_states.dtype, hidden_states.device, "[T, H]")
-            check_same_device(hidden_states=hidden_states, out=out)
+            check_layer_out(out, hidden_states, "fused_moe")
         plan = remember_layer_plan(plan_layer(key, w1, w2, config))
     # What the key cannot decide, every call: the ids' and (on the CPU) the scales' values, and where `out` lies.
     _check_ids(topk_ids, expert_map, w1.shape[0], check_ids)
@@ -585,14 +581,10 @@ def fused_moe(
     if out is None:
         out = torch.empty(hidden_states.shape, dtype=hidden_states.dtype, device=hidden_states.device)
     else:
-        # Each chunk reads its hidden states before it writes its output rows, so out=hidden_states (the same
-        # view) is in place; any other overlap would feed written rows back in, or overwrite the weights.
         inputs = dict(w1=w1, w2=w2, topk_weights=topk_weights, topk_ids=topk_ids, expert_map=expert_map)
         inputs.update(w1_scale=w1_scale, w2_scale=w2_scale, a1_scale=a1_scale, a2_scale=a2_scale)
         inputs.update(zip(_EXPERT_TENSORS, kind.tensors))
-        if not same_view(out, hidden_states):
-            inputs["hidden_states"] = hidden_states
-        check_not_aliased(out, **inputs)
+        check_layer_out_overlap(out, hidden_states, **inputs)
     fp8 = _fp8_weights(w1, *scales, block_shape)
     if expert_map is not None:
         expert_map = expert_map.contiguous()

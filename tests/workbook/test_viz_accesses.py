@@ -30,3 +30,7 @@ def test_bad_arguments_are_named():
         plot_accesses(run, "y_ptr")
     with pytest.raises(ValueError, match="kind must be"):
         plot_accesses(run, "out_ptr", kind="write")
+    with pytest.raises(TypeError, match=r"run must be a GuardedRun .*got dict"):
+        plot_accesses({"out_ptr": torch.zeros(4)}, "out_ptr")
+    with pytest.raises(TypeError, match=r"tensor must be a parameter name \(str\) of \['out_ptr', 'x_ptr'\], got list"):
+        plot_accesses(run, ["out_ptr"])

@@ -86,3 +86,53 @@ def test_slot_order_routing_is_refused_with_a_pointer_to_moe_align():
 def test_padding_report_refuses_what_is_not_a_routing(routing):
     with pytest.raises(TypeError, match=r"routing must be an AlignedRouting \(from moe_align\), got"):
         va.padding_report(routing)
+
+
+def test_folded_tails_counts_and_refusals():
+    assert va.folded_tails([40, 16, 5, 0], 32, 16) == (4, 1)  # 40 = 32 + 8: its tail of 8 rows folds
+    assert va.folded_tails(torch.tensor([40, 16]), 32, 16) == va.folded_tails([40, 16], 32, 16)
+    for args, error, match in (
+        (([40, -3], 32, 16), ValueError, r"counts\[1\] must be >= 0, got -3"),
+        (([40, 2.5], 32, 16), TypeError, r"counts\[1\] must be an int, got float 2.5"),
+        (("40", 32, 16), TypeError, r"counts must be a sequence of ints .*got str"),
+        (([40], 0, 0), ValueError, r"block_size_m must be >= 1, got 0"),
+        (([40], 32, -1), ValueError, r"fold_tail_rows must be >= 0, got -1"),
+        (([40], 16, 32), ValueError, r"fold_tail_rows must be in \[0, block_size_m\) = \[0, 16\) .*got 32"),
+    ):
+        with pytest.raises(error, match=match):
+            va.folded_tails(*args)
+
+
+def test_strip_and_cases_refuse_bad_arguments():
+    routing = moe_lab.moe_align_reference(small_ids(), 4, 4)
+    with pytest.raises(ValueError, match=r"max_labels must be >= 0, got -1"):
+        va.plot_alignment_strip(routing, max_labels=-1)
+    with pytest.raises(TypeError, match=r"max_labels must be an int, got str"):
+        va.plot_alignment_strip(routing, max_labels="64")
+    with pytest.raises(ValueError, match=r"cases must name at least one case"):
+        va.plot_alignment_cases({})
+    with pytest.raises(TypeError, match=r"cases must be a dict of name -> case .*got list"):
+        va.plot_alignment_cases([routing])
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        # the slider would raise ipywidgets' TraitError, naming neither the argument nor the choices
+        (dict(value=24), ValueError, r"value must be one of \[16, 32, 64, 128\], got int 24"),
+        (dict(value=0), ValueError, r"value must be one of \[16, 32, 64, 128\], got int 0"),
+        (dict(block_sizes=()), ValueError, r"block_sizes must offer at least one"),
+        (dict(block_sizes="16"), TypeError, r"block_sizes must be a sequence of ints, got str"),
+        (dict(block_sizes=(16, -32)), ValueError, r"block_sizes\[1\] must be >= 1, got -32"),
+        (dict(cases={}), ValueError, r"cases must name at least one case"),
+    ],
+)
+def test_widget_refuses_bad_choices(kwargs, error, match):
+    args = dict(cases={"decode": small_ids()}, num_experts=4) | kwargs
+    with pytest.raises(error, match=match):
+        va.align_explorer(**args)
+
+
+def test_widget_takes_a_value_among_its_choices():
+    box = va.align_explorer({"decode": small_ids()}, 4, block_sizes=[32, 16], value=None)
+    assert box.control.value == 32  # none given: the first choice

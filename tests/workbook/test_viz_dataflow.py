@@ -53,3 +53,23 @@ def test_dataflow_widget_redraws_on_change():
     text = w.summary.value
     bsm.value = 64
     assert w.summary.value != text
+
+
+def test_bad_arguments_are_named():
+    import pytest
+
+    p = moe_lab.get_preset("mixtral-8x7b")
+    for call, error, match in (
+        (lambda: dataflow.layer_stages(p, -4, 16), ValueError, r"num_tokens must be >= 1, got -4"),
+        (lambda: dataflow.layer_stages(p, 4, 24), ValueError, r"block_size_m must be a power of two >= 1, got 24"),
+        (lambda: dataflow.plot_dataflow(p, 4.0, 16), TypeError, r"num_tokens must be an int, got float"),
+        (lambda: dataflow.plot_dataflow("mixtral-8x7b", 4), TypeError, r"preset must be a MoEPreset .*got str"),
+        # the widget: a dropdown's TraitError, the slider's silent clamp, a scale read as 1
+        (lambda: dataflow.dataflow_widget("gpt-5"), ValueError, r"preset_name must be one of \['mixtral-8x7b'"),
+        (lambda: dataflow.dataflow_widget(block_size_m=48), ValueError, r"block_size_m must be one of \[16, 32, 64"),
+        (lambda: dataflow.dataflow_widget(num_tokens=5000), ValueError, r"num_tokens must be in \[1, 4096\] .*5000"),
+        (lambda: dataflow.dataflow_widget(num_tokens=0), ValueError, r"num_tokens must be in \[1, 4096\] .*got 0"),
+        (lambda: dataflow.dataflow_widget(scale=0), ValueError, r"scale must be >= 1, got 0"),
+    ):
+        with pytest.raises(error, match=match):
+            call()

@@ -88,3 +88,19 @@ def test_committed_experiment_and_speedup_plot(tmp_path):
         {"model", "T", "bf16_pair_ms", "fp8_pair_ms", "speedup"} <= set(r) for r in committed["rows"]
     )
     assert isinstance(fp8.plot_fp8_speedup(committed), Figure)
+
+
+@pytest.mark.parametrize(
+    "shape,block,marks,error,match",
+    [
+        ((300.7, 600), (128, 128), (), TypeError, r"shape\[0\] must be an int, got float 300.7"),  # not truncated
+        ((300, 600, 1), (128, 128), (), ValueError, r"shape must be a sequence of 2 ints \(rows, cols\), got 3"),
+        ("300", (128, 128), (), TypeError, r"shape must be a sequence of 2 ints .*got str"),
+        ((300, 600), (-128, 128), (), ValueError, r"block_shape\[0\] must be >= 1, got -128"),
+        ((300, 600), (128, 128), "ab", TypeError, r"marks must be a sequence of \(row, col\) pairs, got str"),
+        ((300, 600), (128, 128), [(1, 2, 3)], ValueError, r"marks\[0\] must be a sequence of 2 ints"),
+    ],
+)
+def test_scale_blocks_names_bad_sizes(shape, block, marks, error, match):
+    with pytest.raises(error, match=match):
+        fp8.plot_scale_blocks(torch.ones(3, 5), shape, block, marks=marks)

@@ -193,3 +193,46 @@ def test_load_results_names_a_file_that_is_not_results(tmp_path, text, match):
     with pytest.raises(ValueError, match=match) as info:
         perf.load_results(str(path))
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: perf.expected_experts_used(8, 2, -1), ValueError, r"num_tokens must be >= 0, got -1"),
+        (lambda: perf.expected_experts_used(0, 2, 4), ValueError, r"num_experts must be >= 1, got 0"),
+        (lambda: perf.expected_experts_used(8, 9, 4), ValueError, r"top_k must be <= num_experts = 8, got 9"),
+        (lambda: perf.expected_experts_used(8, 2.0, 4), TypeError, r"top_k must be an int, got float"),
+        (lambda: perf.cost_table("mixtral-8x7b", [1]), TypeError, r"models must be a sequence of preset names"),
+        (lambda: perf.cost_table(["mixtral-8x7b"], "64"), TypeError, r"tokens must be a sequence of token counts"),
+        (lambda: perf.plot_roofline({}, presets="qwen3-30b-a3b"), TypeError, r"presets must be a sequence .*str"),
+        (lambda: perf.plot_roofline({}, impls="moe-lab tma"), TypeError, r"impls must be a sequence .*got str"),
+        (lambda: perf.plot_bars("ab", title="t"), TypeError, r"entries must be a sequence of \(label, value\)"),
+        (lambda: perf.plot_bars([("a", "1")], title="t"), TypeError, r"entries\[0\] must be a \(label, value\) pair"),
+        (lambda: perf.stage_sweep([(64, 64)], [2]), ValueError, r"blocks\[0\] must be a sequence of 3 ints"),
+        (lambda: perf.stage_sweep([(64, 64, 32)], "23"), TypeError, r"stages must be a sequence of num_stages"),
+        (lambda: perf.stage_sweep([(64, 64, 32)], [2], limit=-1), ValueError, r"limit must be >= 1, got -1"),
+        (lambda: perf.stage_sweep([(64, 64, 32)], [2], size=0), ValueError, r"size must be >= 1, got 0"),
+    ],
+)
+def test_sizes_and_sequences_are_checked(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda r: perf.plot_time_vs_tokens(r, "qwen3-30b-a3b", metric="ms"), ValueError, r"metric must be one of"),
+        (lambda r: perf.plot_time_vs_tokens(r, "qwen3-30b-a3b", impls=()), ValueError, r"impls must name at least"),
+        (lambda r: perf.plot_time_vs_tokens(r, "qwen3-30b-a3b", impls="moe-lab tma"), TypeError, r"impls must be"),
+        (lambda r: perf.plot_time_grid(r, metric="tflops"), ValueError, r"metric must be one of \['up_ms'"),
+        (lambda r: perf.plot_time_grid(r, models="qwen3-30b-a3b"), TypeError, r"models must be a sequence .*str"),
+        (lambda r: perf.compare_table(r, metrics="up_ms"), TypeError, r"metrics must be a sequence .*got str"),
+        (lambda r: perf.compare_table(r, models="qwen3-30b-a3b"), TypeError, r"models must be a sequence .*str"),
+        # the model dropdown would raise ipywidgets' TraitError, naming neither the argument nor the choices
+        (lambda r: perf.block_size_widget("gpt-5", 512, results=r), ValueError, r"model must be one of \["),
+    ],
+)
+def test_committed_plots_name_bad_arguments(results, call, error, match):
+    with pytest.raises(error, match=match):
+        call(results)

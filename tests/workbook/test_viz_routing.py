@@ -102,3 +102,34 @@ def test_bad_arguments_are_named(call, error, match):
 
 def test_load_summary_of_no_tokens():
     assert "T·k = 0 slots" in vr.load_summary(torch.empty(0, 2, dtype=torch.int64), 4)
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        # the sliders would clamp these (E = 100 showed 64) or cast them (2.5 showed 2) without a word
+        (dict(num_experts=100), ValueError, r"num_experts must be in \[2, 64\] \(the widget's range\), got 100"),
+        (dict(num_experts=1), ValueError, r"num_experts must be in \[2, 64\] .*got 1$"),
+        (dict(num_experts=2.5), TypeError, r"num_experts must be an int, got float 2.5"),
+        (dict(top_k=0), ValueError, r"top_k must be in \[1, 8\] .*got 0"),
+        (dict(top_k=9), ValueError, r"top_k must be in \[1, 8\] .*got 9"),
+        (dict(top_k=True), TypeError, r"top_k must be an int, got bool"),
+        (dict(skew=3.5), ValueError, r"skew must be in \[0.0, 3.0\] .*got 3.5"),
+        (dict(skew=-0.25), ValueError, r"skew must be in \[0.0, 3.0\] .*got -0.25"),
+        (dict(skew=float("nan")), ValueError, r"skew must be in \[0.0, 3.0\] .*got nan"),
+        (dict(skew="1"), TypeError, r"skew must be a number in \[0.0, 3.0\], got str '1'"),
+    ],
+)
+def test_widget_refuses_what_its_sliders_would_clamp(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        vr.routing_explorer(**kwargs)
+
+
+def test_widget_takes_the_ends_of_its_ranges():
+    import numpy as np
+
+    box = vr.routing_explorer(num_tokens=4, num_experts=64, top_k=8, skew=3)
+    assert box.controls["num_experts"].value == 64 and box.controls["top_k"].value == 8
+    assert box.controls["skew"].value == 3.0
+    box = vr.routing_explorer(num_tokens=4, num_experts=np.int64(2), top_k=1, skew=0.0)
+    assert box.routing.topk_ids.shape == (4, 1)

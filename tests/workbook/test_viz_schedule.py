@@ -48,3 +48,22 @@ def test_committed_prefill_anatomy_loads_and_plots():
     # a row whose variant failed (an error text instead of a number) is left out, not plotted as text
     broken = dict(data, rows=[dict(data["rows"][0], tflops_bmm="RuntimeError: ...")] + data["rows"][1:])
     assert isinstance(schedule.plot_prefill_anatomy(broken), Figure)
+
+
+@pytest.mark.parametrize(
+    "expert_ids,error,match",
+    [
+        ("0123", TypeError, r"expert_ids must be a sequence of ints .*got str"),  # int("3") would read a character
+        ([0, 1.5, 2], TypeError, r"expert_ids\[1\] must be an int, got float 1.5"),  # int() would truncate it
+        ([0, 1, 2, -2], ValueError, r"expert_ids\[3\] must be >= -1, got -2"),
+    ],
+)
+def test_expert_ids_must_be_ints(expert_ids, error, match):
+    with pytest.raises(error, match=match):
+        schedule.plot_tile_schedule(expert_ids, 3, 2, 4)
+
+
+def test_expert_ids_may_be_a_tensor():
+    import torch
+
+    assert isinstance(schedule.plot_tile_schedule(torch.tensor([0, 1, 2, -1]), 3, 2, 4), Figure)

@@ -88,3 +88,24 @@ def _routing():
 def test_bad_arguments_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        # the sliders would raise ipywidgets' TraitError, naming neither the argument nor the choices
+        (dict(block_size_n=48), ValueError, r"block_size_n must be one of \[16, 32, 64, 128\], got int 48"),
+        (dict(group_size_m=3), ValueError, r"group_size_m must be one of \[1, 2, 4, 8\], got int 3"),
+        (dict(block_size_m=64, block_sizes=(16, 32)), ValueError, r"block_size_m must be one of \[16, 32\]"),
+        (dict(block_sizes="16"), TypeError, r"block_sizes must be a sequence of ints, got str"),
+        (dict(group_sizes=[1, 0]), ValueError, r"group_sizes\[1\] must be >= 1, got 0"),
+    ],
+)
+def test_widget_refuses_a_first_state_among_no_choices(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        vt.tiles_explorer(torch.tensor([[0, 1]], dtype=torch.int32), 4, n=64, k=64, **kwargs)
+
+
+def test_tile_map_refuses_negative_max_labels():
+    with pytest.raises(ValueError, match=r"max_labels must be >= 0, got -1"):
+        vt.plot_tile_map(_routing(), 32, 32, 1, max_labels=-1)

@@ -19,8 +19,10 @@ def test_box_overlap_counts_inside_and_outside():
     assert tma.box_overlap((12, 20), (8, 8), (8, 16)) == (16, 48)
     for args, error, message in (
         (((4, 4), (2,), (0, 0)), ValueError, "must have one rank, got 2, 1 and 2"),
-        (((4, 4), (-2, 2), (0, 0)), ValueError, "block_shape must be >= 1, got -2"),
-        (((4, 4), (2, 2), (0.5, 0)), TypeError, "offsets must be an int, got float 0.5"),
+        (((4, 4), (-2, 2), (0, 0)), ValueError, "block_shape[0] must be >= 1, got -2"),
+        (((4, 4), (2, 2), (0.5, 0)), TypeError, "offsets[0] must be an int, got float 0.5"),
+        ((4, (2, 2), (0, 0)), TypeError, "shape must be a sequence of sizes, got int"),
+        (("44", (2, 2), (0, 0)), TypeError, "shape must be a sequence of sizes, got str"),
     ):
         with pytest.raises(error, match=re.escape(message)):
             tma.box_overlap(*args)
@@ -100,3 +102,50 @@ def test_bad_counts_are_named(call, error, match):
 
 def test_counts_may_be_a_tensor():
     assert tma.sorted_row_experts(torch.tensor([5, 3]), 4).tolist() == tma.sorted_row_experts([5, 3], 4).tolist()
+
+
+@pytest.mark.parametrize(
+    "call,error,match",
+    [
+        (lambda: tma.plot_descriptor_box((-4, 20), (8, 8)), ValueError, r"shape\[0\] must be >= 0, got -4"),
+        (lambda: tma.plot_descriptor_box((12, 20), (8, 0)), ValueError, r"block_shape\[1\] must be >= 1, got 0"),
+        (lambda: tma.plot_descriptor_box((12, 20, 3), (8, 8)), ValueError, r"shape must be a sequence of 2 ints"),
+        (lambda: tma.plot_descriptor_box("12", (8, 8)), TypeError, r"shape must be a sequence .*got str"),
+        (lambda: tma.plot_descriptor_box((12.5, 20), (8, 8)), TypeError, r"shape\[0\] must be an int, got float"),
+        (lambda: tma.plot_descriptor_box((12, 20), (8, 8), []), ValueError, r"offsets must hold at least one"),
+        (lambda: tma.plot_descriptor_box((12, 20), (8, 8), [(1, 2, 3)]), ValueError, r"offsets\[0\] must be"),
+        (
+            lambda: tma.plot_descriptor_box((12, 20), (8, 8), "00"),
+            TypeError,
+            r"offsets must be a sequence of \(row, col\) box origins, got str",
+        ),
+        (
+            lambda: tma.plot_descriptor_box((12, 20), (8, 8), values=np.zeros((4, 4))),
+            ValueError,
+            r"values must be \[BLOCK_M, BLOCK_N\] = \[8, 8\] .*got shape \(4, 4\)",
+        ),
+        (lambda: tma.plot_expert_weights_box(0, 32, 16, (1, 16, 16), (0, 0, 0)), ValueError, r"num_experts must be"),
+        (lambda: tma.plot_expert_weights_box(4, -32, 16, (1, 16, 16), (0, 0, 0)), ValueError, r"n must be >= 1"),
+        (
+            lambda: tma.plot_expert_weights_box(4, 32, 16, (16, 16), (0, 0, 0)),
+            ValueError,
+            r"block_shape must be a sequence of 3 ints .*got 2 entries",
+        ),
+        (lambda: tma.plot_expert_weights_box(4, 32, 16, (1, 16, 16), (0, 0.5, 0)), TypeError, r"offsets\[1\]"),
+        # the widgets: a value among no choices, a clamped one, refused before any widget is built
+        (lambda: tma.box_widget((12, 20), (3, 8)), ValueError, r"BLOCK_M\) must be one of \[2, 4, 8, 16\], got int 3"),
+        (
+            lambda: tma.box_widget((12, 20), (8, 4), itemsize=2),
+            ValueError,
+            r"BLOCK_N, with itemsize 2\) must be one of",
+        ),
+        (lambda: tma.box_widget((12, 20), (8, 8), itemsize=0), ValueError, r"itemsize must be >= 1, got 0"),
+        (lambda: tma.box_widget((-1, 20), (8, 8)), ValueError, r"shape\[0\] must be >= 0, got -1"),
+        (lambda: tma.expert_tiles_widget([5, 3], 3), ValueError, r"block_size_m must be one of \[2, 4, 8, 16\], got"),
+        (lambda: tma.expert_tiles_widget([5, 3], True), ValueError, r"block_size_m must be one of .*got bool True"),
+        (lambda: tma.expert_tiles_widget([5, -3], 4), ValueError, r"counts\[1\] must be >= 0, got -3"),
+    ],
+)
+def test_bad_sizes_and_choices_are_named(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

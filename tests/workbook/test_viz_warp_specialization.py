@@ -38,3 +38,30 @@ def test_the_steps_table_reads_every_step_from_the_committed_results():
 def test_look_inside_names_a_block_size_the_gluon_kernel_lacks():
     with pytest.raises(ValueError, match="block_m must be 64 or 128"):
         look_inside.compile_gluon_fp8(block_m=32)
+
+
+@pytest.mark.parametrize(
+    "schedules,error,match",
+    [
+        ("ping-pong", TypeError, r"schedules must be a sequence of schedule names .*got str"),
+        ((), ValueError, r"schedules must name at least one of \['one warpgroup'"),
+        (["ping-pong", "round robin"], ValueError, r"schedule must be one of .*got 'round robin'"),
+    ],
+)
+def test_plot_timeline_names_bad_schedules(schedules, error, match):
+    with pytest.raises(error, match=match):
+        ws.plot_timeline(schedules)
+
+
+def test_plot_timeline_draws_a_chosen_schedule():
+    assert len(ws.plot_timeline(["ping-pong"]).axes) == 1
+
+
+def test_steps_table_and_busy_fraction_refuse_what_they_cannot_show():
+    results = ws.load_gluon_results()
+    with pytest.raises(ValueError, match=r"tokens must be one of the measured T \[.*16384.*\], got 3"):
+        ws.steps_table(results, tokens=3)
+    with pytest.raises(TypeError, match=r"tokens \(the token count\) must be an int"):
+        ws.steps_table(results, tokens="512")
+    with pytest.raises(ValueError, match=r"segments must hold at least one wgmma"):
+        ws.tensor_core_busy([])

@@ -1,12 +1,67 @@
-"""Shared helpers of the plot functions."""
+"""Shared helpers of the plot functions, and the argument checks the plot and widget builders share (each
+error names the argument, what it got and what it expects)."""
 
 from __future__ import annotations
 
+import numbers
 from typing import Optional
 
 from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+
+from ..._validate import check_positive_int, described, is_bool, type_name
+
+ANY_INT = -(2**63)  # a `minimum` that lets every int64 through (offsets may be negative)
+
+
+def as_list(name: str, values, what: str) -> list:
+    """`values` (a list, tuple, range, numpy array, 1-D tensor or other iterable) as a list. Raises TypeError
+    for a str or bytes (iterating one gives its characters), a dict or set (keys, or no order), and for a
+    scalar or 0-d array/tensor (no items), naming `name` and saying it expects a sequence of `what`."""
+    zero_dim = getattr(values, "ndim", 1) == 0  # a 0-d tensor or array has __iter__ but no items
+    if isinstance(values, (str, bytes, dict, set)) or zero_dim or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of {what}, got {type_name(values)}")
+    return list(values)
+
+
+def int_list(name: str, values, minimum: int = 0, *, what: str = "ints", length: Optional[int] = None) -> list:
+    """`values` (as `as_list`) as a list of Python ints >= minimum (`check_positive_int`, each named
+    name[i]), of `length` entries where given (`what` then says how many, e.g. "2 ints (rows, cols)").
+    TypeError / ValueError naming the argument otherwise."""
+    items = as_list(name, values, what)
+    if length is not None and len(items) != length:
+        raise ValueError(f"{name} must be a sequence of {what}, got {len(items)} entries: {values!r}")
+    return [check_positive_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(items)]
+
+
+def check_in_range(name: str, value, low, high, *, integer: bool = True):
+    """`value` if it lies in [low, high]: a widget's slider would clamp a value outside silently, and cast a
+    float to int. An int (`check_positive_int`'s types) or, with integer=False, a real number (not NaN).
+    TypeError / ValueError naming the argument, the value and the range otherwise."""
+    if integer:
+        value = check_positive_int(name, value, ANY_INT)  # the type; the range below, both ends in the message
+    elif is_bool(value) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number in [{low}, {high}], got {described(value)}")
+    if not low <= value <= high:  # NaN fails too
+        raise ValueError(f"{name} must be in [{low}, {high}] (the widget's range), got {value}")
+    return value
+
+
+def _equal(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError, RuntimeError):  # an array of several elements has no single truth value
+        return False
+
+
+def check_choice(name: str, value, options) -> None:
+    """Raise ValueError unless `value` is one of `options` (a dropdown's or selection slider's choices:
+    ipywidgets would raise its TraitError, naming neither the argument nor the choices). A bool is no
+    choice among numbers (True == 1)."""
+    options = list(options)
+    if not any(_equal(o, value) and is_bool(o) == is_bool(value) for o in options):
+        raise ValueError(f"{name} must be one of {options}, got {described(value)}")
 
 
 def figure_and_ax(ax: Optional[Axes], figsize) -> tuple[Figure, Axes]:

@@ -8,6 +8,7 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
+from ..._validate import type_name
 from ._common import figure_and_ax
 
 MAX_COLUMNS = 4096  # elements drawn; beyond the tensor's end only this many
@@ -17,7 +18,14 @@ def plot_accesses(run, tensor: str, kind: str = "store", *, ax=None, title: Opti
     """One row per program, one column per element offset of `tensor` (a parameter name of the kernel):
     a cell is colored where that program's `kind` ("load", "store" or "atomic") touched that element, in
     the program's color inside the tensor and red outside it. `run` is a `moe_lab.workbook.guarded.GuardedRun`
-    (its `accesses` come from the interpreter's check). Raises ValueError for an unknown tensor or kind."""
+    (its `accesses` come from the interpreter's check). Raises TypeError for a run that is not a GuardedRun or
+    a tensor that is not a str, ValueError for an unknown tensor or kind."""
+    from ..guarded import GuardedRun
+
+    if not isinstance(run, GuardedRun):
+        raise TypeError(f"run must be a GuardedRun (moe_lab.workbook.guarded), got {type_name(run)}")
+    if not isinstance(tensor, str):  # a list is unhashable: the lookup below would fail without naming it
+        raise TypeError(f"tensor must be a parameter name (str) of {sorted(run.tensors)}, got {type_name(tensor)}")
     if tensor not in run.tensors:
         raise ValueError(f"tensor must be one of {sorted(run.tensors)}, got {tensor!r}")
     if kind not in ("load", "store", "atomic"):

@@ -17,8 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from ..._validate import check_positive_int, type_name
 from ...align import AlignedRouting, moe_align
-from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
+from ._common import check_choice, expert_colors, figure_and_ax, int_list, require_expert_sorted, show_figure
 
 PADDING_COLOR = (0.85, 0.85, 0.85)
 
@@ -55,8 +56,19 @@ def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
     counts: an expert's last block is folded into the block before when the expert has more than one block
     and its last one holds at most `fold_tail_rows` rows (`GemmConfig.fold_tail_rows`).
 
-    counts: [E] ints (a tensor, an array or a list), the rows routed to each expert."""
-    counts = torch.as_tensor(counts).long()
+    counts: [E] ints (a tensor, an array or a list), the rows routed to each expert.
+    Raises TypeError / ValueError unless counts is a sequence of ints >= 0 (not a str), block_size_m an int >= 1
+    and fold_tail_rows an int in [0, block_size_m) (a tail holds fewer rows than a block: a larger one is
+    likely the two swapped)."""
+    counts = int_list("counts", counts, 0, what="ints (rows per expert, [E])")
+    block_size_m = check_positive_int("block_size_m", block_size_m)
+    fold_tail_rows = check_positive_int("fold_tail_rows", fold_tail_rows, minimum=0)
+    if fold_tail_rows >= block_size_m:
+        raise ValueError(
+            f"fold_tail_rows must be in [0, block_size_m) = [0, {block_size_m}) (a tail holds fewer rows than "
+            f"a block), got {fold_tail_rows}"
+        )
+    counts = torch.tensor(counts, dtype=torch.long)
     blocks = int(((counts + block_size_m - 1) // block_size_m).sum())
     tail = counts % block_size_m
     return blocks, int(((counts > block_size_m) & (tail > 0) & (tail <= fold_tail_rows)).sum())
@@ -77,8 +89,12 @@ def plot_alignment_strip(
         max_labels: the most rows (and blocks) that get text labels.
     Returns:
         The matplotlib Figure.
+    Raises:
+        TypeError / ValueError for what is not an expert-sorted AlignedRouting (as `row_experts`), or a
+        max_labels that is not an int >= 0.
     """
     experts = row_experts(routing)
+    max_labels = check_positive_int("max_labels", max_labels, minimum=0)
     used = experts.size
     bm = routing.block_size_m
     num_blocks = used // bm
@@ -129,8 +145,19 @@ def plot_alignment_strip(
     return fig
 
 
+def _check_cases(cases) -> None:
+    """Raise TypeError unless `cases` is a mapping (name -> schedule), ValueError if it is empty."""
+    if not isinstance(cases, Mapping):
+        raise TypeError(f"cases must be a dict of name -> case (e.g. {{'prefill': ...}}), got {type_name(cases)}")
+    if not cases:
+        raise ValueError("cases must name at least one case, got an empty mapping")
+
+
 def plot_alignment_cases(cases: Mapping[str, AlignedRouting]) -> Figure:
-    """One strip per named schedule (e.g. prefill and decode), stacked on one new Figure."""
+    """One strip per named schedule (e.g. prefill and decode), stacked on one new Figure.
+    Raises TypeError unless cases is a mapping of AlignedRoutings, ValueError if it is empty (and as
+    `plot_alignment_strip`)."""
+    _check_cases(cases)
     fig = Figure(figsize=(12, 1.0 + 1.9 * len(cases)), layout="constrained")
     axes = np.atleast_1d(fig.subplots(len(cases), 1))
     for ax, (name, routing) in zip(axes, cases.items()):
@@ -149,17 +176,28 @@ def align_explorer(
 
     Args:
         cases: name -> topk_ids [T, k] int32 (e.g. {"prefill (T=256)": ..., "decode (T=4)": ...}).
-        num_experts: E. block_sizes: the choices offered. value: the first choice (default the smallest).
+        num_experts: E. block_sizes: the choices offered. value: the first choice (default the first of
+            block_sizes).
         align: the function that builds the schedule, `moe_align` by default.
     Returns:
         ipywidgets.VBox with attributes `control` (the SelectionSlider), `output` (ipywidgets.Output),
         `summary` (ipywidgets.HTML with one padding line per case), `figure` and `routings`.
+    Raises:
+        TypeError unless cases is a mapping and block_sizes a sequence of ints (not a str); ValueError for no
+        cases, no block sizes, or a value that is not one of block_sizes; and whatever `align` raises for
+        the cases.
     """
     import ipywidgets as widgets
 
+    _check_cases(cases)
+    block_sizes = int_list("block_sizes", block_sizes, 1)
+    if not block_sizes:
+        raise ValueError("block_sizes must offer at least one BLOCK_SIZE_M, got none")
+    value = block_sizes[0] if value is None else value
+    check_choice("value", value, block_sizes)  # the slider would raise a TraitError naming neither
     control = widgets.SelectionSlider(
-        options=list(block_sizes),
-        value=value or block_sizes[0],
+        options=block_sizes,
+        value=value,
         description="BLOCK_SIZE_M",
         continuous_update=False,
         style={"description_width": "initial"},

@@ -12,9 +12,10 @@ from typing import List
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
+from ..._validate import check_positive_int, check_power_of_two, type_name
 from ...align import max_num_tokens_padded
 from ...presets import MoEPreset, get_preset
-from ._common import show_figure
+from ._common import check_choice, check_in_range, show_figure
 
 STAGE_COLORS = {"input": "#EEEEEE", "torch": "#CCB974", "kernel": "#4C72B0", "output": "#55A868"}
 
@@ -43,7 +44,14 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
             Without it the stages are drawn apart, as notebook 06 builds them.
     Returns:
         List of Stage, in execution order.
+    Raises:
+        TypeError for a preset that is not a MoEPreset; TypeError / ValueError for a num_tokens that is not an
+        int >= 1 or a block_size_m that is not a power of two >= 1 (as `moe_align` takes).
     """
+    if not isinstance(preset, MoEPreset):
+        raise TypeError(f"preset must be a MoEPreset (moe_lab.get_preset(name)), got {type_name(preset)}")
+    num_tokens = check_positive_int("num_tokens", num_tokens)
+    block_size_m = check_power_of_two("block_size_m", block_size_m)
     t, h, i, e, k = num_tokens, preset.hidden_size, preset.intermediate_size, preset.num_experts, preset.top_k
     rows = max_num_tokens_padded(t * k, e, block_size_m)
     blocks = rows // block_size_m
@@ -111,6 +119,8 @@ def plot_dataflow(preset: MoEPreset, num_tokens: int, block_size_m: int = 16, *,
         ax: optional Axes.
     Returns:
         The Figure. Blue boxes are Triton kernels, tan boxes PyTorch ops.
+    Raises:
+        TypeError / ValueError as `layer_stages`.
     """
     stages = layer_stages(preset, num_tokens, block_size_m, info)
     if ax is None:
@@ -180,11 +190,20 @@ def dataflow_widget(preset_name: str = "mixtral-8x7b", num_tokens: int = 64, blo
         scale: divide H and I by this (1 = the real model).
     Returns:
         ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
+    Raises:
+        ValueError for a preset_name not in `moe_lab.PRESETS` or a block_size_m not among the dropdown's
+        16, 32, 64, 128; TypeError / ValueError for a num_tokens that is not an int in [1, 4096] (the
+        slider's range) or a scale that is not an int >= 1.
     """
     import ipywidgets as widgets
 
     from ...presets import PRESETS
 
+    # checked here: the dropdowns would raise a TraitError naming neither argument nor choices, the slider clamp
+    check_choice("preset_name", preset_name, list(PRESETS))
+    num_tokens = check_in_range("num_tokens", num_tokens, 1, 4096)
+    check_choice("block_size_m", block_size_m, [16, 32, 64, 128])
+    scale = check_positive_int("scale", scale)
     name = widgets.Dropdown(options=list(PRESETS), value=preset_name, description="model")
     tokens = widgets.IntSlider(value=num_tokens, min=1, max=4096, description="T", continuous_update=False)
     bsm = widgets.Dropdown(options=[16, 32, 64, 128], value=block_size_m, description="BLOCK_SIZE_M")

@@ -17,7 +17,7 @@ import torch
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from ._common import figure_and_ax
+from ._common import ANY_INT, as_list, figure_and_ax, int_list
 
 FP8_EXPERIMENT = "fp8-H200-2026-12-01.json"
 
@@ -111,12 +111,15 @@ def plot_scale_blocks(
     with the block grid in black (edge blocks partial) and, where there are few blocks, the scale written
     in it. `marks` (row, col) are drawn as red crosses (an outlier, say).
 
-    Raises ValueError when scale is not 2-D with exactly the blocks that cover `shape`, or holds a value
-    that is not positive and finite."""
-    rows, cols = (int(v) for v in shape)
-    br, bc = (int(v) for v in block_shape)
-    if rows < 1 or cols < 1 or br < 1 or bc < 1:
-        raise ValueError(f"shape and block_shape must be positive, got {tuple(shape)} and {tuple(block_shape)}")
+    Raises TypeError / ValueError unless shape and block_shape are 2 ints >= 1 each (sequences, not a str;
+    a float is not truncated) and marks a sequence of (row, col) int pairs; ValueError when scale is not 2-D
+    with exactly the blocks that cover `shape`, or holds a value that is not positive and finite."""
+    rows, cols = shape = tuple(int_list("shape", shape, 1, what="2 ints (rows, cols)", length=2))
+    br, bc = block_shape = tuple(int_list("block_shape", block_shape, 1, what="2 ints (br, bc)", length=2))
+    marks = [
+        int_list(f"marks[{i}]", m, ANY_INT, what="2 ints (row, col)", length=2)
+        for i, m in enumerate(as_list("marks", marks, "(row, col) pairs"))
+    ]
     want = (math.ceil(rows / br), math.ceil(cols / bc))
     if not isinstance(scale, torch.Tensor) or scale.dim() != 2 or tuple(scale.shape) != want:
         got = tuple(scale.shape) if isinstance(scale, torch.Tensor) else type(scale).__name__

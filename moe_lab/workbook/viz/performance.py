@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 
 from ..._validate import check_positive_int, is_bool, type_name
 from ...presets import MoEPreset, get_preset
-from ._common import figure_and_ax, show_figure
+from ._common import as_list, check_choice, figure_and_ax, int_list, show_figure
 
 IMPLS = ("moe-lab pointer", "moe-lab tma", "torch._grouped_mm")
 IMPL_STYLE = {
@@ -144,7 +144,14 @@ def check_token_count(value, name: str = "T") -> int:
 
 
 def expected_experts_used(num_experts: int, top_k: int, num_tokens: int) -> float:
-    """Expected number of distinct experts hit by T tokens routed uniformly at random, k each."""
+    """Expected number of distinct experts hit by T tokens routed uniformly at random, k each.
+    Raises TypeError / ValueError unless num_experts is an int >= 1, top_k an int in [1, num_experts] and
+    num_tokens an int >= 0."""
+    num_experts = check_positive_int("num_experts", num_experts)
+    top_k = check_positive_int("top_k", top_k)
+    if top_k > num_experts:  # each token's k experts are distinct
+        raise ValueError(f"top_k must be <= num_experts = {num_experts}, got {top_k}")
+    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** num_tokens)
 
 
@@ -197,8 +204,11 @@ def layer_cost(
 
 
 def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 2) -> str:
-    """A text table of FLOP/token, bytes/token and arithmetic intensity for each model and T."""
-    tokens = [check_token_count(t) for t in tokens]
+    """A text table of FLOP/token, bytes/token and arithmetic intensity for each model and T.
+    Raises TypeError unless models and tokens are sequences (not a str), and as `layer_cost` (a T that is
+    not an int >= 1, an unknown model)."""
+    models = as_list("models", models, "preset names")
+    tokens = [check_token_count(t) for t in as_list("tokens", tokens, "token counts")]
     lines = [f"{'model':<18} {'T':>6} {'experts hit':>11} {'MFLOP/token':>12} {'MB/token':>10} {'FLOP/B':>8}"]
     for name in models:
         p = get_preset(name)
@@ -233,9 +243,12 @@ def plot_roofline(
     Returns:
         The Figure.
     Raises:
-        TypeError / ValueError for a token count that is not an int >= 1.
+        TypeError unless presets, tokens and impls are sequences (not a str); TypeError / ValueError for a
+        token count that is not an int >= 1.
     """
-    tokens = [check_token_count(t) for t in tokens]
+    presets = as_list("presets", presets, "preset names")
+    tokens = [check_token_count(t) for t in as_list("tokens", tokens, "token counts")]
+    impls = as_list("impls", impls, "implementation names")
     fig, ax = figure_and_ax(ax, (8, 5))
     bw, peak = ceilings["copy_tbps"], ceilings["bf16_matmul_tflops"]
     x = np.logspace(-0.5, 4, 200)
@@ -313,7 +326,14 @@ def plot_time_vs_tokens(
         ax: optional Axes.
     Returns:
         The Figure.
+    Raises:
+        ValueError for a metric not among the four above (another draws nothing) or no impls; TypeError for
+        impls that are not a sequence (a str).
     """
+    check_choice("metric", metric, list(METRIC_LABEL))
+    impls = as_list("impls", impls, "implementation names")
+    if not impls:
+        raise ValueError("impls must name at least one implementation, got none")
     fig, ax = figure_and_ax(ax, (6, 4))
     for impl in impls:
         rows = [r for r in select_rows(results, model, impl) if r.get(metric)]
@@ -343,7 +363,10 @@ def plot_time_vs_tokens(
 def plot_time_grid(
     results: dict, *, metric: str = "gemms_ms", models: Optional[Sequence[str]] = None, impls: Sequence[str] = IMPLS
 ) -> Figure:
-    """`plot_time_vs_tokens` for every model of `results`, side by side. Returns the Figure."""
+    """`plot_time_vs_tokens` for every model of `results` (or of `models`), side by side. Returns the
+    Figure. Raises TypeError for models that are not a sequence (a str), and as `plot_time_vs_tokens`."""
+    check_choice("metric", metric, list(METRIC_LABEL))  # before the Figure is made
+    models = as_list("models", models, "model names") if models is not None else None
     models = list(models or dict.fromkeys(r["model"] for r in results["rows"]))
     fig = Figure(figsize=(4.6 * len(models), 3.8), layout="constrained")
     axes = fig.subplots(1, len(models), squeeze=False)[0]
@@ -367,7 +390,10 @@ def compare_table(
     models=None,
 ) -> str:
     """Text table of `other` against `base` for each model and T: times in ms (median, L2 flushed) and
-    speedup = base time / other time for each metric (> 1 means `other` is faster)."""
+    speedup = base time / other time for each metric (> 1 means `other` is faster). Raises TypeError for
+    metrics or models that are not a sequence (a str: its characters would be read as metrics)."""
+    metrics = as_list("metrics", metrics, "metric names")
+    models = as_list("models", models, "model names") if models is not None else None
     models = list(models or dict.fromkeys(r["model"] for r in results["rows"]))
     short = {m: m.replace("_ms", "") for m in metrics}
     lines = [
@@ -417,7 +443,13 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
 
 
 def plot_bars(entries: Sequence[tuple], *, title: str, unit: str = "ms", ax=None) -> Figure:
-    """Horizontal bars: entries are (label, value) pairs, value in `unit`. Returns the Figure."""
+    """Horizontal bars: entries are (label, value) pairs, value in `unit`. Returns the Figure. Raises
+    TypeError unless entries is a sequence of (label, number) pairs."""
+    entries = as_list("entries", entries, "(label, value) pairs")
+    for i, entry in enumerate(entries):
+        value = entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else None
+        if is_bool(value) or not isinstance(value, numbers.Real):
+            raise TypeError(f"entries[{i}] must be a (label, value) pair with a number value, got {entry!r}")
     fig, ax = figure_and_ax(ax, (7, 0.45 * len(entries) + 1.2))
     labels = [e[0] for e in entries]
     values = [e[1] for e in entries]
@@ -446,6 +478,8 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     Returns:
         ipywidgets.VBox; `.figure` is the current Figure, `.summary` the HTML line, `.timings` a list of
         (label, ms) for the live runs so far.
+    Raises:
+        ValueError for a model not in `moe_lab.PRESETS` (the dropdown's choices).
     """
     import ipywidgets as widgets
 
@@ -454,6 +488,7 @@ def block_size_widget(model: str = "qwen3-30b-a3b", num_tokens: int = 512, *, re
     from ...runtime import require_gpu_timing
 
     num_tokens = check_token_count(num_tokens)
+    check_choice("model", model, list(PRESETS))  # the dropdown would raise a TraitError naming neither
     results = results if results is not None else load_results()
     name = widgets.Dropdown(options=list(PRESETS), value=model, description="model")
     tokens = widgets.Dropdown(
@@ -618,7 +653,19 @@ def stage_sweep(
         one dict per (block, stages): block_m, block_n, block_k, num_stages, itemsize, smem_bytes, limit, fits,
         intensity (FLOP/B per K step), and when timed ms and tflops (None where the launch failed, with
         its error in `error`).
+    Raises:
+        TypeError unless blocks and stages are sequences (not a str); TypeError / ValueError unless each
+        block is 3 ints >= 1, each stage count, size, itemsize and limit (if given) an int >= 1.
     """
+    blocks = [
+        int_list(f"blocks[{i}]", b, 1, what="3 ints (BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)", length=3)
+        for i, b in enumerate(as_list("blocks", blocks, "(BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K) triples"))
+    ]
+    stages = int_list("stages", stages, 1, what="num_stages values")
+    size = check_positive_int("size", size)
+    itemsize = check_positive_int("itemsize", itemsize)
+    if limit is not None:
+        limit = check_positive_int("limit", limit)
     limit = limit if limit is not None else _default_shared_memory_limit()
     operands = None
     if kernel is not None:

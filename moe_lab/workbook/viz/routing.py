@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from ..._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
 from ...layer import _check_ids
 from ...routing import TopKRouting, topk_routing
-from ._common import figure_and_ax, show_figure
+from ._common import check_in_range, figure_and_ax, show_figure
 
 
 def _check_topk_ids(topk_ids, num_experts) -> int:
@@ -178,9 +178,17 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
     Returns:
         ipywidgets.VBox with attributes `controls` (dict of the sliders), `output` (ipywidgets.Output),
         `summary` (ipywidgets.HTML), `figure` (the Figure now shown) and `routing` (the TopKRouting).
+    Raises:
+        TypeError / ValueError for a first value outside its slider's range (num_experts an int in [2, 64],
+        top_k an int in [1, 8], skew a number in [0, 3]), and as `skewed_routing` (num_tokens an int >= 0).
+        As `skewed_routing`, a top_k above E routes to all E experts.
     """
     import ipywidgets as widgets
 
+    # the sliders would clamp a value outside their range (and cast a float to int) without a word
+    num_experts = check_in_range("num_experts", num_experts, 2, 64)
+    top_k = check_in_range("top_k", top_k, 1, 8)
+    skew = check_in_range("skew", skew, 0.0, 3.0, integer=False)
     sliders = {
         "num_experts": widgets.IntSlider(value=num_experts, min=2, max=64, description="E", continuous_update=False),
         "top_k": widgets.IntSlider(value=top_k, min=1, max=8, description="top_k", continuous_update=False),

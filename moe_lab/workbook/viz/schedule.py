@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 import matplotlib.patches as mpatches
 from matplotlib.figure import Figure
 
-from ._common import expert_colors, figure_and_ax
+from ._common import expert_colors, figure_and_ax, int_list
 from .tiles import program_tile
 
 PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
@@ -83,9 +83,13 @@ def plot_tile_schedule(
         ax: optional Axes.
     Returns:
         The Figure.
+    Raises:
+        ValueError as `tile_schedule`; TypeError unless expert_ids is a sequence of ints (not a str: int("3")
+        would read its characters as experts, nor floats: int() would truncate them); ValueError for fewer
+        than num_used_blocks of them, or one below 0 among those.
     """
     tiles = tile_schedule(num_used_blocks, num_pid_n, num_programs, group_size_m)
-    experts = [int(e) for e in expert_ids][:num_used_blocks]
+    experts = int_list("expert_ids", expert_ids, -1, what="ints (the expert of each M-block)")[:num_used_blocks]
     if len(experts) < num_used_blocks:
         raise ValueError(f"expert_ids has {len(experts)} entries, fewer than num_used_blocks = {num_used_blocks}")
     if any(e < 0 for e in experts):

@@ -25,7 +25,7 @@ from mpl_toolkits.axes_grid1 import make_axes_locatable
 from ..._validate import check_positive_int
 from ...align import AlignedRouting, moe_align
 from ...plan import tile_of_program
-from ._common import expert_colors, figure_and_ax, require_expert_sorted, show_figure
+from ._common import check_choice, expert_colors, figure_and_ax, int_list, require_expert_sorted, show_figure
 
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
@@ -104,11 +104,12 @@ def plot_tile_map(
         The matplotlib Figure.
     Raises:
         TypeError for a routing that is not an AlignedRouting; ValueError for a slot-order routing
-        (`moe_lab.align.slot_order_routing`); TypeError / ValueError for an n < 0, a block_size_n < 1 or a
-        group_size_m < 1.
+        (`moe_lab.align.slot_order_routing`); TypeError / ValueError for an n < 0, a block_size_n < 1, a
+        group_size_m < 1 or a max_labels < 0.
     """
     require_expert_sorted(routing, "plot_tile_map")
     n, block_size_n = check_positive_int("n", n, minimum=0), check_positive_int("block_size_n", block_size_n)
+    max_labels = check_positive_int("max_labels", max_labels, minimum=0)
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
     order = tile_order(num_m, num_n, group_size_m).astype(float)
@@ -218,8 +219,23 @@ def tiles_explorer(
     Returns:
         ipywidgets.VBox with attributes `controls` (dict of SelectionSliders by name), `output`,
         `summary` (ipywidgets.HTML with the program count), `figure` and `routing`.
+    Raises:
+        TypeError unless block_sizes and group_sizes are sequences of ints (not a str); ValueError for one
+        that is empty, or a first state not among its slider's choices (block_size_m/n/k in block_sizes,
+        group_size_m in group_sizes); and as `tiles_snapshot` for the rest.
     """
     import ipywidgets as widgets
+
+    block_sizes = int_list("block_sizes", block_sizes, 1)
+    group_sizes = int_list("group_sizes", group_sizes, 1)
+    # the sliders would raise a TraitError naming neither the argument nor the choices
+    for name, value, options in (
+        ("block_size_m", block_size_m, block_sizes),
+        ("block_size_n", block_size_n, block_sizes),
+        ("block_size_k", block_size_k, block_sizes),
+        ("group_size_m", group_size_m, group_sizes),
+    ):
+        check_choice(name, value, options)
 
     def slider(name, options, value):
         return widgets.SelectionSlider(

@@ -16,7 +16,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from ..._validate import check_positive_int, is_bool, type_name
-from ._common import figure_and_ax, show_figure
+from ._common import ANY_INT, as_list, check_choice, figure_and_ax, int_list, show_figure
 
 INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
 OUTSIDE = "#DD8452"  # box part outside the tensor: zero-filled on load, dropped on store
@@ -34,17 +34,17 @@ def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Seque
     Returns:
         (inside, outside) element counts; `outside` elements load as zero.
     Raises:
-        ValueError unless the three have one rank, shape holds sizes >= 0 and block_shape sizes >= 1 (ints;
-        TypeError for others).
+        TypeError unless the three are sequences of ints (not a str); ValueError unless they have one rank,
+        shape holds sizes >= 0 and block_shape sizes >= 1.
     """
+    shape = int_list("shape", shape, 0, what="sizes")
+    block_shape = int_list("block_shape", block_shape, 1, what="sizes")
+    offsets = int_list("offsets", offsets, ANY_INT)
     if not len(shape) == len(block_shape) == len(offsets):
         raise ValueError(
             f"shape, block_shape and offsets must have one rank, got {len(shape)}, {len(block_shape)} and "
             f"{len(offsets)} entries"
         )
-    shape = [check_positive_int("shape", v, minimum=0) for v in shape]
-    block_shape = [check_positive_int("block_shape", v) for v in block_shape]
-    offsets = [check_positive_int("offsets", v, minimum=-(2**63)) for v in offsets]
     inside = 1
     for size, block, off in zip(shape, block_shape, offsets):
         inside *= max(0, min(off + block, size) - max(off, 0))
@@ -73,10 +73,26 @@ def plot_descriptor_box(
         ax: optional matplotlib Axes to draw into.
     Returns:
         The Figure. The tensor is grey, in-bounds box parts blue, out-of-bounds parts orange (hatched).
+    Raises:
+        TypeError unless shape, block_shape and each offset are sequences of 2 ints (not a str) and offsets a
+        sequence of them; ValueError for a shape size < 0, a block size < 1, no offsets, or values that are
+        not [BLOCK_M, BLOCK_N].
     """
-    rows, cols = shape
-    bm, bn = block_shape
-    offsets = [tuple(o) for o in offsets]
+    rows, cols = shape = tuple(int_list("shape", shape, 0, what="2 ints (rows, cols)", length=2))
+    bm, bn = block_shape = tuple(int_list("block_shape", block_shape, 1, what="2 ints (BLOCK_M, BLOCK_N)", length=2))
+    offsets = [
+        tuple(int_list(f"offsets[{i}]", o, ANY_INT, what="2 ints (row, col)", length=2))
+        for i, o in enumerate(as_list("offsets", offsets, "(row, col) box origins"))
+    ]
+    if not offsets:
+        raise ValueError("offsets must hold at least one (row, col) box origin, got none")
+    if values is not None:  # checked before drawing: a smaller array would fail halfway through the cells
+        vals = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values)
+        if vals.shape != (bm, bn):
+            raise ValueError(
+                f"values must be [BLOCK_M, BLOCK_N] = [{bm}, {bn}] (what the first box loaded), got shape "
+                f"{tuple(vals.shape)}"
+            )
     lo_r = min([0] + [r for r, _ in offsets])
     lo_c = min([0] + [c for _, c in offsets])
     hi_r = max([rows] + [r + bm for r, _ in offsets])
@@ -110,7 +126,6 @@ def plot_descriptor_box(
             ax.text(c0 + bn / 2, r0 + bm / 2, f"box {i}\n[{r0}, {c0}]", ha="center", va="center", fontsize=8)
         total_out += box_overlap(shape, block_shape, (r0, c0))[1]
     if values is not None:
-        vals = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values)
         r0, c0 = offsets[0]
         for i in range(bm):
             for j in range(bn):
@@ -159,9 +174,14 @@ def plot_expert_weights_box(
         ax: optional Axes; the panels are laid out side by side in it.
     Returns:
         The Figure.
+    Raises:
+        TypeError / ValueError unless num_experts, n and k are ints >= 1, block_shape 3 ints >= 1 and offsets
+        3 ints (sequences, not a str).
     """
-    be, bn, bk = block_shape
-    e0, n0, k0 = offsets
+    num_experts = check_positive_int("num_experts", num_experts)
+    n, k = check_positive_int("n", n), check_positive_int("k", k)
+    be, bn, bk = int_list("block_shape", block_shape, 1, what="3 ints (1, BLOCK_SIZE_N, BLOCK_SIZE_K)", length=3)
+    e0, n0, k0 = int_list("offsets", offsets, ANY_INT, what="3 ints (expert, n0, k0)", length=3)
     fig, ax = figure_and_ax(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
     gap = max(1, k // 4)
     for e in range(num_experts):
@@ -194,10 +214,7 @@ def plot_expert_weights_box(
 
 def _check_counts(counts) -> list:
     """`counts` (a list, tuple, array or 1-D tensor of rows per expert) as a list of ints >= 0."""
-    zero_dim = getattr(counts, "ndim", 1) == 0  # a 0-d tensor or array has __iter__ but no items
-    if isinstance(counts, (str, bytes, dict, set)) or zero_dim or not hasattr(counts, "__iter__"):
-        raise TypeError(f"counts must be a sequence of ints (rows per expert, [E]), got {type_name(counts)}")
-    return [check_positive_int(f"counts[{e}]", c, minimum=0) for e, c in enumerate(counts)]
+    return int_list("counts", counts, 0, what="ints (rows per expert, [E])")
 
 
 def sorted_row_experts(counts: Sequence[int], block_size_m: int, *, packed: bool = False) -> np.ndarray:
@@ -312,19 +329,28 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
     Returns:
         ipywidgets.VBox (sliders, a text line, an Output with the figure); `.figure` is the current
         Figure and `.summary` the HTML line, for tests.
+    Raises:
+        TypeError / ValueError unless shape is 2 ints >= 0 (as `plot_descriptor_box`), itemsize an int >= 1,
+        and block_shape 2 ints among the dropdowns' choices: BLOCK_M in [2, 4, 8, 16], BLOCK_N in those of
+        4, 8, 16, 32 that span 16 bytes or more.
     """
     import ipywidgets as widgets
 
+    shape = tuple(int_list("shape", shape, 0, what="2 ints (rows, cols)", length=2))
+    first_bm, first_bn = int_list("block_shape", block_shape, 1, what="2 ints (BLOCK_M, BLOCK_N)", length=2)
+    itemsize = check_positive_int("itemsize", itemsize)
+    bm_options = [2, 4, 8, 16]
+    bn_options = [o for o in (4, 8, 16, 32) if o * itemsize >= 16]
+    check_choice("block_shape[0] (BLOCK_M)", first_bm, bm_options)
+    check_choice(f"block_shape[1] (BLOCK_N, with itemsize {itemsize})", first_bn, bn_options)
     step = max(1, 16 // itemsize)
     rows, cols = shape
     row = widgets.IntSlider(value=0, min=-8, max=rows + 4, description="row offset", continuous_update=False)
     col = widgets.IntSlider(
         value=0, min=-step * 2, max=cols + step, step=step, description="col offset", continuous_update=False
     )
-    bm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_shape[0], description="BLOCK_M")
-    bn = widgets.Dropdown(
-        options=[o for o in (4, 8, 16, 32) if o * itemsize >= 16], value=block_shape[1], description="BLOCK_N"
-    )
+    bm = widgets.Dropdown(options=bm_options, value=first_bm, description="BLOCK_M")
+    bn = widgets.Dropdown(options=bn_options, value=first_bn, description="BLOCK_N")
     summary = widgets.HTML()
     out = widgets.Output()
     box = widgets.VBox([widgets.HBox([row, col]), widgets.HBox([bm, bn]), summary, out])
@@ -351,12 +377,17 @@ def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: 
 
     Args:
         counts: [E] rows per expert.
-        block_size_m: initial BLOCK_SIZE_M (a power of two).
+        block_size_m: initial BLOCK_SIZE_M, one of the dropdown's 2, 4, 8, 16.
     Returns:
         ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
+    Raises:
+        TypeError / ValueError unless counts is a sequence of ints >= 0 (as `sorted_row_experts`) and
+        block_size_m one of the dropdown's choices.
     """
     import ipywidgets as widgets
 
+    counts = _check_counts(counts)  # a list: read at every redraw
+    check_choice("block_size_m", block_size_m, [2, 4, 8, 16])
     bsm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_size_m, description="BLOCK_SIZE_M")
     layout = widgets.ToggleButtons(options=["padded", "packed"], value="padded", description="layout")
     summary = widgets.HTML()

@@ -16,7 +16,8 @@ from typing import Dict, List, Optional
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .performance import committed_result
+from ._common import as_list
+from .performance import check_token_count, committed_result
 
 # Made-up durations of one K block's work (time units of the schematic): a TMA load of a stage, its wgmma, the
 # scaling of its float32 product (a multiply-add per accumulator element, on the CUDA cores), and one tile's
@@ -108,18 +109,26 @@ def timeline(schedule: str) -> List[Segment]:
 
 
 def tensor_core_busy(segments: List[Segment]) -> float:
-    """The fraction of the schedule's span (first wgmma to last) in which the tensor cores run a wgmma."""
+    """The fraction of the schedule's span (first wgmma to last) in which the tensor cores run a wgmma.
+    Raises ValueError for segments without a wgmma (no span)."""
     mmas = [s for s in segments if s.kind == "mma"]
+    if not mmas:
+        raise ValueError("segments must hold at least one wgmma (kind 'mma'), as timeline(schedule) returns")
     span = max(s.start + s.length for s in mmas) - min(s.start for s in mmas)
     return sum(s.length for s in mmas) / span
 
 
 def plot_timeline(schedules=tuple(SCHEDULES)) -> Figure:
-    """The schedules one above the other on one time axis, each titled with its tensor-core busy fraction."""
+    """The schedules one above the other on one time axis, each titled with its tensor-core busy fraction.
+    Raises TypeError unless schedules is a sequence of names (a str such as "ping-pong" is one name: pass
+    ["ping-pong"]); ValueError for no schedules or a name not in SCHEDULES."""
+    schedules = as_list("schedules", schedules, f"schedule names (of {list(SCHEDULES)})")
+    if not schedules:
+        raise ValueError(f"schedules must name at least one of {list(SCHEDULES)}, got none")
+    drawn = [(schedule, timeline(schedule)) for schedule in schedules]  # an unknown name: before the Figure
     fig = Figure(figsize=(11, 2.0 * len(schedules) + 0.6))
     axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
-    for ax, schedule in zip(axes, schedules):
-        segments = timeline(schedule)
+    for ax, (schedule, segments) in zip(axes, drawn):
         lanes = LANES[schedule]
         for s in segments:
             y = len(lanes) - 1 - lanes.index(s.lane)
@@ -168,8 +177,14 @@ def load_gluon_results(path: Optional[str] = None) -> dict:
 
 
 def steps_table(results: dict, tokens: int = 16384) -> str:
-    """One row per step of STEPS at `tokens` tokens: TFLOP/s per model, then the reason it moved."""
+    """One row per step of STEPS at `tokens` tokens: TFLOP/s per model, then the reason it moved.
+    Raises TypeError / ValueError for tokens that are not an int >= 1, ValueError for a T the results do not
+    hold (a table without a model)."""
+    tokens = check_token_count(tokens, "tokens")
     rows = [r for r in results["rows"] if r["T"] == tokens]
+    if not rows:
+        measured = sorted({r["T"] for r in results["rows"]})
+        raise ValueError(f"tokens must be one of the measured T {measured}, got {tokens}")
     models = list(dict.fromkeys(r["model"] for r in rows))
     by: Dict[tuple, dict] = {(r["model"], r["variant"]): r for r in rows}
     head = f"{'step (T = ' + str(tokens) + ')':<24}" + "".join(f"{m[:14]:>15}" for m in models)

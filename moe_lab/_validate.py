@@ -133,7 +133,7 @@ def is_bool(value) -> bool:
     return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
 
 
-def _as_int(name: str, value) -> int:
+def check_int(name: str, value) -> int:
     """`value` as a Python int if it is an int or int-like (a numpy integer, a 0-d integer array or tensor:
     operator.index); bools of every kind are refused (`is_bool`), and so are arrays and tensors of one or more
     dimensions (operator.index takes one of one element) and tensors without data (meta)."""
@@ -147,8 +147,8 @@ def _as_int(name: str, value) -> int:
 
 
 def check_positive_int(name: str, value, minimum: int = 1) -> int:
-    """`value` as a Python int (`_as_int`) if it is >= minimum."""
-    value = _as_int(name, value)
+    """`value` as a Python int (`check_int`) if it is >= minimum."""
+    value = check_int(name, value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -157,9 +157,9 @@ def check_positive_int(name: str, value, minimum: int = 1) -> int:
 def check_power_of_two(
     name: str, value: int, minimum: int = 1, maximum: Optional[int] = None, *, zero_means: Optional[str] = None
 ) -> int:
-    """`value` as a Python int (`_as_int`) if it is a power of two in [minimum, maximum]. `zero_means` (such
+    """`value` as a Python int (`check_int`) if it is a power of two in [minimum, maximum]. `zero_means` (such
     as "off"): 0 passes too, and the error says so."""
-    value = _as_int(name, value)
+    value = check_int(name, value)
     if zero_means is not None and value == 0:
         return 0
     if value < minimum or value & (value - 1) or (maximum is not None and value > maximum):

@@ -10,9 +10,7 @@ from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from ..._validate import check_positive_int, described, is_bool, type_name
-
-ANY_INT = -(2**63)  # a `minimum` that lets every int64 through (offsets may be negative)
+from ..._validate import check_int, check_positive_int, described, is_bool, type_name
 
 
 def as_list(name: str, values, what: str) -> list:
@@ -25,13 +23,17 @@ def as_list(name: str, values, what: str) -> list:
     return list(values)
 
 
-def int_list(name: str, values, minimum: int = 0, *, what: str = "ints", length: Optional[int] = None) -> list:
-    """`values` (as `as_list`) as a list of Python ints >= minimum (`check_positive_int`, each named
-    name[i]), of `length` entries where given (`what` then says how many, e.g. "2 ints (rows, cols)").
-    TypeError / ValueError naming the argument otherwise."""
+def int_list(
+    name: str, values, minimum: Optional[int] = 0, *, what: str = "ints", length: Optional[int] = None
+) -> list:
+    """`values` (as `as_list`) as a list of Python ints >= minimum (None: any int, e.g. offsets), each checked by
+    `check_positive_int` and named name[i], of `length` entries where given (`what` then says how many, e.g.
+    "2 ints (rows, cols)"). TypeError / ValueError naming the argument otherwise."""
     items = as_list(name, values, what)
     if length is not None and len(items) != length:
         raise ValueError(f"{name} must be a sequence of {what}, got {len(items)} entries: {values!r}")
+    if minimum is None:
+        return [check_int(f"{name}[{i}]", v) for i, v in enumerate(items)]
     return [check_positive_int(f"{name}[{i}]", v, minimum) for i, v in enumerate(items)]
 
 
@@ -40,7 +42,7 @@ def check_in_range(name: str, value, low, high, *, integer: bool = True):
     float to int. An int (`check_positive_int`'s types) or, with integer=False, a real number (not NaN).
     TypeError / ValueError naming the argument, the value and the range otherwise."""
     if integer:
-        value = check_positive_int(name, value, ANY_INT)  # the type; the range below, both ends in the message
+        value = check_int(name, value)  # the type; the range below, both ends in the message
     elif is_bool(value) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number in [{low}, {high}], got {described(value)}")
     if not low <= value <= high:  # NaN fails too

@@ -17,7 +17,7 @@ import torch
 from matplotlib.colors import LogNorm
 from matplotlib.figure import Figure
 
-from ._common import ANY_INT, as_list, figure_and_ax, int_list
+from ._common import as_list, figure_and_ax, int_list
 
 FP8_EXPERIMENT = "fp8-H200-2026-12-01.json"
 
@@ -117,7 +117,7 @@ def plot_scale_blocks(
     rows, cols = shape = tuple(int_list("shape", shape, 1, what="2 ints (rows, cols)", length=2))
     br, bc = block_shape = tuple(int_list("block_shape", block_shape, 1, what="2 ints (br, bc)", length=2))
     marks = [
-        int_list(f"marks[{i}]", m, ANY_INT, what="2 ints (row, col)", length=2)
+        int_list(f"marks[{i}]", m, None, what="2 ints (row, col)", length=2)
         for i, m in enumerate(as_list("marks", marks, "(row, col) pairs"))
     ]
     want = (math.ceil(rows / br), math.ceil(cols / bc))

@@ -16,7 +16,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from ..._validate import check_positive_int, is_bool, type_name
-from ._common import ANY_INT, as_list, check_choice, figure_and_ax, int_list, show_figure
+from ._common import as_list, check_choice, figure_and_ax, int_list, show_figure
 
 INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
 OUTSIDE = "#DD8452"  # box part outside the tensor: zero-filled on load, dropped on store
@@ -39,7 +39,7 @@ def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Seque
     """
     shape = int_list("shape", shape, 0, what="sizes")
     block_shape = int_list("block_shape", block_shape, 1, what="sizes")
-    offsets = int_list("offsets", offsets, ANY_INT)
+    offsets = int_list("offsets", offsets, None)
     if not len(shape) == len(block_shape) == len(offsets):
         raise ValueError(
             f"shape, block_shape and offsets must have one rank, got {len(shape)}, {len(block_shape)} and "
@@ -81,7 +81,7 @@ def plot_descriptor_box(
     rows, cols = shape = tuple(int_list("shape", shape, 0, what="2 ints (rows, cols)", length=2))
     bm, bn = block_shape = tuple(int_list("block_shape", block_shape, 1, what="2 ints (BLOCK_M, BLOCK_N)", length=2))
     offsets = [
-        tuple(int_list(f"offsets[{i}]", o, ANY_INT, what="2 ints (row, col)", length=2))
+        tuple(int_list(f"offsets[{i}]", o, None, what="2 ints (row, col)", length=2))
         for i, o in enumerate(as_list("offsets", offsets, "(row, col) box origins"))
     ]
     if not offsets:
@@ -181,7 +181,7 @@ def plot_expert_weights_box(
     num_experts = check_positive_int("num_experts", num_experts)
     n, k = check_positive_int("n", n), check_positive_int("k", k)
     be, bn, bk = int_list("block_shape", block_shape, 1, what="3 ints (1, BLOCK_SIZE_N, BLOCK_SIZE_K)", length=3)
-    e0, n0, k0 = int_list("offsets", offsets, ANY_INT, what="3 ints (expert, n0, k0)", length=3)
+    e0, n0, k0 = int_list("offsets", offsets, None, what="3 ints (expert, n0, k0)", length=3)
     fig, ax = figure_and_ax(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
     gap = max(1, k // 4)
     for e in range(num_experts):

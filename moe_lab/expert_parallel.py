@@ -303,6 +303,8 @@ def fused_moe_expert_parallel(
     num_experts = check_positive_int("num_experts", num_experts)  # (a 0-d tensor or numpy int as a Python int)
     if mode == "all_reduce":
         _check_local(hidden_states, w1_local, w2_local, topk_weights, topk_ids, num_experts, rank, world, layer_options)
+        if out is not None:  # (fused_moe checks it too, naming its own arguments: w1, not w1_local)
+            _check_out(out, hidden_states, w1_local, w2_local, topk_weights, topk_ids)
         expert_map = expert_map_for_rank(num_experts, rank, world, hidden_states.device)
         out = fused_moe(
             hidden_states, w1_local, w2_local, topk_weights, topk_ids, expert_map=expert_map, out=out, **layer_options

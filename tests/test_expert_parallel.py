@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moe_lab import fused_moe, quantize_weights_fp8, relative_error
-from moe_lab.expert_parallel import expert_map_for_rank, expert_range, fused_moe_expert_parallel
+from moe_lab.expert_parallel import MODES, expert_map_for_rank, expert_range, fused_moe_expert_parallel
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -151,8 +151,16 @@ def _worker(rank, world, init_file, single_outputs):
             fused_moe_expert_parallel(**call)
     # An out over this rank's weights (every rank alike, each with tokens): refused before any exchange.
     alias = w1_local.reshape(-1)[: hs.numel()].view(hs.shape)
-    with pytest.raises(ValueError, match="out shares memory with w1_local"):
-        fused_moe_expert_parallel(hs, w1_local, w2_local, weights, ids, num_experts=num_experts, out=alias)
+    for mode in MODES:  # each mode names this function's arguments
+        with pytest.raises(ValueError, match="out shares memory with w1_local"):
+            fused_moe_expert_parallel(
+                hs, w1_local, w2_local, weights, ids, num_experts=num_experts, out=alias, mode=mode
+            )
+        grad = torch.empty(hs.shape, dtype=hs.dtype, requires_grad=True)
+        with torch.enable_grad(), pytest.raises(ValueError, match="out requires grad: fused_moe_expert_parallel"):
+            fused_moe_expert_parallel(
+                hs, w1_local, w2_local, weights, ids, num_experts=num_experts, out=grad, mode=mode
+            )
     # Ranks that disagree on E (6, and 7 on the last rank, whose block has as many experts either way, so its own
     # checks pass): the counts' exchange finds them apart, every rank raises.
     with pytest.raises(ValueError, match=r"num_experts must be the same on every rank of the group, got rank 0: 6"):

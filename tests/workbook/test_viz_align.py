@@ -136,3 +136,19 @@ def test_widget_refuses_bad_choices(kwargs, error, match):
 def test_widget_takes_a_value_among_its_choices():
     box = va.align_explorer({"decode": small_ids()}, 4, block_sizes=[32, 16], value=None)
     assert box.control.value == 32  # none given: the first choice
+
+
+def test_widget_refuses_ids_outside_the_experts():
+    ids = torch.tensor([[0, 7], [1, 2]], dtype=torch.int32)  # moe_align would drop 7 of E = 4
+    with pytest.raises(ValueError, match=r"cases\['a'\] must hold experts in \[0, 4\), got values from 0 to 7 "):
+        va.align_explorer({"a": ids}, 4)
+    with pytest.raises(ValueError, match=r"num_experts = 4"):
+        va.align_explorer({"a": ids}, 4)
+    with pytest.raises(ValueError, match=r"cases\['b'\] is on the meta device"):
+        va.align_explorer({"a": small_ids(), "b": torch.zeros(2, 2, dtype=torch.int32, device="meta")}, 4)
+
+
+def test_folded_tails_bounds_counts_to_int64():
+    with pytest.raises(ValueError, match=r"counts\[0\] must be at most 2\^63 - 1 .*got 18446744073709551616"):
+        va.folded_tails([2**64], 16, 1)
+    assert va.folded_tails([2**63 - 1, 40, 17, 0], 16, 8) == (-(-(2**63 - 1) // 16) + 3 + 2, 1 + 1)

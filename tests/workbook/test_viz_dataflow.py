@@ -4,6 +4,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
@@ -73,3 +74,11 @@ def test_bad_arguments_are_named():
     ):
         with pytest.raises(error, match=match):
             call()
+
+
+def test_dataflow_refuses_an_info_or_ax_of_another_type():
+    preset = moe_lab.get_preset("mixtral-8x7b")
+    with pytest.raises(TypeError, match=r"info must be a FusedMoEInfo .*or None, got str"):
+        dataflow.plot_dataflow(preset, 16, info="x")
+    with pytest.raises(TypeError, match=r"ax must be a matplotlib Axes .*got str"):
+        dataflow.plot_dataflow(preset, 16, ax="ax")

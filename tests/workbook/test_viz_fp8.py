@@ -104,3 +104,31 @@ def test_committed_experiment_and_speedup_plot(tmp_path):
 def test_scale_blocks_names_bad_sizes(shape, block, marks, error, match):
     with pytest.raises(error, match=match):
         fp8.plot_scale_blocks(torch.ones(3, 5), shape, block, marks=marks)
+
+
+def test_scale_blocks_refuses_marks_outside_the_matrix():
+    with pytest.raises(ValueError, match=r"marks\[0\] must lie in the matrix: row in \[0, 256\), col in \[0, 256\)"):
+        fp8.plot_scale_blocks(torch.ones(2, 2), (256, 256), (128, 128), marks=[(1000, -5)])
+    with pytest.raises(ValueError, match=r"marks\[1\] must lie in the matrix.*got \(0, 256\)"):
+        fp8.plot_scale_blocks(torch.ones(2, 2), (256, 256), (128, 128), marks=[(255, 255), (0, 256)])
+
+
+@pytest.mark.parametrize(
+    "scale,error,match",
+    [
+        (np.ones((2, 2)), TypeError, r"scale must be a torch.Tensor .*got numpy.ndarray"),
+        (torch.ones(2, 2, device="meta"), ValueError, r"scale is on the meta device, which holds no data"),
+    ],
+)
+def test_scale_blocks_refuses_what_holds_no_scales(scale, error, match):
+    with pytest.raises(error, match=match):
+        fp8.plot_scale_blocks(scale, (256, 256), (128, 128))
+
+
+def test_scale_blocks_too_large_to_draw_is_refused_at_once():
+    with pytest.raises(ValueError, match=r"scale is too large to draw: 1000000 scale blocks .*at most 65536"):
+        fp8.plot_scale_blocks(torch.ones(1, 10**6), (1, 10**6), (1, 1))
+    with pytest.raises(ValueError, match=r"annotate is too large to draw: 4096 scale labels .*at most 1024"):
+        fp8.plot_scale_blocks(torch.ones(64, 64), (64, 64), (1, 1), annotate=True)
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        fp8.plot_scale_blocks(torch.ones(2, 2), (256, 256), (128, 128), ax="ax")

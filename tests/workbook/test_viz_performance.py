@@ -236,3 +236,42 @@ def test_sizes_and_sequences_are_checked(call, error, match):
 def test_committed_plots_name_bad_arguments(results, call, error, match):
     with pytest.raises(error, match=match):
         call(results)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_bars_refuse_a_value_that_is_not_finite(bad):
+    with pytest.raises(ValueError, match=r"entries\[1\] must have a finite value"):
+        perf.plot_bars([("a", 1.0), ("b", bad)], title="t")
+
+
+@pytest.mark.parametrize(
+    "ceilings,error,match",
+    [
+        ({}, ValueError, r"ceilings must hold copy_tbps"),
+        ({"copy_tbps": 4.0}, ValueError, r"ceilings must hold bf16_matmul_tflops"),
+        (
+            {"copy_tbps": float("nan"), "bf16_matmul_tflops": 900.0},
+            ValueError,
+            r"ceilings\['copy_tbps'\] must be a positive finite",
+        ),
+        (
+            {"copy_tbps": 4.0, "bf16_matmul_tflops": 0},
+            ValueError,
+            r"ceilings\['bf16_matmul_tflops'\] must be a positive",
+        ),
+        (
+            {"copy_tbps": "4", "bf16_matmul_tflops": 900.0},
+            TypeError,
+            r"ceilings\['copy_tbps'\] must be a number, got str",
+        ),
+        ([4.0, 900.0], TypeError, r"ceilings must be a dict with copy_tbps, bf16_matmul_tflops .*got list"),
+    ],
+)
+def test_roofline_refuses_bad_ceilings(ceilings, error, match):
+    with pytest.raises(error, match=match):
+        perf.plot_roofline(ceilings)
+
+
+def test_roofline_ax_must_be_an_axes():
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        perf.plot_roofline({"copy_tbps": 4.0, "bf16_matmul_tflops": 900.0}, ax="ax")

@@ -133,3 +133,39 @@ def test_widget_takes_the_ends_of_its_ranges():
     assert box.controls["skew"].value == 3.0
     box = vr.routing_explorer(num_tokens=4, num_experts=np.int64(2), top_k=1, skew=0.0)
     assert box.routing.topk_ids.shape == (4, 1)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.5])
+def test_heatmap_refuses_weights_it_would_draw_wrongly(bad):
+    ids = torch.tensor([[0, 1], [2, 3]])
+    weights = torch.tensor([[bad, 0.5], [0.5, 0.5]])
+    with pytest.raises(ValueError, match="topk_weights must hold finite weights >= 0"):
+        vr.plot_routing(ids, 8, weights)
+
+
+def test_meta_tensors_are_refused():
+    with pytest.raises(ValueError, match="topk_ids is on the meta device, which holds no data"):
+        vr.plot_routing(torch.zeros(2, 2, dtype=torch.int64, device="meta"), 8)
+    with pytest.raises(ValueError, match="topk_weights is on the meta device, which holds no data"):
+        vr.plot_routing(torch.zeros(2, 2, dtype=torch.int64), 8, torch.ones(2, 2, device="meta"))
+
+
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        (dict(seed="a"), TypeError, r"seed must be an int, got str 'a'"),
+        (dict(seed=1.5), TypeError, r"seed must be an int, got float 1.5"),
+        (dict(num_tokens=10**8), ValueError, r"num_tokens is too large to draw: 100000000 tokens .*at most 8192"),
+    ],
+)
+def test_explorer_refuses_bad_seed_and_too_many_tokens_at_once(args, error, match):
+    with pytest.raises(error, match=match):
+        vr.routing_explorer(**args)
+    if "seed" in args:
+        with pytest.raises(error, match=match):
+            vr.skewed_router_logits(4, 4, seed=args["seed"])
+
+
+def test_heatmap_ax_must_be_an_axes():
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        vr.plot_routing_heatmap(torch.tensor([[0, 1]]), 4, ax="ax")

@@ -1,7 +1,9 @@
 """moe_lab.workbook.viz.schedule: the persistent tile schedule (data and picture), the SwiGLU rows picture, and the
 committed persistent timings."""
 
+import numpy as np
 import pytest
+import torch
 from matplotlib.figure import Figure
 
 from moe_lab.workbook.viz import schedule
@@ -16,15 +18,20 @@ def test_every_tile_once_and_program_p_takes_p_plus_multiples_of_the_grid(blocks
 
 
 def test_bad_counts_raise():
-    for args in ((-1, 2, 4), (3, 0, 4), (3, 2, 0), (3, 2, 4, 0), (3.0, 2, 4), (True, 2, 4)):
-        with pytest.raises(ValueError, match="must be an int"):
+    for args in ((-1, 2, 4), (3, 0, 4), (3, 2, 0), (3, 2, 4, 0)):
+        with pytest.raises(ValueError, match="must be >= "):
+            schedule.tile_schedule(*args)
+    for args in ((3.0, 2, 4), (True, 2, 4), (3, np.float64(2.0), 4)):
+        with pytest.raises(TypeError, match="must be an int"):
             schedule.tile_schedule(*args)
     with pytest.raises(ValueError, match="fewer than num_used_blocks"):
         schedule.plot_tile_schedule([0, 1], 3, 2, 4)
     with pytest.raises(ValueError, match="block_size_n of 32"):
         schedule.plot_swiglu_rows(48, 31, 0)
-    with pytest.raises(ValueError, match="must be an int"):
+    with pytest.raises(TypeError, match="inter must be an int, got float 48.0"):
         schedule.plot_swiglu_rows(48.0, 32, 0)
+    with pytest.raises(TypeError, match="pid_n must be an int, got bool"):
+        schedule.plot_swiglu_rows(48, 32, False)
     with pytest.raises(ValueError, match=">= 0"):
         schedule.plot_tile_schedule([0, -1, 2], 3, 2, 4)
     with pytest.raises(ValueError, match="pid_n must be in"):
@@ -67,3 +74,29 @@ def test_expert_ids_may_be_a_tensor():
     import torch
 
     assert isinstance(schedule.plot_tile_schedule(torch.tensor([0, 1, 2, -1]), 3, 2, 4), Figure)
+
+
+def test_counts_take_numpy_ints_and_0d_tensors():
+    tiles = schedule.tile_schedule(np.int64(3), torch.tensor(2), np.int32(4), torch.tensor(1))
+    assert tiles == schedule.tile_schedule(3, 2, 4, 1)
+    assert isinstance(schedule.plot_tile_schedule([0, 1, 2], np.int64(3), torch.tensor(2), np.int32(4)), Figure)
+    assert isinstance(schedule.plot_swiglu_rows(np.int64(48), torch.tensor(32), np.int32(2)), Figure)
+    with pytest.raises(TypeError, match="num_programs must be an int, got float 4.0"):
+        schedule.plot_tile_schedule([0, 1, 2], 3, 2, 4.0)
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (([0], 1, 1, 10**6), r"num_programs is too large to draw: 1000000 programs .*at most 256"),
+        (([0] * 10**5, 10**5, 4, 4), r"num_used_blocks is too large to draw: 400000 tiles .*at most 256"),
+    ],
+)
+def test_schedule_too_large_to_draw_is_refused_at_once(args, match):
+    with pytest.raises(ValueError, match=match):
+        schedule.plot_tile_schedule(*args)
+
+
+def test_schedule_ax_must_be_an_axes():
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        schedule.plot_tile_schedule([0, 1], 2, 2, 4, ax="ax")

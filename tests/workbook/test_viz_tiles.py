@@ -109,3 +109,16 @@ def test_widget_refuses_a_first_state_among_no_choices(kwargs, error, match):
 def test_tile_map_refuses_negative_max_labels():
     with pytest.raises(ValueError, match=r"max_labels must be >= 0, got -1"):
         vt.plot_tile_map(_routing(), 32, 32, 1, max_labels=-1)
+
+
+def test_tile_map_too_large_to_draw_is_refused_at_once():
+    r = routing()
+    with pytest.raises(ValueError, match=r"n is too large to draw: 10000000 N-blocks .*at most 2048"):
+        vt.plot_tile_map(r, n=10**7, block_size_n=1, group_size_m=1)
+    with pytest.raises(ValueError, match=r"max_labels is too large to draw: 10240 tile labels, at most 4096"):
+        vt.plot_tile_map(r, n=2048, block_size_n=1, group_size_m=1, max_labels=10**9)
+    ids = torch.zeros(10**5, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"topk_ids is too large to draw: 12507 M-blocks, at most 2048"):
+        vt.tiles_explorer(ids, 8, n=64, k=64)
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        vt.plot_tile_map(r, n=64, block_size_n=32, group_size_m=1, ax="ax")

@@ -149,3 +149,61 @@ def test_counts_may_be_a_tensor():
 def test_bad_sizes_and_choices_are_named(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (
+            lambda: tma.plot_descriptor_box((10**6, 10**6), (8, 8)),
+            r"shape is too large to draw: 1000000 .*at most 1024",
+        ),
+        (
+            lambda: tma.plot_descriptor_box((12, 20), (4096, 4096)),
+            r"block_shape is too large to draw: 16777216 .*at most",
+        ),
+        (lambda: tma.plot_descriptor_box((12, 20), (8, 8), [(0, 0)] * 20000), r"block_shape is too large to draw"),
+        (lambda: tma.plot_descriptor_box((12, 20), (8, 8), [(2**62, 0)]), r"offsets is too large to draw: \d+ rows"),
+        (
+            lambda: tma.box_widget((10**5, 10**5), (2, 4)),
+            r"shape is too large to draw: \d+ rows or columns of the view",
+        ),
+        (
+            lambda: tma.plot_expert_weights_box(10**6, 8, 8, (1, 4, 4), (0, 0, 0)),
+            r"num_experts is too large to draw: 1000000 experts .*at most 256",
+        ),
+        (lambda: tma.plot_expert_tiles([10**9], 4), r"counts is too large to draw: 1000000000 rows .*at most 1048576"),
+        (lambda: tma.plot_expert_tiles([1] * 100000, 1), r"counts is too large to draw: 100000 experts .*at most 512"),
+        (lambda: tma.plot_expert_tiles([4096], 1), r"counts is too large to draw: 4096 tiles .*at most 512"),
+        (lambda: tma.expert_tiles_widget([2000], 16), r"counts is too large to draw: 1000 tiles at BLOCK_SIZE_M = 2"),
+    ],
+)
+def test_too_large_to_draw_is_refused_at_once(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_far_expert_weight_offsets_are_refused():
+    with pytest.raises(ValueError, match=r"offsets\[1\] \(n0\) must put the box within one panel size"):
+        tma.plot_expert_weights_box(4, 8, 8, (1, 4, 4), (0, 2**62, 0))
+    assert isinstance(tma.plot_expert_weights_box(4, 8, 8, (1, 4, 4), (0, -7, 15)), Figure)  # partly outside: drawn
+
+
+@pytest.mark.parametrize(
+    "values,error,match",
+    [
+        ([["a", "b"], ["c", "d"]], TypeError, r"values must hold numbers .*got dtype <U1"),
+        ([[1, None], [2, 3]], TypeError, r"values must hold numbers .*got dtype object"),
+        (torch.ones(2, 2, device="meta"), ValueError, r"values is on the meta device, which holds no data"),
+        ([[1, 2], [3]], ValueError, r"values must be \[BLOCK_M, BLOCK_N\] = \[2, 2\]"),
+    ],
+)
+def test_descriptor_box_refuses_values_it_cannot_write(values, error, match):
+    with pytest.raises(error, match=match):
+        tma.plot_descriptor_box((4, 4), (2, 2), values=values)
+
+
+def test_descriptor_box_takes_bool_and_int_values_and_checks_ax():
+    assert isinstance(tma.plot_descriptor_box((4, 4), (2, 2), values=np.array([[True, False], [1, 0]])), Figure)
+    with pytest.raises(TypeError, match="ax must be a matplotlib Axes .*got str"):
+        tma.plot_descriptor_box((4, 4), (2, 2), ax="ax")

@@ -6,11 +6,12 @@ from __future__ import annotations
 import numbers
 from typing import Optional
 
+import torch
 from matplotlib.axes import Axes
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
-from ..._validate import check_int, check_positive_int, described, is_bool, type_name
+from ..._validate import INDEX_DTYPES, check_int, check_positive_int, check_tensor, described, is_bool, type_name
 
 
 def as_list(name: str, values, what: str) -> list:
@@ -66,9 +67,46 @@ def check_choice(name: str, value, options) -> None:
         raise ValueError(f"{name} must be one of {options}, got {described(value)}")
 
 
+def check_drawable(name: str, count: int, limit: int, what: str) -> None:
+    """Raise ValueError naming `name` when a picture would draw `count` > `limit` `what` (cells, boxes, tiles,
+    programs): each is a matplotlib artist or tick, so a large count runs for minutes (or exhausts memory)
+    instead of drawing. The limits are set by timing: what they allow draws in a few seconds."""
+    if count > limit:
+        raise ValueError(
+            f"{name} is too large to draw: {count} {what}, at most {limit} (these pictures are for learning: "
+            "draw a smaller case)"
+        )
+
+
+def check_has_data(name: str, t: torch.Tensor) -> None:
+    """Raise ValueError for a tensor on the meta device (shapes only): a picture reads its values."""
+    if t.is_meta:
+        raise ValueError(f"{name} is on the meta device, which holds no data to draw: move it to the CPU or a GPU")
+
+
+def check_topk_ids(topk_ids, num_experts, name: str = "topk_ids") -> int:
+    """Raise TypeError/ValueError unless `topk_ids` (named `name`) is an int32/int64 [T, k] tensor with data of
+    experts in [0, num_experts) and `num_experts` (E) an int >= 1; return E. An id outside would be dropped
+    (moe_align) or drawn nowhere: the picture would be silently wrong."""
+    num_experts = check_positive_int("num_experts", num_experts)
+    check_tensor(name, topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
+    check_has_data(name, topk_ids)
+    if topk_ids.numel():
+        low, high = int(topk_ids.min()), int(topk_ids.max())
+        if low < 0 or high >= num_experts:
+            raise ValueError(
+                f"{name} must hold experts in [0, {num_experts}), got values from {low} to {high} (num_experts = "
+                f"{num_experts})"
+            )
+    return num_experts
+
+
 def figure_and_ax(ax: Optional[Axes], figsize) -> tuple[Figure, Axes]:
-    """A new Figure (made outside pyplot, so Jupyter shows it exactly once) or the Figure of `ax`."""
+    """A new Figure (made outside pyplot, so Jupyter shows it exactly once) or the Figure of `ax`. Raises
+    TypeError for an `ax` that is not a matplotlib Axes (it would fail later, on a drawing call)."""
     if ax is not None:
+        if not isinstance(ax, Axes):
+            raise TypeError(f"ax must be a matplotlib Axes (or None for a new Figure), got {type_name(ax)}")
         return ax.figure, ax
     fig = Figure(figsize=figsize, layout="constrained")
     return fig, fig.add_subplot()

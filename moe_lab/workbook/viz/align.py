@@ -19,9 +19,18 @@ from matplotlib.ticker import MaxNLocator
 
 from ..._validate import check_positive_int, type_name
 from ...align import AlignedRouting, moe_align
-from ._common import check_choice, expert_colors, figure_and_ax, int_list, require_expert_sorted, show_figure
+from ._common import (
+    check_choice,
+    check_topk_ids,
+    expert_colors,
+    figure_and_ax,
+    int_list,
+    require_expert_sorted,
+    show_figure,
+)
 
 PADDING_COLOR = (0.85, 0.85, 0.85)
+INT64_MAX = 2**63 - 1
 
 
 def row_experts(routing: AlignedRouting) -> np.ndarray:
@@ -57,10 +66,13 @@ def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
     and its last one holds at most `fold_tail_rows` rows (`GemmConfig.fold_tail_rows`).
 
     counts: [E] ints (a tensor, an array or a list), the rows routed to each expert.
-    Raises TypeError / ValueError unless counts is a sequence of ints >= 0 (not a str), block_size_m an int >= 1
+    Raises TypeError / ValueError unless counts is a sequence of ints in [0, 2^63) (not a str), block_size_m an int >= 1
     and fold_tail_rows an int in [0, block_size_m) (a tail holds fewer rows than a block: a larger one is
     likely the two swapped)."""
     counts = int_list("counts", counts, 0, what="ints (rows per expert, [E])")
+    for i, c in enumerate(counts):
+        if c > INT64_MAX:  # a row count is an int64 at most (torch's index type)
+            raise ValueError(f"counts[{i}] must be at most 2^63 - 1 (an int64 row count), got {c}")
     block_size_m = check_positive_int("block_size_m", block_size_m)
     fold_tail_rows = check_positive_int("fold_tail_rows", fold_tail_rows, minimum=0)
     if fold_tail_rows >= block_size_m:
@@ -68,10 +80,9 @@ def folded_tails(counts, block_size_m: int, fold_tail_rows: int) -> tuple:
             f"fold_tail_rows must be in [0, block_size_m) = [0, {block_size_m}) (a tail holds fewer rows than "
             f"a block), got {fold_tail_rows}"
         )
-    counts = torch.tensor(counts, dtype=torch.long)
-    blocks = int(((counts + block_size_m - 1) // block_size_m).sum())
-    tail = counts % block_size_m
-    return blocks, int(((counts > block_size_m) & (tail > 0) & (tail <= fold_tail_rows)).sum())
+    # Python ints: torch's int64 would overflow in c + block_size_m - 1 near the bound
+    blocks = sum(-(-c // block_size_m) for c in counts)
+    return blocks, sum(1 for c in counts if c > block_size_m and 0 < c % block_size_m <= fold_tail_rows)
 
 
 def plot_alignment_strip(
@@ -184,12 +195,16 @@ def align_explorer(
         `summary` (ipywidgets.HTML with one padding line per case), `figure` and `routings`.
     Raises:
         TypeError unless cases is a mapping and block_sizes a sequence of ints (not a str); ValueError for no
-        cases, no block sizes, or a value that is not one of block_sizes; and whatever `align` raises for
-        the cases.
+        cases, no block sizes, or a value that is not one of block_sizes; TypeError / ValueError unless
+        num_experts is an int >= 1 and each case an int32/int64 [T, k] tensor (with data) of experts in
+        [0, num_experts): moe_align drops an id outside, and the strip would show fewer slots than routed;
+        and whatever `align` raises for the cases.
     """
     import ipywidgets as widgets
 
     _check_cases(cases)
+    for name, ids in cases.items():
+        check_topk_ids(ids, num_experts, name=f"cases[{name!r}]")
     block_sizes = int_list("block_sizes", block_sizes, 1)
     if not block_sizes:
         raise ValueError("block_sizes must offer at least one BLOCK_SIZE_M, got none")

@@ -14,8 +14,9 @@ from matplotlib.patches import FancyBboxPatch
 
 from ..._validate import check_positive_int, check_power_of_two, type_name
 from ...align import max_num_tokens_padded
+from ...layer import FusedMoEInfo
 from ...presets import MoEPreset, get_preset
-from ._common import check_choice, check_in_range, show_figure
+from ._common import check_choice, check_in_range, figure_and_ax, show_figure
 
 STAGE_COLORS = {"input": "#EEEEEE", "torch": "#CCB974", "kernel": "#4C72B0", "output": "#55A868"}
 
@@ -45,11 +46,16 @@ def layer_stages(preset: MoEPreset, num_tokens: int, block_size_m: int, info=Non
     Returns:
         List of Stage, in execution order.
     Raises:
-        TypeError for a preset that is not a MoEPreset; TypeError / ValueError for a num_tokens that is not an
-        int >= 1 or a block_size_m that is not a power of two >= 1 (as `moe_align` takes).
+        TypeError for a preset that is not a MoEPreset or an info that is not a FusedMoEInfo (nor None);
+        TypeError / ValueError for a num_tokens that is not an int >= 1 or a block_size_m that is not a power
+        of two >= 1 (as `moe_align` takes).
     """
     if not isinstance(preset, MoEPreset):
         raise TypeError(f"preset must be a MoEPreset (moe_lab.get_preset(name)), got {type_name(preset)}")
+    if info is not None and not isinstance(info, FusedMoEInfo):  # else an AttributeError on its fields
+        raise TypeError(
+            f"info must be a FusedMoEInfo (fused_moe(..., return_info=True)) or None, got {type_name(info)}"
+        )
     num_tokens = check_positive_int("num_tokens", num_tokens)
     block_size_m = check_power_of_two("block_size_m", block_size_m)
     t, h, i, e, k = num_tokens, preset.hidden_size, preset.intermediate_size, preset.num_experts, preset.top_k
@@ -120,12 +126,10 @@ def plot_dataflow(preset: MoEPreset, num_tokens: int, block_size_m: int = 16, *,
     Returns:
         The Figure. Blue boxes are Triton kernels, tan boxes PyTorch ops.
     Raises:
-        TypeError / ValueError as `layer_stages`.
+        TypeError / ValueError as `layer_stages`; TypeError for an ax that is not a matplotlib Axes.
     """
     stages = layer_stages(preset, num_tokens, block_size_m, info)
-    if ax is None:
-        ax = Figure(figsize=(9, 0.95 * len(stages) + 0.6), layout="constrained").add_subplot()
-    fig = ax.figure
+    fig, ax = figure_and_ax(ax, (9, 0.95 * len(stages) + 0.6))
     n = len(stages)
     for j, s in enumerate(stages):
         y = n - 1 - j

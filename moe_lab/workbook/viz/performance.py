@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import json
+import math
 import numbers
 import os
 from typing import Dict, List, Optional, Sequence
@@ -221,6 +222,27 @@ def cost_table(models: Sequence[str], tokens: Sequence[int], *, itemsize: int = 
     return "\n".join(lines)
 
 
+def _check_ceilings(ceilings) -> tuple:
+    """(copy_tbps, bf16_matmul_tflops) of `ceilings`, each a positive finite number (the roofline's two lines
+    on log axes: a missing one would raise a KeyError, a NaN or 0 draw nothing)."""
+    keys = ("copy_tbps", "bf16_matmul_tflops")
+    if not isinstance(ceilings, dict):
+        raise TypeError(
+            f"ceilings must be a dict with {', '.join(keys)} (load_results()['ceilings']), got {type_name(ceilings)}"
+        )
+    values = []
+    for key in keys:
+        if key not in ceilings:
+            raise ValueError(f"ceilings must hold {key} (load_results()['ceilings']), got keys {sorted(ceilings)}")
+        value = ceilings[key]
+        if is_bool(value) or not isinstance(value, numbers.Real):
+            raise TypeError(f"ceilings[{key!r}] must be a number, got {type_name(value)}")
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"ceilings[{key!r}] must be a positive finite number, got {value}")
+        values.append(float(value))
+    return tuple(values)
+
+
 def plot_roofline(
     ceilings: Dict[str, float],
     *,
@@ -244,13 +266,14 @@ def plot_roofline(
         The Figure.
     Raises:
         TypeError unless presets, tokens and impls are sequences (not a str); TypeError / ValueError for a
-        token count that is not an int >= 1.
+        token count that is not an int >= 1; TypeError / ValueError unless ceilings is a dict holding
+        copy_tbps and bf16_matmul_tflops as positive finite numbers; TypeError for an ax that is not an Axes.
     """
     presets = as_list("presets", presets, "preset names")
     tokens = [check_token_count(t) for t in as_list("tokens", tokens, "token counts")]
     impls = as_list("impls", impls, "implementation names")
+    bw, peak = _check_ceilings(ceilings)
     fig, ax = figure_and_ax(ax, (8, 5))
-    bw, peak = ceilings["copy_tbps"], ceilings["bf16_matmul_tflops"]
     x = np.logspace(-0.5, 4, 200)
     ax.plot(x, np.minimum(peak, x * bw), color="black", lw=2, label="roofline (measured ceilings)")
     ridge = peak / bw
@@ -444,12 +467,15 @@ def time_layer(preset: MoEPreset, num_tokens: int, config, *, use_tma="auto", se
 
 def plot_bars(entries: Sequence[tuple], *, title: str, unit: str = "ms", ax=None) -> Figure:
     """Horizontal bars: entries are (label, value) pairs, value in `unit`. Returns the Figure. Raises
-    TypeError unless entries is a sequence of (label, number) pairs."""
+    TypeError unless entries is a sequence of (label, number) pairs, ValueError for a value that is not
+    finite (matplotlib cannot set the axis to it), TypeError for an ax that is not a matplotlib Axes."""
     entries = as_list("entries", entries, "(label, value) pairs")
     for i, entry in enumerate(entries):
         value = entry[1] if isinstance(entry, (tuple, list)) and len(entry) == 2 else None
         if is_bool(value) or not isinstance(value, numbers.Real):
             raise TypeError(f"entries[{i}] must be a (label, value) pair with a number value, got {entry!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"entries[{i}] must have a finite value, got {entry!r}")
     fig, ax = figure_and_ax(ax, (7, 0.45 * len(entries) + 1.2))
     labels = [e[0] for e in entries]
     values = [e[1] for e in entries]

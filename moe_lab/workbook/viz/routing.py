@@ -15,19 +15,11 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..._validate import FLOAT_DTYPES, INDEX_DTYPES, check_positive_int, check_tensor, is_bool, type_name
-from ...layer import _check_ids
+from ..._validate import FLOAT_DTYPES, check_int, check_positive_int, check_tensor, is_bool, type_name
 from ...routing import TopKRouting, topk_routing
-from ._common import check_in_range, figure_and_ax, show_figure
+from ._common import check_drawable, check_has_data, check_in_range, check_topk_ids, figure_and_ax, show_figure
 
-
-def _check_topk_ids(topk_ids, num_experts) -> int:
-    """Raise TypeError/ValueError unless `topk_ids` is an int32/int64 [T, k] tensor of experts in [0, E) and
-    `num_experts` (E) an int >= 1; return E."""
-    num_experts = check_positive_int("num_experts", num_experts)
-    check_tensor("topk_ids", topk_ids, ndim=2, dtypes=INDEX_DTYPES, layout="[T, k]")
-    _check_ids(topk_ids, None, num_experts, check_ids=True)  # fused_moe's range check
-    return num_experts
+MAX_EXPLORER_TOKENS = 8192  # the widget's heatmap rows: a larger T allocates and draws for minutes
 
 
 def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *, seed: int = 0) -> torch.Tensor:
@@ -40,9 +32,11 @@ def skewed_router_logits(num_tokens: int, num_experts: int, skew: float = 0.0, *
     Returns:
         [T, E] float32 on the CPU.
     Raises:
-        TypeError / ValueError for a T < 0, an E < 1 or a skew that is not a finite number >= 0.
+        TypeError / ValueError for a T < 0, an E < 1, a skew that is not a finite number >= 0 or a seed that
+        is not an int.
     """
     num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+    seed = check_int("seed", seed)  # torch's manual_seed would raise its own error, naming no argument
     num_experts = check_positive_int("num_experts", num_experts)
     if is_bool(skew) or not isinstance(skew, (int, float, np.integer, np.floating)):
         raise TypeError(f"skew must be a number >= 0, got {type_name(skew)}")
@@ -66,7 +60,7 @@ def skewed_routing(num_tokens: int, num_experts: int, top_k: int, skew: float = 
 def expert_load(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
     """Slots routed to each expert. topk_ids: [T, k] int. Returns [E] int64 on the CPU.
     Raises TypeError / ValueError unless topk_ids is an int32/int64 [T, k] tensor of experts in [0, E)."""
-    num_experts = _check_topk_ids(topk_ids, num_experts)
+    num_experts = check_topk_ids(topk_ids, num_experts)
     return torch.bincount(topk_ids.reshape(-1).long().cpu(), minlength=num_experts)[:num_experts]
 
 
@@ -88,9 +82,10 @@ def plot_routing_heatmap(
         The matplotlib Figure.
     Raises:
         TypeError / ValueError unless topk_ids is an int32/int64 [T, k] tensor of experts in [0, E) and
-        topk_weights (if given) a [T, k] tensor.
+        topk_weights (if given) a [T, k] float tensor of finite weights >= 0; ValueError for either on the
+        meta device (no data); TypeError for an ax that is not a matplotlib Axes.
     """
-    num_experts = _check_topk_ids(topk_ids, num_experts)
+    num_experts = check_topk_ids(topk_ids, num_experts)
     if topk_weights is not None:
         check_tensor(
             "topk_weights",
@@ -100,6 +95,10 @@ def plot_routing_heatmap(
             shape=tuple(topk_ids.shape),
             layout="[T, k]",
         )
+        check_has_data("topk_weights", topk_weights)
+        # NaN would draw as "not routed", a negative weight below the colour scale: both silently wrong
+        if not bool(torch.isfinite(topk_weights).all()) or bool((topk_weights < 0).any()):
+            raise ValueError("topk_weights must hold finite weights >= 0 (the routed weights), got NaN, inf or < 0")
     ids = topk_ids.long().cpu()
     num_tokens = ids.shape[0]
     weights = torch.ones(ids.shape) if topk_weights is None else topk_weights.float().cpu()
@@ -162,7 +161,7 @@ def load_summary(topk_ids: torch.Tensor, num_experts: int) -> str:
 def plot_routing(topk_ids: torch.Tensor, num_experts: int, topk_weights: Optional[torch.Tensor] = None) -> Figure:
     """Heatmap and load bar chart side by side, on one new Figure. Arguments (and errors) as
     `plot_routing_heatmap`."""
-    num_experts = _check_topk_ids(topk_ids, num_experts)  # before a Figure is made
+    num_experts = check_topk_ids(topk_ids, num_experts)  # before a Figure is made
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=[1.2, 1])
     plot_routing_heatmap(topk_ids, num_experts, topk_weights, ax=left)
@@ -180,10 +179,15 @@ def routing_explorer(num_tokens: int = 32, num_experts: int = 8, top_k: int = 2,
         `summary` (ipywidgets.HTML), `figure` (the Figure now shown) and `routing` (the TopKRouting).
     Raises:
         TypeError / ValueError for a first value outside its slider's range (num_experts an int in [2, 64],
-        top_k an int in [1, 8], skew a number in [0, 3]), and as `skewed_routing` (num_tokens an int >= 0).
+        top_k an int in [1, 8], skew a number in [0, 3]), and as `skewed_routing` (num_tokens an int >= 0,
+        seed an int); ValueError for a num_tokens above MAX_EXPLORER_TOKENS (too large to draw).
         As `skewed_routing`, a top_k above E routes to all E experts.
     """
     import ipywidgets as widgets
+
+    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+    check_drawable("num_tokens", num_tokens, MAX_EXPLORER_TOKENS, "tokens (heatmap rows)")
+    seed = check_int("seed", seed)
 
     # the sliders would clamp a value outside their range (and cast a float to int) without a word
     num_experts = check_in_range("num_experts", num_experts, 2, 64)

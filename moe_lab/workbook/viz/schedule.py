@@ -16,8 +16,14 @@ from typing import List, Optional, Sequence
 import matplotlib.patches as mpatches
 from matplotlib.figure import Figure
 
-from ._common import expert_colors, figure_and_ax, int_list
+from ..._validate import check_int, check_positive_int
+from ._common import check_drawable, expert_colors, figure_and_ax, int_list
 from .tiles import program_tile
+
+# What plot_tile_schedule draws at most (a box and a label per tile, a tick per program). Timed: each limit
+# draws in about a second; notebook 08 draws 8 tiles over 4 programs.
+MAX_SCHEDULE_TILES = 256
+MAX_SCHEDULE_PROGRAMS = 256
 
 PERSISTENT_EXPERIMENT = "persistent-H200-2026-11-30.json"
 PREFILL_ANATOMY = "prefill_anatomy-H200-2026-12-01.json"
@@ -47,16 +53,15 @@ def tile_schedule(
         num_programs: the grid (one program per SM on a GPU: 132 on an H200).
         group_size_m: GROUP_SIZE_M.
     Returns:
-        List of ScheduledTile in tile order. Raises ValueError for a count below 1 (num_used_blocks >= 0).
+        List of ScheduledTile in tile order.
+    Raises:
+        TypeError for a count that is not an int (numpy ints and 0-d integer tensors are; floats and bools
+        are not); ValueError for one below 1 (num_used_blocks below 0).
     """
-    for name, value, least in (
-        ("num_used_blocks", num_used_blocks, 0),
-        ("num_pid_n", num_pid_n, 1),
-        ("num_programs", num_programs, 1),
-        ("group_size_m", group_size_m, 1),
-    ):
-        if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    num_used_blocks = check_positive_int("num_used_blocks", num_used_blocks, minimum=0)
+    num_pid_n = check_positive_int("num_pid_n", num_pid_n)
+    num_programs = check_positive_int("num_programs", num_programs)
+    group_size_m = check_positive_int("group_size_m", group_size_m)
     return [
         ScheduledTile(
             t, t % num_programs, t // num_programs, *program_tile(t, num_used_blocks, num_pid_n, group_size_m)
@@ -84,10 +89,20 @@ def plot_tile_schedule(
     Returns:
         The Figure.
     Raises:
-        ValueError as `tile_schedule`; TypeError unless expert_ids is a sequence of ints (not a str: int("3")
-        would read its characters as experts, nor floats: int() would truncate them); ValueError for fewer
-        than num_used_blocks of them, or one below 0 among those.
+        TypeError / ValueError as `tile_schedule`; TypeError unless expert_ids is a sequence of ints (not a
+        str: int("3") would read its characters as experts, nor floats: int() would truncate them);
+        ValueError for fewer than num_used_blocks of them, or one below 0 among those; ValueError ("too large
+        to draw") for more than MAX_SCHEDULE_TILES tiles or MAX_SCHEDULE_PROGRAMS programs; TypeError for an
+        ax that is not a matplotlib Axes.
     """
+    num_used_blocks = check_positive_int("num_used_blocks", num_used_blocks, minimum=0)
+    num_pid_n = check_positive_int("num_pid_n", num_pid_n)
+    num_programs = check_positive_int("num_programs", num_programs)
+    # counted before tile_schedule lists the tiles
+    check_drawable(
+        "num_used_blocks", num_used_blocks * num_pid_n, MAX_SCHEDULE_TILES, "tiles (num_used_blocks x num_pid_n)"
+    )
+    check_drawable("num_programs", num_programs, MAX_SCHEDULE_PROGRAMS, "programs (a column each)")
     tiles = tile_schedule(num_used_blocks, num_pid_n, num_programs, group_size_m)
     experts = int_list("expert_ids", expert_ids, -1, what="ints (the expert of each M-block)")[:num_used_blocks]
     if len(experts) < num_used_blocks:
@@ -132,11 +147,14 @@ def plot_swiglu_rows(inter: int, block_size_n: int, pid_n: int, *, ax=None) -> F
     down, as one [2, BLOCK_SIZE_N/2, BLOCK_SIZE_K] box of w1 viewed [E, 2, I, H]. Rows past I in a half are
     out of the box's bounds (zero-filled).
 
-    Raises ValueError for non-int sizes, inter below 1, a BLOCK_SIZE_N the epilogue does not run with (a power
-    of two from 32 to 256), or a pid_n past the last N-tile."""
-    for name, value in (("inter", inter), ("block_size_n", block_size_n), ("pid_n", pid_n)):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"{name} must be an int, got {value!r}")
+    Raises TypeError for sizes that are not ints (numpy ints and 0-d integer tensors are); ValueError for
+    inter below 1, a BLOCK_SIZE_N the epilogue does not run with (a power of two from 32 to 256), or a pid_n
+    past the last N-tile; TypeError for an ax that is not a matplotlib Axes."""
+    inter, block_size_n, pid_n = (
+        check_int("inter", inter),
+        check_int("block_size_n", block_size_n),
+        check_int("pid_n", pid_n),
+    )
     half = block_size_n // 2
     if inter < 1 or block_size_n not in (32, 64, 128, 256):
         raise ValueError(

@@ -23,9 +23,32 @@ from matplotlib.figure import Figure
 from mpl_toolkits.axes_grid1 import make_axes_locatable
 
 from ..._validate import check_positive_int
-from ...align import AlignedRouting, moe_align
+from ...align import AlignedRouting, max_num_tokens_padded, moe_align
 from ...plan import tile_of_program
-from ._common import check_choice, expert_colors, figure_and_ax, int_list, require_expert_sorted, show_figure
+from ._common import (
+    check_choice,
+    check_drawable,
+    expert_colors,
+    figure_and_ax,
+    int_list,
+    require_expert_sorted,
+    show_figure,
+)
+
+# What plot_tile_map draws at most: a Python step per tile, a tick per N-block and a line per group. Timed:
+# the largest allowed draws in about 5 s; notebook 03's widget at full size (mixtral, T = 1024,
+# BLOCK_SIZE_M = BLOCK_SIZE_N = 16) reaches 136 x 1792 tiles.
+MAX_MAP_TILES = 2**18
+MAX_MAP_BLOCKS = 2048  # M-blocks or N-blocks
+MAX_MAP_LABELS = 4096  # a text per tile, where there are at most max_labels tiles
+
+
+def _check_map_drawable(num_m: int, num_n: int, m_name: str) -> None:
+    """ValueError ("too large to draw") for a tile map of more M-blocks, N-blocks or tiles than plot_tile_map
+    draws; `m_name` names the argument the M-blocks come from."""
+    check_drawable(m_name, num_m, MAX_MAP_BLOCKS, "M-blocks")
+    check_drawable("n", num_n, MAX_MAP_BLOCKS, "N-blocks (cdiv(n, block_size_n))")
+    check_drawable("n", num_m * num_n, MAX_MAP_TILES, f"tiles ({num_m} M-blocks x {num_n} N-blocks)")
 
 
 def program_tile(pid: int, num_m_blocks: int, num_n_blocks: int, group_size_m: int) -> tuple[int, int]:
@@ -105,13 +128,16 @@ def plot_tile_map(
     Raises:
         TypeError for a routing that is not an AlignedRouting; ValueError for a slot-order routing
         (`moe_lab.align.slot_order_routing`); TypeError / ValueError for an n < 0, a block_size_n < 1, a
-        group_size_m < 1 or a max_labels < 0.
+        group_size_m < 1 or a max_labels < 0; ValueError ("too large to draw") for more than MAX_MAP_BLOCKS
+        M-blocks or N-blocks, MAX_MAP_TILES tiles or (max_labels) MAX_MAP_LABELS labelled tiles; TypeError
+        for an ax that is not a matplotlib Axes.
     """
     require_expert_sorted(routing, "plot_tile_map")
     n, block_size_n = check_positive_int("n", n, minimum=0), check_positive_int("block_size_n", block_size_n)
     max_labels = check_positive_int("max_labels", max_labels, minimum=0)
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
+    _check_map_drawable(num_m, num_n, "routing")
     order = tile_order(num_m, num_n, group_size_m).astype(float)
     block_experts = routing.expert_ids.cpu().numpy()
     idle = block_experts < 0
@@ -122,6 +148,7 @@ def plot_tile_map(
         shown, cmap=cmap or "viridis", aspect="auto", interpolation="nearest", vmin=0, vmax=max(order.size - 1, 1)
     )
     ax.set_facecolor((0.85, 0.85, 0.85))
+    check_drawable("max_labels", order.size if order.size <= max_labels else 0, MAX_MAP_LABELS, "tile labels")
     if order.size <= max_labels:
         for (i, j), pid in np.ndenumerate(order):
             ax.text(
@@ -222,7 +249,8 @@ def tiles_explorer(
     Raises:
         TypeError unless block_sizes and group_sizes are sequences of ints (not a str); ValueError for one
         that is empty, or a first state not among its slider's choices (block_size_m/n/k in block_sizes,
-        group_size_m in group_sizes); and as `tiles_snapshot` for the rest.
+        group_size_m in group_sizes); ValueError ("too large to draw") where the sliders' smallest block
+        size would give a map `plot_tile_map` refuses; and as `tiles_snapshot` for the rest.
     """
     import ipywidgets as widgets
 
@@ -236,6 +264,12 @@ def tiles_explorer(
         ("group_size_m", group_size_m, group_sizes),
     ):
         check_choice(name, value, options)
+    if isinstance(topk_ids, torch.Tensor):  # else align raises for it; the widget's largest map, checked now
+        smallest = min(block_sizes)
+        slots = topk_ids.numel()
+        num_experts = check_positive_int("num_experts", num_experts)
+        num_m = max_num_tokens_padded(slots, num_experts, smallest) // smallest
+        _check_map_drawable(num_m, triton.cdiv(check_positive_int("n", n, minimum=0), smallest), "topk_ids")
 
     def slider(name, options, value):
         return widgets.SelectionSlider(

@@ -16,12 +16,21 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 
 from ..._validate import check_positive_int, is_bool, type_name
-from ._common import as_list, check_choice, figure_and_ax, int_list, show_figure
+from ._common import as_list, check_choice, check_drawable, check_has_data, figure_and_ax, int_list, show_figure
 
 INSIDE = "#4C72B0"  # box part inside the tensor: copied from global memory
 OUTSIDE = "#DD8452"  # box part outside the tensor: zero-filled on load, dropped on store
 PADDING = "#BBBBBB"  # padding rows of the expert-sorted layout
 CROSSING = "#C44E52"  # a tile that spans two experts
+
+# What the pictures draw at most (one matplotlib artist per element or tile: past these a call runs for
+# minutes). Timed: each limit draws in about 1-2 seconds; the notebooks' calls and the widgets' ranges
+# stay far below them.
+MAX_VIEW_SIDE = 1024  # rows or columns of plot_descriptor_box's view (tensor and boxes): one grid line each
+MAX_BOX_CELLS = 1024  # elements of all boxes together: one patch each (a 32 x 32 box)
+MAX_EXPERT_PANELS = 256  # plot_expert_weights_box's panels
+MAX_EXPERT_TILES = 512  # plot_expert_tiles' tiles (an outline and a label each) and experts (a label each)
+MAX_EXPERT_ROWS = 2**20  # plot_expert_tiles' rows (one array entry each)
 
 
 def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Sequence[int]) -> Tuple[int, int]:
@@ -52,6 +61,26 @@ def box_overlap(shape: Sequence[int], block_shape: Sequence[int], offsets: Seque
     return inside, total - inside
 
 
+def _box_values(values, bm: int, bn: int) -> np.ndarray:
+    """`values` (an array, tensor or nested list) as a [bm, bn] numpy array of numbers (TypeError / ValueError
+    otherwise: each is written in a cell with "{v:g}", which a str or None would fail halfway through)."""
+    if hasattr(values, "detach"):
+        check_has_data("values", values)
+        values = values.detach().cpu()
+    try:
+        vals = np.asarray(values)
+    except ValueError:  # ragged rows
+        raise ValueError(f"values must be [BLOCK_M, BLOCK_N] = [{bm}, {bn}] numbers, got ragged rows") from None
+    if vals.shape != (bm, bn):
+        raise ValueError(
+            f"values must be [BLOCK_M, BLOCK_N] = [{bm}, {bn}] (what the first box loaded), got shape "
+            f"{tuple(vals.shape)}"
+        )
+    if vals.dtype.kind not in "biuf":  # b: bools print as 0/1 like a loaded mask
+        raise TypeError(f"values must hold numbers (what the first box loaded), got dtype {vals.dtype}")
+    return vals
+
+
 def plot_descriptor_box(
     shape: Tuple[int, int],
     block_shape: Tuple[int, int],
@@ -76,7 +105,10 @@ def plot_descriptor_box(
     Raises:
         TypeError unless shape, block_shape and each offset are sequences of 2 ints (not a str) and offsets a
         sequence of them; ValueError for a shape size < 0, a block size < 1, no offsets, or values that are
-        not [BLOCK_M, BLOCK_N].
+        not [BLOCK_M, BLOCK_N]; TypeError for values that are not numbers, ValueError for values on the meta
+        device; ValueError ("too large to draw") for a view (tensor and boxes) over MAX_VIEW_SIDE rows or
+        columns, or boxes of more than MAX_BOX_CELLS elements in all; TypeError for an ax that is not a
+        matplotlib Axes.
     """
     rows, cols = shape = tuple(int_list("shape", shape, 0, what="2 ints (rows, cols)", length=2))
     bm, bn = block_shape = tuple(int_list("block_shape", block_shape, 1, what="2 ints (BLOCK_M, BLOCK_N)", length=2))
@@ -86,19 +118,18 @@ def plot_descriptor_box(
     ]
     if not offsets:
         raise ValueError("offsets must hold at least one (row, col) box origin, got none")
-    if values is not None:  # checked before drawing: a smaller array would fail halfway through the cells
-        vals = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values)
-        if vals.shape != (bm, bn):
-            raise ValueError(
-                f"values must be [BLOCK_M, BLOCK_N] = [{bm}, {bn}] (what the first box loaded), got shape "
-                f"{tuple(vals.shape)}"
-            )
+    check_drawable("shape", max(rows, cols), MAX_VIEW_SIDE, "rows or columns (one grid line each)")
+    check_drawable("block_shape", len(offsets) * bm * bn, MAX_BOX_CELLS, "box elements (offsets x BLOCK_M x BLOCK_N)")
     lo_r = min([0] + [r for r, _ in offsets])
     lo_c = min([0] + [c for _, c in offsets])
     hi_r = max([rows] + [r + bm for r, _ in offsets])
     hi_c = max([cols] + [c + bn for _, c in offsets])
     width = hi_c - lo_c
     height = hi_r - lo_r
+    # boxes far from the tensor: a view too wide to draw (matplotlib's transforms fail on huge offsets)
+    check_drawable("offsets", max(width, height), MAX_VIEW_SIDE, "rows or columns of the view (tensor and boxes)")
+    if values is not None:  # checked before drawing: a smaller array would fail halfway through the cells
+        vals = _box_values(values, bm, bn)
     fig, ax = figure_and_ax(ax, (min(11, 1.2 + 0.32 * width), min(8, 1.0 + 0.32 * height)))
     ax.add_patch(mpatches.Rectangle((0, 0), cols, rows, facecolor="#EEEEEE", edgecolor="black", lw=1.5))
     for r in range(rows + 1):
@@ -176,12 +207,19 @@ def plot_expert_weights_box(
         The Figure.
     Raises:
         TypeError / ValueError unless num_experts, n and k are ints >= 1, block_shape 3 ints >= 1 and offsets
-        3 ints (sequences, not a str).
+        3 ints (sequences, not a str); ValueError ("too large to draw") for more than MAX_EXPERT_PANELS
+        experts, and for an n0 / k0 that puts the box more than one panel size away from w[e].
     """
     num_experts = check_positive_int("num_experts", num_experts)
     n, k = check_positive_int("n", n), check_positive_int("k", k)
     be, bn, bk = int_list("block_shape", block_shape, 1, what="3 ints (1, BLOCK_SIZE_N, BLOCK_SIZE_K)", length=3)
     e0, n0, k0 = int_list("offsets", offsets, None, what="3 ints (expert, n0, k0)", length=3)
+    check_drawable("num_experts", num_experts, MAX_EXPERT_PANELS, "experts (one panel each)")
+    for name, off, block, size in (("offsets[1] (n0)", n0, bn, n), ("offsets[2] (k0)", k0, bk, k)):
+        if off + block <= -size or off >= 2 * size:  # far off: nothing to see, and a view matplotlib can't scale
+            raise ValueError(
+                f"{name} must put the box within one panel size of w[e], in ({-size - block}, {2 * size}), got {off}"
+            )
     fig, ax = figure_and_ax(ax, (min(12, 1.5 + num_experts * (k / max(n, k)) * 2.2), 3.4))
     gap = max(1, k // 4)
     for e in range(num_experts):
@@ -252,6 +290,15 @@ def crossing_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool = F
     return [i for i, t in enumerate(tiles) if len(set(t[t >= 0].tolist())) > 1]
 
 
+def _check_expert_tiles_drawable(counts: list, block_size_m: int) -> None:
+    """ValueError ("too large to draw") for more experts, tiles or rows than `plot_expert_tiles` draws, counted
+    before any row is made (the padded layout: it holds the most rows and tiles of the two)."""
+    check_drawable("counts", len(counts), MAX_EXPERT_TILES, "experts (a label each)")
+    tiles = sum(-(-c // block_size_m) for c in counts)
+    check_drawable("counts", tiles * block_size_m, MAX_EXPERT_ROWS, f"rows at BLOCK_SIZE_M = {block_size_m}")
+    check_drawable("counts", tiles, MAX_EXPERT_TILES, f"tiles at BLOCK_SIZE_M = {block_size_m} (a box each)")
+
+
 def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool = False, ax=None) -> Figure:
     """The expert-sorted rows as a strip coloured by expert, with the M-tiles (descriptor boxes of
     BLOCK_SIZE_M rows) outlined. Tiles spanning two experts are outlined in red.
@@ -265,9 +312,11 @@ def plot_expert_tiles(counts: Sequence[int], block_size_m: int, *, packed: bool 
     Returns:
         The Figure.
     Raises:
-        TypeError / ValueError as `sorted_row_experts`.
+        TypeError / ValueError as `sorted_row_experts`; ValueError ("too large to draw") for more than
+        MAX_EXPERT_TILES experts or tiles, or MAX_EXPERT_ROWS rows; TypeError for an ax that is not an Axes.
     """
     counts = _check_counts(counts)  # a list: an iterator given is read once
+    _check_expert_tiles_drawable(counts, check_positive_int("block_size_m", block_size_m))
     rows = sorted_row_experts(counts, block_size_m, packed=packed)
     num_experts = len(counts)
     fig, ax = figure_and_ax(ax, (10, 1.9))
@@ -332,7 +381,8 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
     Raises:
         TypeError / ValueError unless shape is 2 ints >= 0 (as `plot_descriptor_box`), itemsize an int >= 1,
         and block_shape 2 ints among the dropdowns' choices: BLOCK_M in [2, 4, 8, 16], BLOCK_N in those of
-        4, 8, 16, 32 that span 16 bytes or more.
+        4, 8, 16, 32 that span 16 bytes or more; ValueError ("too large to draw") for a shape whose view,
+        at the sliders' far ends, passes MAX_VIEW_SIDE rows or columns.
     """
     import ipywidgets as widgets
 
@@ -345,6 +395,9 @@ def box_widget(shape: Tuple[int, int] = (12, 20), block_shape: Tuple[int, int] =
     check_choice(f"block_shape[1] (BLOCK_N, with itemsize {itemsize})", first_bn, bn_options)
     step = max(1, 16 // itemsize)
     rows, cols = shape
+    # the view at the sliders' far ends (offsets -8 .. rows + 4 and -2 steps .. cols + 1 step, the largest box)
+    reach = max(rows + 4 + max(bm_options) + 8, cols + step + max(bn_options) + 2 * step)
+    check_drawable("shape", reach, MAX_VIEW_SIDE, "rows or columns of the view the sliders reach")
     row = widgets.IntSlider(value=0, min=-8, max=rows + 4, description="row offset", continuous_update=False)
     col = widgets.IntSlider(
         value=0, min=-step * 2, max=cols + step, step=step, description="col offset", continuous_update=False
@@ -382,12 +435,14 @@ def expert_tiles_widget(counts: Sequence[int] = (5, 0, 13, 3, 9), block_size_m: 
         ipywidgets.VBox; `.figure` is the current Figure and `.summary` the HTML line, for tests.
     Raises:
         TypeError / ValueError unless counts is a sequence of ints >= 0 (as `sorted_row_experts`) and
-        block_size_m one of the dropdown's choices.
+        block_size_m one of the dropdown's choices; ValueError ("too large to draw") for counts that
+        `plot_expert_tiles` cannot draw at BLOCK_SIZE_M = 2.
     """
     import ipywidgets as widgets
 
     counts = _check_counts(counts)  # a list: read at every redraw
     check_choice("block_size_m", block_size_m, [2, 4, 8, 16])
+    _check_expert_tiles_drawable(counts, 2)  # the dropdown's smallest BLOCK_SIZE_M draws the most tiles
     bsm = widgets.Dropdown(options=[2, 4, 8, 16], value=block_size_m, description="BLOCK_SIZE_M")
     layout = widgets.ToggleButtons(options=["padded", "packed"], value="padded", description="layout")
     summary = widgets.HTML()

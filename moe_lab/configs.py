@@ -203,6 +203,33 @@ def full_precision_fp32(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 and torch.get_float32_matmul_precision() == "highest"
 
 
+LAYER_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+
+
+def check_layer_shape(
+    num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype
+) -> tuple[int, int, int, int, int]:
+    """The sizes a config is chosen by, as Python ints: num_tokens >= 0, num_experts, hidden_size and
+    intermediate_size >= 1, 1 <= top_k <= num_experts. Raises TypeError / ValueError naming the argument,
+    TypeError for a dtype other than float16, bfloat16, float32 and float8_e4m3fn (the weights' dtype)."""
+    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
+    num_experts, top_k, hidden_size, intermediate_size = (
+        check_positive_int(name, value)
+        for name, value in (
+            ("num_experts", num_experts),
+            ("top_k", top_k),
+            ("hidden_size", hidden_size),
+            ("intermediate_size", intermediate_size),
+        )
+    )
+    if top_k > num_experts:
+        raise ValueError(f"top_k must be at most num_experts={num_experts}, got {top_k}")
+    if dtype not in LAYER_DTYPES:
+        names = ", ".join(str(d)[6:] for d in LAYER_DTYPES)
+        raise TypeError(f"dtype must be one of {names} (the weights' dtype), got {dtype!r}")
+    return num_tokens, num_experts, top_k, hidden_size, intermediate_size
+
+
 def heuristic_config(
     num_tokens: int,
     num_experts: int,
@@ -213,12 +240,15 @@ def heuristic_config(
 ) -> MoEConfig:
     """Rules by expected rows per expert (T*k/E), no table: the config where no tuned entry applies.
     Under Triton's interpreter: one small config for every shape. `dtype` matters for float32 at full
-    precision (`full_precision_fp32`), whose dots need smaller tiles."""
+    precision (`full_precision_fp32`), whose dots need smaller tiles. Raises as `check_layer_shape`."""
+    num_tokens, num_experts, top_k, _, _ = check_layer_shape(
+        num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype
+    )
     if interpreter_active():
         # The interpreter runs one program at a time: few, wide tiles; M small to keep padding cheap.
         cfg = GemmConfig(16, 64, 64, 1, 4, 1)
         return MoEConfig(cfg, cfg)
-    rows_per_expert = num_tokens * top_k / max(num_experts, 1)
+    rows_per_expert = num_tokens * top_k / num_experts
     if full_precision_fp32(dtype) and rows_per_expert > 4:
         # Full-precision float32 dots run on the CUDA cores, not the tensor cores: the bf16 prefill tile's
         # 128x256 accumulator spills; a smaller tile with pointer loads measured fastest (docs/experiments.md,

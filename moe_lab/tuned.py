@@ -36,8 +36,7 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 import torch
 import triton
 
-from ._validate import check_positive_int
-from .configs import ConfigLike, GemmConfig, MoEConfig, as_moe_config, heuristic_config
+from .configs import ConfigLike, GemmConfig, MoEConfig, as_moe_config, check_layer_shape, heuristic_config
 from .runtime import interpreter_active, version_tuple
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "configs")
@@ -306,9 +305,12 @@ def choose_config(
     where it came from. `config` as `fused_moe` takes it: None (the default: the tuned entry of the table
     that `table_for_device` picks, nearest token bucket, else `heuristic_config`), a MoEConfig or a
     GemmConfig (used as given), or a dict of fields changed on top of the default.
-    Returns a ConfigChoice. Raises TypeError/ValueError for a malformed `config` (see
-    `moe_lab.configs.as_moe_config`) and ValueError naming the file for a malformed table entry.
-    After the first call per device, it reads no file."""
+    Returns a ConfigChoice. Raises as `moe_lab.configs.check_layer_shape` (sizes, dtype), TypeError/ValueError
+    for a malformed `config` (see `moe_lab.configs.as_moe_config`) and ValueError naming the file for a
+    malformed table entry. After the first call per device, it reads no file."""
+    num_tokens, num_experts, top_k, hidden_size, intermediate_size = check_layer_shape(
+        num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype
+    )
     if config is not None and not isinstance(config, Mapping):
         return ConfigChoice(as_moe_config(config, None), USER_CONFIG)  # type: ignore[arg-type]
     default = _default_choice(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype, device)
@@ -346,29 +348,15 @@ def default_config(
 ) -> MoEConfig:
     """The config a layer runs with by default (a MoEConfig): with `tuned`, the entry of the tuned table
     that serves the current CUDA device for this shape and the nearest token bucket if there is one
-    (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises TypeError /
-    ValueError naming the argument for sizes that are not ints (num_tokens >= 0, the others >= 1), a dtype
-    other than float16, bfloat16, float32 and float8_e4m3fn, or a `tuned` that is not a bool; a malformed
+    (`choose_config` decides, and says which), else `moe_lab.configs.heuristic_config`. Raises as
+    `moe_lab.configs.check_layer_shape` (sizes, dtype), TypeError for a `tuned` that is not a bool; a malformed
     tuned table raises ValueError naming its file."""
-    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
-    num_experts, top_k, hidden_size, intermediate_size = (
-        check_positive_int(name, value)
-        for name, value in (
-            ("num_experts", num_experts),
-            ("top_k", top_k),
-            ("hidden_size", hidden_size),
-            ("intermediate_size", intermediate_size),
-        )
-    )
+    shape = check_layer_shape(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
     if not isinstance(tuned, bool):
         raise TypeError(f"tuned must be a bool, got {tuned!r}")
-    dtypes = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
-    if dtype not in dtypes:
-        names = ", ".join(str(d)[6:] for d in dtypes)
-        raise TypeError(f"dtype must be one of {names} (the weights' dtype), got {dtype!r}")
     if tuned:
-        return choose_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype).config
-    return heuristic_config(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
+        return choose_config(*shape, dtype).config
+    return heuristic_config(*shape, dtype)
 
 
 def clear_cache() -> None:

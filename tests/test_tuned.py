@@ -317,14 +317,18 @@ def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
         assert not tuned.select_table("X", (9, 0), "3.6.0", str(tmp_path))
 
 
-def test_default_config_names_a_bad_argument():
-    """default_config is public: a string size, a negative T or an integer dtype is named, not looked up."""
+@pytest.mark.parametrize("choose", [default_config, tuned.choose_config, heuristic_config])
+def test_config_choice_names_a_bad_argument(choose):
+    """The public config choosers: a string size, a negative T, top_k above E or an integer dtype is named,
+    not looked up."""
     for args, kwargs, error, words in (
         (("8", 4, 2, 64, 32), {}, TypeError, "num_tokens must be an int, got str"),
         ((-1, 4, 2, 64, 32), {}, ValueError, "num_tokens must be >= 0, got -1"),
         ((8, 4, 2, 0, 32), {}, ValueError, "hidden_size must be >= 1, got 0"),
+        ((8, 0, 1, 64, 32), {}, ValueError, "num_experts must be >= 1, got 0"),
+        ((8, 4, 5, 64, 32), {}, ValueError, "top_k must be at most num_experts=4, got 5"),
         ((8, 4, 2, 64, 32), dict(dtype=torch.int32), TypeError, "dtype must be one of float16, bfloat16"),
     ):
         with pytest.raises(error, match=words):
-            default_config(*args, **kwargs)
+            choose(*args, **kwargs)
     assert default_config(0, 4, 2, 64, 32) == default_config(0, 4, 2, 64, 32, torch.bfloat16)

@@ -133,6 +133,13 @@ def is_bool(value) -> bool:
     return isinstance(value, bool) or "bool" in str(getattr(value, "dtype", ""))
 
 
+def check_bool(name: str, value) -> bool:
+    """`value` if it is a Python bool; TypeError naming `name` otherwise (a truthy 1 or "no" is no flag)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {described(value)}")
+    return value
+
+
 def check_int(name: str, value) -> int:
     """`value` as a Python int if it is an int or int-like (a numpy integer, a 0-d integer array or tensor:
     operator.index); bools of every kind are refused (`is_bool`), and so are arrays and tensors of one or more

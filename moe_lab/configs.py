@@ -18,7 +18,7 @@ from typing import Mapping, Union
 
 import torch
 
-from ._validate import check_positive_int, check_power_of_two
+from ._validate import check_bool, check_positive_int, check_power_of_two
 from .runtime import interpreter_active
 
 MAX_STAGES = 16
@@ -92,8 +92,7 @@ class GemmConfig:
         for name, value in checked.items():
             object.__setattr__(self, name, value)  # frozen dataclass
         for name in ("tma", "tail_tiles", "fuse_swiglu", "persistent"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"config.{name} must be a bool, got {getattr(self, name)!r}")
+            check_bool(f"config.{name}", getattr(self, name))
 
     @property
     def swiglu_epilogue(self) -> bool:

@@ -38,7 +38,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._ints import cdiv
 from ._kernels.grouped_matmul import grouped_matmul_kernel, grouped_matmul_persistent_kernel
 from ._launch import LaunchSite, launch
-from ._validate import FLOAT_DTYPES, check_kernel_device, check_not_aliased, check_tensor, output_buffer
+from ._validate import FLOAT_DTYPES, check_bool, check_kernel_device, check_not_aliased, check_tensor, output_buffer
 from .align import AlignedRouting, check_routing
 from .capability import require_fp8
 from .configs import GemmConfig
@@ -188,8 +188,7 @@ def check_gemm_rows(routing, topk_weights, *, gather_a, scatter, return_plan) ->
             f"{routing.max_num_m_blocks * routing.block_size_m} (moe_align sizes it so)"
         )
     for name, flag in (("gather_a", gather_a), ("scatter", scatter), ("return_plan", return_plan)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
+        check_bool(name, flag)
     if gather_a and scatter:
         raise ValueError(
             "gather_a=True with scatter=True is not a supported combination (the up projection "

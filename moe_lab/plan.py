@@ -31,7 +31,7 @@ import torch
 from ._ints import cdiv
 from ._kernels.grouped_matmul import _tile_coords
 from ._launch import LaunchSite, current_stream
-from ._validate import check_positive_int, is_bool, type_name
+from ._validate import check_bool, check_positive_int, is_bool, type_name
 from .align import AlignedRouting, max_num_tokens_padded, slot_order_applies
 from .capability import (
     assumed_facts,
@@ -203,7 +203,9 @@ def select_load_path(
     and up rows in one tile (interleaved gate and up rows are plain rows: swiglu=False here). (With
     block scales a step of several scale blocks loads boxes of one block's K, `LaunchPlan.box_k`: valid
     wherever BLOCK_SIZE_K's are, the inner box staying >= 16 bytes.) `w_name`: w's name in the error
-    (`fused_moe`'s w1 or w2; the reasons say w)."""
+    (`fused_moe`'s w1 or w2; the reasons say w). Raises TypeError for a gather_a or swiglu that is not a bool."""
+    check_bool("gather_a", gather_a)
+    check_bool("swiglu", swiglu)
     check_use_tma(use_tma)
     if use_tma is False:
         return LoadPath(False, False, "use_tma=False")
@@ -864,8 +866,7 @@ def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     (n_tiles >= 0, programs >= 1) or a `swiglu` that is not a bool."""
     n_tiles = check_positive_int("n_tiles", n_tiles, minimum=0)
     programs = check_positive_int("programs", programs)
-    if not isinstance(swiglu, bool):
-        raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
+    check_bool("swiglu", swiglu)
     return 1 if swiglu and 2 * n_tiles <= programs else 8
 
 
@@ -885,8 +886,7 @@ def gluon_programs(tiles: int, sms: int, swiglu: bool, expert_w_bytes: int) -> i
     CUDA grid holds (2**31 - 1)."""
     tiles, sms = check_positive_int("tiles", tiles, minimum=0), check_positive_int("sms", sms)
     expert_w_bytes = check_positive_int("expert_w_bytes", expert_w_bytes, minimum=0)
-    if not isinstance(swiglu, bool):
-        raise TypeError(f"swiglu must be a bool, got {type_name(swiglu)}")
+    check_bool("swiglu", swiglu)
     per_tile = swiglu and expert_w_bytes >= GLUON_TILE_PROGRAMS_W_BYTES
     programs = max(1, tiles if per_tile else min(sms, tiles))
     if programs > 2**31 - 1:
@@ -1016,8 +1016,7 @@ def gluon_applies(
     if not isinstance(activation, Activation):
         raise TypeError(f"activation must be an Activation, got {type_name(activation)}")
     for name, value in (("has_bias", has_bias), ("config_given", config_given)):
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be a bool, got {type_name(value)}")
+        check_bool(name, value)
     if rows_per_expert is not None:
         if is_bool(rows_per_expert) or not isinstance(rows_per_expert, numbers.Real):
             raise TypeError(

@@ -34,6 +34,7 @@ from ._kernels.quantize import per_token_group_quant_fp8_kernel
 from ._launch import LaunchSite, launch
 from ._validate import (
     FLOAT_DTYPES,
+    check_bool,
     check_kernel_device,
     check_not_aliased,
     check_own_memory,
@@ -42,7 +43,6 @@ from ._validate import (
     check_tensor,
     is_bool,
     output_buffer,
-    type_name,
 )
 from .capability import require_fp8
 from .runtime import interpreter_active, interpreter_serialized
@@ -142,12 +142,6 @@ def check_scale_values_on_cpu(name: str, scale: torch.Tensor) -> None:
         check_scale_values(name, scale)
 
 
-def _check_flag(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type_name(value)}")
-    return value
-
-
 def _fit_block(block: Tuple[int, int], rows: int, cols: int) -> Tuple[int, int]:
     """The block cut to the matrix: a block larger than it covers all of it, with no larger copy."""
     return min(block[0], rows), min(block[1], cols)
@@ -196,7 +190,7 @@ def quantize_weights_fp8(
     config.json `quantization_config` (`"weight_block_size": [128, 128]`, `"fmt": "e4m3"`)."""
     check_tensor("w", w, ndim=3, dtypes=FLOAT_DTYPES, layout="[E, N, K]")
     block = check_gemm_block_shape(block_shape)
-    if _check_flag("per_channel", per_channel) and block is not None:
+    if check_bool("per_channel", per_channel) and block is not None:
         raise ValueError(
             f"per_channel=True gives one scale per output row and takes block_shape=None, got "
             f"block_shape={list(block)}; pass block_shape=None"
@@ -415,7 +409,7 @@ def quantize_activations_fp8(
         raise ValueError(f"x must have K >= 1 channels [rows, K], got shape {tuple(x.shape)}")
     if group_size is not None:
         group_size = check_positive_int("group_size", group_size)  # numpy ints too, as block_shape takes them
-    per_tensor = _check_flag("per_tensor", per_tensor)
+    per_tensor = check_bool("per_tensor", per_tensor)
     if scale is not None:
         scale = check_static_scale("scale", scale)
         check_scale_values_on_cpu("scale", scale)

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ._validate import FLOAT_DTYPES, check_one_device, check_positive_int, check_tensor, is_bool, type_name
+from ._validate import FLOAT_DTYPES, check_bool, check_one_device, check_positive_int, check_tensor, is_bool, type_name
 
 
 class TopKRouting(NamedTuple):
@@ -67,8 +67,7 @@ def topk_routing(
     top_k = check_positive_int("top_k", top_k)
     if top_k > num_experts:
         raise ValueError(f"top_k must be <= the number of experts E={num_experts}, got {top_k}")
-    if not isinstance(renormalize, bool):
-        raise TypeError(f"renormalize must be a bool, got {renormalize!r}")
+    check_bool("renormalize", renormalize)
     if scoring not in ("softmax", "sigmoid"):
         raise ValueError(f"scoring must be 'softmax' or 'sigmoid', got {scoring!r}")
     if correction_bias is not None:

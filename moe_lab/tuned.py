@@ -36,6 +36,7 @@ from typing import Dict, List, Mapping, Optional, Tuple, Union
 import torch
 import triton
 
+from ._validate import check_bool
 from .configs import ConfigLike, GemmConfig, MoEConfig, as_moe_config, check_layer_shape, heuristic_config
 from .runtime import interpreter_active, version_tuple
 
@@ -352,8 +353,7 @@ def default_config(
     `moe_lab.configs.check_layer_shape` (sizes, dtype), TypeError for a `tuned` that is not a bool; a malformed
     tuned table raises ValueError naming its file."""
     shape = check_layer_shape(num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype)
-    if not isinstance(tuned, bool):
-        raise TypeError(f"tuned must be a bool, got {tuned!r}")
+    check_bool("tuned", tuned)
     if tuned:
         return choose_config(*shape, dtype).config
     return heuristic_config(*shape, dtype)

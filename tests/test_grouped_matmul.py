@@ -96,6 +96,9 @@ def test_tma_and_pointer_paths_agree():
     w = torch.randn(num_experts, n, k, device=DEVICE, dtype=torch.float16)
     path = select_load_path(a, w, CFG, gather_a=False, use_tma="auto")
     assert path.a_tma and path.w_tma, path.reason
+    for flags in (dict(gather_a=1), dict(gather_a=False, swiglu="yes")):  # a truthy value is no flag
+        with pytest.raises(TypeError, match=f"{list(flags)[-1]} must be a bool, got"):
+            select_load_path(a, w, CFG, use_tma="auto", **flags)
     used = routing.num_tokens_post_padded.item()
     tma = grouped_matmul(a, w, routing, CFG, gather_a=False, use_tma=True)[:used]
     ptr = grouped_matmul(a, w, routing, CFG, gather_a=False, use_tma=False)[:used]

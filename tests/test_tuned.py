@@ -182,7 +182,7 @@ def test_choose_config_buckets_and_sources(gpu_world):
     assert choice.config.block_size_m == 32 and choice.source.endswith("T bucket 64")
     assert default_config(50, **SHAPE) == choice.config
     assert default_config(50, **SHAPE, tuned=False) == heuristic_config(50, **SHAPE)
-    with pytest.raises(TypeError, match="tuned must be a bool, got 'no'"):
+    with pytest.raises(TypeError, match="tuned must be a bool, got str 'no'"):
         default_config(50, **SHAPE, tuned="no")
 
     other = dict(SHAPE, hidden_size=2048)

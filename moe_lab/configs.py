@@ -208,21 +208,19 @@ LAYER_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3f
 def check_layer_shape(
     num_tokens, num_experts, top_k, hidden_size, intermediate_size, dtype
 ) -> tuple[int, int, int, int, int]:
-    """The sizes a config is chosen by, as Python ints: num_tokens >= 0, num_experts, hidden_size and
-    intermediate_size >= 1, 1 <= top_k <= num_experts. Raises TypeError / ValueError naming the argument,
-    TypeError for a dtype other than float16, bfloat16, float32 and float8_e4m3fn (the weights' dtype)."""
-    num_tokens = check_positive_int("num_tokens", num_tokens, minimum=0)
-    num_experts, top_k, hidden_size, intermediate_size = (
-        check_positive_int(name, value)
+    """The sizes a config is chosen by, as Python ints: num_tokens, hidden_size and intermediate_size >= 0 (an
+    empty layer has a config too), num_experts and top_k >= 1 (top_k may exceed num_experts: with an
+    expert_map a rank's local experts are fewer than a token's k). Raises TypeError / ValueError naming the
+    argument, TypeError for a dtype other than float16, bfloat16, float32 and float8_e4m3fn (the weights')."""
+    num_tokens, hidden_size, intermediate_size = (
+        check_positive_int(name, value, minimum=0)
         for name, value in (
-            ("num_experts", num_experts),
-            ("top_k", top_k),
+            ("num_tokens", num_tokens),
             ("hidden_size", hidden_size),
             ("intermediate_size", intermediate_size),
         )
     )
-    if top_k > num_experts:
-        raise ValueError(f"top_k must be at most num_experts={num_experts}, got {top_k}")
+    num_experts, top_k = check_positive_int("num_experts", num_experts), check_positive_int("top_k", top_k)
     if dtype not in LAYER_DTYPES:
         names = ", ".join(str(d)[6:] for d in LAYER_DTYPES)
         raise TypeError(f"dtype must be one of {names} (the weights' dtype), got {dtype!r}")

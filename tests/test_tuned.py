@@ -319,14 +319,14 @@ def test_a_table_of_another_format_is_skipped_with_a_warning(tmp_path):
 
 @pytest.mark.parametrize("choose", [default_config, tuned.choose_config, heuristic_config])
 def test_config_choice_names_a_bad_argument(choose):
-    """The public config choosers: a string size, a negative T, top_k above E or an integer dtype is named,
-    not looked up."""
+    """The public config choosers: a string size, a negative T or H, no experts or an integer dtype is named,
+    not looked up (H = 0 and top_k above E, with an expert_map, are a layer's too)."""
     for args, kwargs, error, words in (
         (("8", 4, 2, 64, 32), {}, TypeError, "num_tokens must be an int, got str"),
         ((-1, 4, 2, 64, 32), {}, ValueError, "num_tokens must be >= 0, got -1"),
-        ((8, 4, 2, 0, 32), {}, ValueError, "hidden_size must be >= 1, got 0"),
+        ((8, 4, 2, -1, 32), {}, ValueError, "hidden_size must be >= 0, got -1"),
         ((8, 0, 1, 64, 32), {}, ValueError, "num_experts must be >= 1, got 0"),
-        ((8, 4, 5, 64, 32), {}, ValueError, "top_k must be at most num_experts=4, got 5"),
+        ((8, 4, 0, 64, 32), {}, ValueError, "top_k must be >= 1, got 0"),
         ((8, 4, 2, 64, 32), dict(dtype=torch.int32), TypeError, "dtype must be one of float16, bfloat16"),
     ):
         with pytest.raises(error, match=words):

@@ -438,6 +438,10 @@ print(ws_viz.steps_table(results, tokens=512))
 #   "One program per tile"). Where the Triton up GEMM quantizes in its
 #   epilogue with 64-row tiles, the two layers agree bit for bit; elsewhere by a few float8 steps, as FP8's tuned
 #   tiles already do from one T to another (docs/experiments.md, "Where the Gluon and Triton layers part").
+# - The same skeleton with bf16 operands (no scales: each wgmma accumulates in place) is slower than the Triton
+#   bf16 layer, 0.57 to 0.95x on an H100 at Qwen3-30B-A3B T = 4096 and at T = 16384 for all three, whatever its
+#   tiles: with no scaling to hide, warp specialization has little to overlap that Triton's own pipelining of
+#   `tl.dot` does not (docs/experiments.md, "bf16 on the Gluon skeleton"). This kernel is for FP8's scaling.
 #
 # ## Summary
 #

@@ -138,6 +138,9 @@ def plot_tile_map(
     num_m = routing.max_num_m_blocks
     num_n = triton.cdiv(n, block_size_n)
     _check_map_drawable(num_m, num_n, "routing")
+    labelled = num_m * num_n <= max_labels  # a number in each tile
+    if labelled:
+        check_drawable("max_labels", num_m * num_n, MAX_MAP_LABELS, "tile labels")
     order = tile_order(num_m, num_n, group_size_m).astype(float)
     block_experts = routing.expert_ids.cpu().numpy()
     idle = block_experts < 0
@@ -148,8 +151,7 @@ def plot_tile_map(
         shown, cmap=cmap or "viridis", aspect="auto", interpolation="nearest", vmin=0, vmax=max(order.size - 1, 1)
     )
     ax.set_facecolor((0.85, 0.85, 0.85))
-    check_drawable("max_labels", order.size if order.size <= max_labels else 0, MAX_MAP_LABELS, "tile labels")
-    if order.size <= max_labels:
+    if labelled:
         for (i, j), pid in np.ndenumerate(order):
             ax.text(
                 j,

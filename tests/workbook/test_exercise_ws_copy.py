@@ -92,6 +92,15 @@ SLIPS = {
     ),
     "expect_predicated_off": (WAIT + EXPECT.replace("nbytes)", "nbytes, pred=False)") + LOAD + STEP, "no expect on"),
     "loads_predicated_off": (WAIT + EXPECT + LOAD.replace("STAGES))", "STAGES), pred=t < 3)") + STEP, "deadlock"),
+    # // and % of a negative number round toward zero on the GPU, toward minus infinity in Python's body
+    "previous_rounds_parity": (
+        WAIT.replace("((step // STAGES) & 1) ^ 1", "((step - STAGES) // STAGES) & 1") + EXPECT + LOAD + STEP,
+        "`(step - STAGES) // STAGES` is -2 // 3: -1 in Python but 0 on the GPU",
+    ),
+    "stage_of_negative_step": (
+        (WAIT + EXPECT + LOAD).replace("step % STAGES", "(step - STAGES) % STAGES") + STEP,
+        "is -2 % 3: 1 in Python but -2 on the GPU",
+    ),
     "producer_arrives": (
         WAIT + EXPECT + LOAD + "        mbarrier.arrive(ready.index(step % STAGES), count=1)\n" + STEP,
         "the producer arrives on ready[0] itself",
@@ -335,3 +344,23 @@ def test_a_compile_error_the_compiler_prints_names_the_line(tmp_path):
     wait = WAIT.replace("((step // STAGES) & 1) ^ 1", "(step // STAGES) % 2 == 0")
     message = exercises.check_ws_copy(_define(_slip(wait + EXPECT + LOAD + STEP), tmp_path, "bool")).message
     assert "(line 10 of copy_load_partition" in message and "32-bit signless integer" in message, message
+
+
+def test_strict_and_gpu_must_be_bools_and_gpu_true_needs_hopper(tmp_path):
+    solution = _notebook("copy_load_partition_solution")
+    with pytest.raises(TypeError, match="strict must be a bool, got str 'no'"):
+        exercises.check_ws_copy(solution, strict="no")
+    with pytest.raises(TypeError, match="gpu must be a bool, got str 'no'"):
+        exercises.check_ws_copy(solution, gpu="no")
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        with pytest.raises(ValueError, match="gpu=True runs the copy on a Hopper GPU"):
+            exercises.check_ws_copy(solution, gpu=True)
+
+
+def test_divisions_the_gpu_rounds_alike_pass():
+    """Exact divisions of negative numbers, and every division of counts >= 0, run in the model as in Python."""
+    assert ws_copy._int_division(-6, 3, "//") == -2 and ws_copy._int_division(-6, 3, "%") == 0
+    assert ws_copy._int_division(7, 3, "//") == 2 and ws_copy._int_division(7, 3, "%") == 1
+    assert ws_copy._int_division(-7, -2, "//") == 3  # same signs: both round the same way
+    with pytest.raises(ws_copy.ModelError, match="`a` is 7 // -2: -4 in Python but -3 on the GPU"):
+        ws_copy._int_division(7, -2, "//", "a")

@@ -8,6 +8,7 @@ from typing import Callable, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..._validate import check_bool
 from ...reference import relative_error
 from ..guarded import GuardedRun
 
@@ -75,8 +76,9 @@ def _difference(got: torch.Tensor, want: torch.Tensor, tol: float) -> str:
 
 def report(exercise: str, problem: Optional[str], passed: str, strict: bool = False) -> Verdict:
     """The verdict of a checker that is not a kernel's (a PyTorch function, a quiz): print "PASS exercise:
-    passed" when `problem` is None, else "NOT YET exercise: problem", or raise "FAIL ..." if `strict`."""
-    if problem is not None and strict:
+    passed" when `problem` is None, else "NOT YET exercise: problem", or raise "FAIL ..." if `strict` (a bool:
+    TypeError otherwise)."""
+    if check_bool("strict", strict) and problem is not None:
         raise AssertionError(f"FAIL {exercise}: {problem}")
     verdict = Verdict(exercise, "PASS", passed) if problem is None else Verdict(exercise, "NOT YET", problem)
     print(verdict)
@@ -219,6 +221,7 @@ def grade(
     input, to be read only). then: (what it checked, for the PASS line; a further check run
     only when this launch is right, returning its problem or None), such as the same kernel at other sizes.
     """
+    check_bool("strict", strict)
     got = run.tensors[output]
     problem = diagnose(
         run,

@@ -33,6 +33,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..._validate import check_bool
 from ...align import AlignedRouting, moe_align
 from ...plan import tile_grid, tile_of_program
 from ...runtime import default_device, interpreter_active, require_gpu_timing
@@ -504,6 +505,8 @@ def _int32_rows(kernel, make_w_desc, make_a_desc) -> Optional[str]:
 
 
 def _check(projection: str, kernel, make_w_desc, make_a_desc, strict: bool, timing: bool) -> Verdict:
+    check_bool("strict", strict)
+    check_bool("timing", timing)
     first = CASES[projection][0]
     inp = _inputs(first, projection)
     run, problem = _run(kernel, inp, projection, make_w_desc, make_a_desc)

@@ -31,6 +31,7 @@ names the notebook imports) and nothing else from the notebook.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import json
@@ -46,6 +47,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..._validate import check_bool
 from ..guarded import KernelMismatch, NeverEnds, _deadline, _launched_kernel
 from ._grade import Verdict, at_other_sizes, report
 
@@ -305,6 +307,67 @@ class _Desc(types.SimpleNamespace):
         )
 
 
+def _int_division(a, b, op: str, text: str = ""):
+    """`a // b` or `a % b` (`op`; `text`: the producer's expression) as the model runs it. On a GPU, // and % of
+    run-time integers round toward zero, as in C; Python's round toward minus infinity. They differ only where one
+    operand is negative and the division is not exact: there the model stops and says so, rather than follow
+    Python where the GPU would not."""
+    result = a // b if op == "//" else a % b
+    if isinstance(a, int) and isinstance(b, int) and b and (a < 0) != (b < 0) and a % b:
+        quotient = -(abs(a) // abs(b))
+        on_gpu = quotient if op == "//" else a - b * quotient
+        raise ModelError(
+            f"`{text}` is {a} {op} {b}: {result} in Python but {on_gpu} on the GPU, where run-time integers divide "
+            "toward zero (as in C): the producer divides a negative number. Its counts (step, t) never go "
+            "negative; divide those themselves"
+        )
+    return result
+
+
+class _GpuDivision(ast.NodeTransformer):
+    """Every // and % of the producer's body (also //= and %=) as a call of _int_division."""
+
+    OPS = {ast.FloorDiv: "//", ast.Mod: "%"}
+
+    def _call(self, node, op: str):
+        """The call that replaces `node` (a BinOp or an AugAssign's value), its operands rewritten first."""
+        text = ast.unparse(node)
+        self.generic_visit(node)
+        left = ast.Name(node.target.id, ast.Load()) if isinstance(node, ast.AugAssign) else node.left
+        right = node.value if isinstance(node, ast.AugAssign) else node.right
+        args = [left, right, ast.Constant(op), ast.Constant(text)]
+        return ast.copy_location(ast.Call(ast.Name("_int_division", ast.Load()), args, []), node)
+
+    def visit_BinOp(self, node):
+        op = self.OPS.get(type(node.op))
+        return self._call(node, op) if op else self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        op = self.OPS.get(type(node.op))
+        if op is None or not isinstance(node.target, ast.Name):
+            return self.generic_visit(node)
+        return ast.copy_location(ast.Assign([node.target], self._call(node, op)), node)
+
+
+def _model_body(kernel, scope: dict):
+    """The producer's Python function with the GPU's integer division (`_GpuDivision`), its globals `scope`; its
+    own code where its source cannot be rewritten (no source, or variables of an enclosing function)."""
+    fn = kernel.fn
+    try:
+        tree = ast.parse(textwrap.dedent(kernel.src))
+    except (AttributeError, TypeError, SyntaxError):
+        tree = None
+    if tree is None or fn.__closure__ or not tree.body or not isinstance(tree.body[0], ast.FunctionDef):
+        return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    tree.body[0].decorator_list = []
+    tree = ast.fix_missing_locations(_GpuDivision().visit(tree))
+    namespace = dict(scope, _int_division=_int_division)
+    exec(compile(tree, fn.__code__.co_filename, "exec"), namespace)  # noqa: S102 - the learner's own function
+    body = namespace[tree.body[0].name]
+    scope.update(_int_division=_int_division)
+    return types.FunctionType(body.__code__, scope, fn.__name__, fn.__defaults__)
+
+
 def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
     """Run the producer's Python body for one program of the model at `config` with the stand-ins: its waits,
     expects, arrives and loads in order. Raises ModelError for a call the protocol has no place for."""
@@ -325,7 +388,7 @@ def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:
         elif any(value is load for load in real_loads):
             value = recorder.load
         scope[name] = value
-    body = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    body = _model_body(kernel, scope)
     ready, empty = _Rings("ready", config.stages), _Rings("empty", config.stages)
     try:
         # a `while` loop that never ends stops here, not the notebook; a print in the body prints nothing here
@@ -744,10 +807,18 @@ def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> V
     wrong byte count, the box and its barrier in different stages, the load signalling empty, the stage from the tile
     index, step never advancing, step off by one, a stage out of the ring, the producer arriving itself, one load per
     tile, a loop that never ends, a signature of other than six parameters, something other than a @gluon.jit function
-    (None, a @triton.jit kernel, kernel[grid], a plain function). Anything else the model finds is reported as the
-    deadlock or race it causes."""
+    (None, a @triton.jit kernel, kernel[grid], a plain function), a // or % of a negative number (the GPU rounds it
+    toward zero, Python's body in the model toward minus infinity). Anything else the model finds is reported as the
+    deadlock or race it causes. TypeError for a strict or gpu that is not a bool; ValueError for gpu=True where
+    there is no Hopper GPU."""
     if not _is_gluon(kernel):
         raise KernelMismatch(_not_gluon(kernel))
+    check_bool("strict", strict)
+    hopper = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+    if gpu is None:
+        gpu = hopper
+    elif check_bool("gpu", gpu) and not hopper:
+        raise ValueError("gpu=True runs the copy on a Hopper GPU (sm_90), and there is none here: leave gpu=None")
     label = EXERCISE  # the exercise, as every checker labels its verdict (not the function's name)
     if len(kernel.arg_names) != len(PARAMETERS):
         return report(
@@ -773,8 +844,6 @@ def check_ws_copy(kernel, strict: bool = False, gpu: Optional[bool] = None) -> V
         "compiles for sm_90: a warp_specialize region in its TTGIR; in its PTX "
         f"mbarrier.try_wait x {compiled['mbarrier_waits']}, cp.async.bulk.tensor x {compiled['tma_loads']}"
     )
-    if gpu is None:
-        gpu = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
     if not gpu:
         return report(label, None, passed + " (no Hopper GPU here: not run)", strict)
     ran = _child(kernel, "run", GPU_SECONDS)

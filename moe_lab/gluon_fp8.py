@@ -161,10 +161,10 @@ def grouped_matmul_fp8_gluon(
     problem = gluon_weight_problem("w", w) or gluon_block_shape_problem(block_shape, block_size_n)
     if problem:
         raise ValueError(problem)
+    plan = plan_gluon_fp8(routing, n, k, block_shape, a.device, config, out.element_size(), activation)
     reason = gluon_fp8_support(a.device)
     if reason is not None:
         raise RuntimeError(f"the Gluon FP8 grouped GEMM cannot run here: {reason}")
-    plan = plan_gluon_fp8(routing, n, k, block_shape, a.device, config, out.element_size(), activation)
     if routing.max_num_tokens_padded and n and k:
         run_gluon_fp8(plan, a, w, routing, out, a_scale, w_scale, topk_weights, gather_a, scatter, out_scale)
     return (out, plan) if return_plan else out

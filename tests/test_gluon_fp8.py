@@ -100,6 +100,23 @@ def test_the_weight_and_block_shape_rules_are_checked_before_the_device():
 
 
 @ON_CPU_TENSORS
+def test_the_routings_block_size_and_the_config_are_checked_before_the_device():
+    """plan_gluon_fp8 runs before the device is asked: a routing of 32-row blocks, a config of other rows than the
+    routing's or of one stage is a ValueError on any machine (on a CPU it was the device's RuntimeError)."""
+    a, a_s, w, w_s, _ = _operands()
+    ids = torch.randint(0, 4, (6, 2), dtype=torch.int32)
+    with pytest.raises(ValueError, match="takes BLOCK_SIZE_M 64 or 128 .* got 32"):
+        grouped_matmul_fp8_gluon(a, w, moe_align(ids, 4, 32), gather_a=True, a_scale=a_s, w_scale=w_s)
+    routing = moe_align(ids, 4, 64)
+    with pytest.raises(ValueError, match="config.BLOCK_SIZE_M=128 must equal the routing's block_size_m=64"):
+        config = GemmConfig(BLOCK_SIZE_M=128)
+        grouped_matmul_fp8_gluon(a, w, routing, config, gather_a=True, a_scale=a_s, w_scale=w_s)
+    with pytest.raises(ValueError, match="leaves fewer than 2 pipeline stages"):
+        config = GemmConfig(BLOCK_SIZE_M=64, num_stages=1)
+        grouped_matmul_fp8_gluon(a, w, routing, config, gather_a=True, a_scale=a_s, w_scale=w_s)
+
+
+@ON_CPU_TENSORS
 def test_routing_and_scales_are_checked_as_grouped_matmul_checks_them():
     """One check per argument, shared with moe_lab.grouped_matmul (moe_lab.gemm.check_gemm_rows and
     check_fp8_scales): the same refusals, in the same words."""

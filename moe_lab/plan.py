@@ -1027,10 +1027,10 @@ def gluon_applies(
     setting = gluon_setting() if setting is None else setting
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"setting must be '0', '1' or 'auto' (as {GLUON_ENV_VAR}), got {setting!r}")
+    if w1.dtype != FP8_DTYPE or block_shape is None:  # what the layer is comes before what the switch says
+        return False, "not block-scaled float8 weights"
     if setting == "0":
         return False, f"{GLUON_ENV_VAR}=0"
-    if w1.dtype != FP8_DTYPE or block_shape is None:
-        return False, "not block-scaled float8 weights"
     problem = gluon_fp8_support(w1.device)
     if problem:
         return False, problem

@@ -327,6 +327,8 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
         gluon_applies(w1, w2, block, setting="on", rows_per_expert=4096)
     assert gluon_applies(w1, w2, block, setting="1") == (True, "MOE_LAB_GLUON=1")
     assert gluon_applies(w1, w2, block, setting="0") == (False, "MOE_LAB_GLUON=0")
+    bf16 = torch.empty(8, 2 * 2048, 1024, device="meta", dtype=torch.bfloat16)
+    assert gluon_applies(bf16, w2, None, setting="0") == (False, "not block-scaled float8 weights")
     assert "interleaved" in gluon_applies(w1, w2, block, GPT_OSS, setting="1")[1]
     assert "no bias" in gluon_applies(w1, w2, block, has_bias=True, setting="1")[1]
     assert "needs block_shape [block_n, 128]" in gluon_applies(w1, w2, (128, 64), setting="1")[1]

@@ -240,6 +240,7 @@ def test_not_a_gluon_kernel_is_named(tmp_path):
     assert "a @triton.jit function" in exercises.check_ws_copy(triton_kernel).message
     plain = _define(_slip(STEP).replace("@gluon.jit", ""), tmp_path, "plain")
     assert "a plain Python function" in exercises.check_ws_copy(plain).message
+    assert "got int 5 (from" in exercises.check_ws_copy(5).message
 
 
 def test_a_signature_of_other_than_six_parameters_is_named(tmp_path):

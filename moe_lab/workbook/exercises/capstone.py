@@ -33,7 +33,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ..._validate import check_bool
+from ..._validate import check_bool, described
 from ...align import AlignedRouting, moe_align
 from ...plan import tile_grid, tile_of_program
 from ...runtime import default_device, interpreter_active, require_gpu_timing
@@ -361,7 +361,7 @@ def _desc_problem(make, args, want_block, name: str, tensor: str, layout: str) -
         )
         return None, f"{call} raised {type(exc).__name__}: {first}{why}"
     if not isinstance(desc, TensorDescriptor):
-        got = "None" if desc is None else f"a {type(desc).__name__}"
+        got = "None" if desc is None else described(desc)
         return None, f"{call} returned {got}, not a TensorDescriptor over {tensor} {layout}"
     block = list(desc.block_shape)
     if block != want_block:

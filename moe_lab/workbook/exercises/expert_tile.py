@@ -14,6 +14,7 @@ import torch
 import triton
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from ..._validate import described
 from ...runtime import default_device
 from ..guarded import run_guarded
 from ._grade import Verdict, at_other_sizes, diagnose, grade
@@ -176,7 +177,7 @@ def _learner_desc(make_w_desc, w: torch.Tensor, block_n: int = BLOCK_SIZE_N, blo
         )
         return None, f"{call} raised {type(exc).__name__}: {first}{why}"
     if not isinstance(w_desc, TensorDescriptor):
-        got = "None" if w_desc is None else f"a {type(w_desc).__name__}"
+        got = "None" if w_desc is None else described(w_desc)
         return None, (
             f"{call} returned {got}, not a TensorDescriptor: build one over w [E, N, K] whose box is "
             "one expert's BLOCK_SIZE_N x BLOCK_SIZE_K tile"

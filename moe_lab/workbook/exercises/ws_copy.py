@@ -47,7 +47,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..._validate import check_bool
+from ..._validate import check_bool, described
 from ..guarded import KernelMismatch, NeverEnds, _deadline, _launched_kernel
 from ._grade import Verdict, at_other_sizes, report
 
@@ -788,7 +788,7 @@ def _not_gluon(kernel) -> str:
     elif callable(kernel):
         got = f"{getattr(kernel, '__name__', type(kernel).__name__)}, a plain Python function: decorate it"
     else:
-        got = f"a {type(kernel).__name__}"
+        got = described(kernel)
     return (
         f"expected a @gluon.jit function (the producer partition), got {got} "
         "(from triton.experimental import gluon; @gluon.jit)"

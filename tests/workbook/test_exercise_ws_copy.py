@@ -365,3 +365,11 @@ def test_divisions_the_gpu_rounds_alike_pass():
     assert ws_copy._int_division(-7, -2, "//") == 3  # same signs: both round the same way
     with pytest.raises(ws_copy.ModelError, match="`a` is 7 // -2: -4 in Python but -3 on the GPU"):
         ws_copy._int_division(7, -2, "//", "a")
+
+
+def test_a_gluon_helper_of_the_learners_own_is_named(tmp_path):
+    source = _slip(WAIT.replace("((step // STAGES) & 1) ^ 1", "parity(step, STAGES)") + EXPECT + LOAD + STEP)
+    helper = "@gluon.jit\ndef parity(step, STAGES):\n    return ((step // STAGES) & 1) ^ 1\n\n\n"
+    source = source.replace("@gluon.jit\ndef copy_load_partition", helper + "@gluon.jit\ndef copy_load_partition")
+    verdict = exercises.check_ws_copy(_define(source, tmp_path, "helper"))
+    assert verdict.status == "NOT YET" and "calls a @gluon.jit function of its own" in verdict.message

@@ -670,6 +670,11 @@ def _problem_at(kernel, config: Config) -> Optional[str]:
             error = f"{type(exc).__name__}: {exc}"
             if "_semantic" in str(exc):  # a Gluon builtin called on Python numbers, not "forget @gluon.jit"
                 error = "a Gluon function it calls works only while the kernel compiles"
+            elif "outside of the scope of a kernel" in str(exc):  # the learner's own @gluon.jit helper
+                error = (
+                    "it calls a @gluon.jit function of its own, which runs only inside a kernel: write that code "
+                    "in the producer itself (the checker also compiles the producer alone)"
+                )
             return (
                 f"the model could not run the producer's body: {error}. The model runs {MODEL_RUNS}, and records "
                 "mbarrier.wait, mbarrier.expect and tma_load; the load loop needs no more"

@@ -12,7 +12,8 @@ graph_ms`), the two in alternating order over three rounds, the least median kep
 the Gluon layer's output (poisoned with NaN first) against the Triton layer's, relative Frobenius error < 1e-2,
 or else against the float32 layer on the same float8 operands (`fused_moe_reference`), < 1e-2; and
 FusedMoEInfo.gemm_kernel checked. The table also says what MOE_LAB_GLUON=auto picks there
-(`moe_lab.plan.gluon_applies`: the Gluon GEMMs where T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT).
+(`moe_lab.plan.gluon_applies`: the Gluon GEMMs where T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT, or
+GLUON_AUTO_ROWS_PER_LARGE_EXPERT where one expert's w1 takes GLUON_LARGE_EXPERT_W_BYTES or more).
 Prints a markdown table and writes DIR/fp8_layer.json and DIR/fp8_layer.md. Every failure prints a FAIL line
 and the run goes on. --quick: Mixtral-8x7B at T = 512 and DeepSeek-V3 at T = 64 and 4096 only.
 Needs an sm_90 GPU and a Triton with Gluon's warp_specialize (Triton 3.6.0 with torch 2.11).

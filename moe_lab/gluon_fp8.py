@@ -16,7 +16,8 @@ With `activation` (the up projection of a gated expert) the kernel computes the 
 scale per row per 128 columns: the input of the down GEMM, in the format `fused_moe`'s Triton up GEMM writes.
 
 `fused_moe` runs it for block-scaled float8 layers, per chunk, where the experts get 256 rows each or more
-and no config is given, or with MOE_LAB_GLUON=1 at every T (`moe_lab.plan.gluon_applies`);
+(128 for large experts, whose w1 takes 16 MiB or more each) and no config is given, or with MOE_LAB_GLUON=1
+at every T (`moe_lab.plan.gluon_applies`);
 `moe_lab.capability.gluon_fp8_support()` says where it can run (Triton with Gluon's `warp_specialize`, an
 sm_90 GPU, no interpreter), and the Triton kernel runs everywhere else.
 The compile check builds it for sm_90 under Triton 3.6.0, 3.7.1, 3.8.0 and 3.9.0; it has run on an H200 under 3.6.0.

@@ -870,14 +870,16 @@ def gluon_group_size_m(n_tiles: int, programs: int, swiglu: bool) -> int:
     return 1 if swiglu and 2 * n_tiles <= programs else 8
 
 
-# One expert's float8 w1 of this many bytes or more makes the SwiGLU up GEMM launch one program per tile.
-GLUON_TILE_PROGRAMS_W_BYTES = 16 * 2**20
+# A large expert: one whose float8 w1 takes this many bytes or more (DeepSeek-V3's 29 MB, Mixtral-8x7B's 117 MB;
+# Qwen3-30B-A3B's 3 MB is not). Its SwiGLU up GEMM launches one program per tile (`gluon_programs`), and "auto"
+# takes the Gluon GEMMs from GLUON_AUTO_ROWS_PER_LARGE_EXPERT rows per expert (`gluon_applies`).
+GLUON_LARGE_EXPERT_W_BYTES = 16 * 2**20
 
 
 def gluon_programs(tiles: int, sms: int, swiglu: bool, expert_w_bytes: int) -> int:
     """Programs of a Gluon FP8 launch over `tiles` tiles (at most; programs past the schedule's tiles return) on
     `sms` SMs. One per tile for the up GEMM with the SwiGLU epilogue (`swiglu`) where one expert's weights take
-    GLUON_TILE_PROGRAMS_W_BYTES or more (DeepSeek-V3's w1 29 MB, Mixtral-8x7B's 117 MB): the GPU starts tiles
+    GLUON_LARGE_EXPERT_W_BYTES or more (DeepSeek-V3's w1 29 MB, Mixtral-8x7B's 117 MB): the GPU starts tiles
     in order, so the M-blocks of an expert that share a weight box run at once and read it through L2, where
     programs walking tiles drift apart and read it from DRAM. Else one per SM at most, each walking tiles
     (Qwen3-30B-A3B's w1 of 3 MB, which stays in L2; the down GEMM). Where each measured faster:
@@ -887,7 +889,7 @@ def gluon_programs(tiles: int, sms: int, swiglu: bool, expert_w_bytes: int) -> i
     tiles, sms = check_positive_int("tiles", tiles, minimum=0), check_positive_int("sms", sms)
     expert_w_bytes = check_positive_int("expert_w_bytes", expert_w_bytes, minimum=0)
     check_bool("swiglu", swiglu)
-    per_tile = swiglu and expert_w_bytes >= GLUON_TILE_PROGRAMS_W_BYTES
+    per_tile = swiglu and expert_w_bytes >= GLUON_LARGE_EXPERT_W_BYTES
     programs = max(1, tiles if per_tile else min(sms, tiles))
     if programs > 2**31 - 1:
         raise ValueError(f"tiles={tiles} make {programs} programs, more than a CUDA grid holds (2**31 - 1)")
@@ -976,9 +978,12 @@ GLUON_WIDE_ROWS_PER_EXPERT = 128
 # layer plan is made: `clear_layer_plans()` after a change.
 GLUON_ENV_VAR = "MOE_LAB_GLUON"
 # "auto"'s threshold on a chunk's T * top_k / E (E: every expert, this rank's or not, with an expert_map): where
-# the Gluon layer measured faster (docs/experiments.md, "The Gluon GEMMs' tile order"; "Where the Gluon and Triton
-# layers part" says why switching by T adds no dependence on the batch that FP8's tuned tiles do not already have).
+# the Gluon layer measured faster (docs/experiments.md, "The Gluon GEMMs' tile order" and "auto for large
+# experts"; "Where the Gluon and Triton layers part" says why switching by T adds no dependence on the batch that
+# FP8's tuned tiles do not already have). Large experts (GLUON_LARGE_EXPERT_W_BYTES) from full 128-row tiles:
+# their long K leaves the epilogue a small share of a tile, where Qwen3-30B-A3B's short K does not.
 GLUON_AUTO_ROWS_PER_EXPERT = 256
+GLUON_AUTO_ROWS_PER_LARGE_EXPERT = 128
 # Rows of a tile per MMA partition (one warpgroup) of the Gluon FP8 kernel: tiles of 64 rows have one, of 128 two.
 GLUON_PARTITION_ROWS = 64
 
@@ -1005,7 +1010,8 @@ def gluon_applies(
     (`gluon_swiglu_problem`); no biases; each weight read as one [E * N, K] TMA matrix, H a multiple of 16
     (`gluon_weight_problem`)) and as `setting` says (default: `gluon_setting()`): "1" at every T, "0" never,
     "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
-    least GLUON_AUTO_ROWS_PER_EXPERT and no config was given (`config_given`: the caller chose Triton tiles).
+    least GLUON_AUTO_ROWS_PER_EXPERT (GLUON_AUTO_ROWS_PER_LARGE_EXPERT where one expert's w1 takes
+    GLUON_LARGE_EXPERT_W_BYTES or more) and no config was given (`config_given`: the caller chose Triton tiles).
     Takes `fused_moe`'s checked weights (their shapes are not matched here); TypeError/ValueError naming the
     argument for w1/w2 that are not tensors, a block_shape that is not two ints >= 1, an activation that is not
     an Activation, has_bias/config_given that are not bools, or rows_per_expert that is not a finite number >= 0."""
@@ -1046,16 +1052,18 @@ def gluon_applies(
         return True, f"{GLUON_ENV_VAR}=1"
     if config_given:
         return False, f"{GLUON_ENV_VAR}=auto with a config given runs the Triton GEMMs of that config"
-    threshold = GLUON_AUTO_ROWS_PER_EXPERT
+    large = w1.shape[1] * w1.shape[2] * w1.element_size() >= GLUON_LARGE_EXPERT_W_BYTES  # one expert's w1
+    threshold = GLUON_AUTO_ROWS_PER_LARGE_EXPERT if large else GLUON_AUTO_ROWS_PER_EXPERT
     if rows_per_expert is None:
         return False, f"{GLUON_ENV_VAR}=auto needs the rows per expert (T * top_k / E) to decide"
     rows = f"{rows_per_expert:.6g}"
+    which = f"{threshold}" + (f" (large experts: w1 >= {GLUON_LARGE_EXPERT_W_BYTES >> 20} MiB each)" if large else "")
     if rows_per_expert < threshold:
         return False, (
-            f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {threshold}, where the Triton GEMMs "
+            f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) < {which}, where the Triton GEMMs "
             f"are faster ({GLUON_ENV_VAR}=1 runs Gluon at every T)"
         )
-    return True, f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) >= {threshold}"
+    return True, f"{GLUON_ENV_VAR}=auto: {rows} rows per expert (T * top_k / E) >= {which}"
 
 
 @dataclass(frozen=True)

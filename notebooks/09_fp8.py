@@ -558,7 +558,8 @@ figure
 # registers. Two or three programs per SM fill part of the gap. DeepSeek-V3 keeps its tensor cores busy with
 # two warpgroups, one multiplying while the other scales and adds (§3.3.2): notebook 10 builds that kernel in
 # Gluon (warp-specialized: a load warp, two MMA warpgroups), which `fused_moe` runs where the experts get 256
-# rows each or more; it closes part of the gap, not all (docs/experiments.md has the measurements).
+# rows each or more (128 for large experts); it closes part of the gap, not all (docs/experiments.md has the
+# measurements).
 #
 # ## Summary
 #

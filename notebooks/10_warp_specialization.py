@@ -8,7 +8,8 @@
 # scale, meeting on **mbarriers** in shared memory. moe-lab has such a kernel, written in Gluon (Triton's
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
 # `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
-# experts get 256 rows each or more and no config is given (section 7 says why only there). This notebook takes
+# experts get 256 rows each or more (128 for large experts) and no config is given (section 7 says why only
+# there). This notebook takes
 # it apart.
 #
 # **Goals**
@@ -429,7 +430,9 @@ print(ws_viz.steps_table(results, tokens=512))
 #   and DeepSeek-V3, slower for Qwen3), slower below (benchmarks/results/gluon_fp8/fp8_layer.md; 192 rows and an
 #   H100's numbers in docs/experiments.md, "The Gluon GEMMs' tile order"), so `fused_moe`
 #   runs the Gluon GEMMs where the experts get 256 rows each or more and no config is given (`MOE_LAB_GLUON=1`: at
-#   every T). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
+#   every T); for large experts (w1 of 16 MiB or more each: Mixtral, DeepSeek-V3) from 128 rows, a full tile
+#   each, where both measured faster on an H200 and on an H100 (1.01 to 1.11x; docs/experiments.md, "auto for
+#   large experts"). Its up GEMM walks the tiles one M-block at a time (GROUP_SIZE_M = 1) where two M-blocks' N tiles
 #   fit one wave of programs (DeepSeek-V3 and Qwen3: that GEMM 1.02 to 1.21x on an H100, the layer 0.99 to 1.06x
 #   on an H200; docs/experiments.md, "The Gluon GEMMs' tile order"). Where one expert's w1 takes 16 MiB or more
 #   (DeepSeek-V3, Mixtral) the up GEMM launches one program per tile instead of one per SM: the GPU starts tiles
@@ -453,7 +456,8 @@ print(ws_viz.steps_table(results, tokens=512))
 #   a fresh barrier passes parity 1.
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
-#   `fused_moe` runs them where the experts get 256 rows each or more (no config given), where the layer is
+#   `fused_moe` runs them where the experts get 256 rows each or more (128 where one expert's w1 takes 16 MiB or
+#   more; no config given), where the layer is
 #   faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

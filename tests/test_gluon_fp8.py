@@ -323,6 +323,18 @@ def test_gluon_applies_where_it_can_run_and_where_the_rule_says_faster(monkeypat
     assert auto == (True, "MOE_LAB_GLUON=auto: 256 rows per expert (T * top_k / E) >= 256")
     assert "config given" in gluon_applies(w1, w2, block, setting="auto", rows_per_expert=4096, config_given=True)[1]
     assert not gluon_applies(w1, w2, block, setting="auto")[0]  # no T to decide by
+    # large experts (w1 of 16 MiB or more each: DeepSeek-V3's 28 MiB) from full 128-row tiles
+    large = torch.empty(8, 2 * 2048, 7168, **meta), torch.empty(8, 7168, 2048, **meta)
+    assert gluon_applies(*large, block, setting="auto", rows_per_expert=128) == (
+        True,
+        "MOE_LAB_GLUON=auto: 128 rows per expert (T * top_k / E) >= 128 (large experts: w1 >= 16 MiB each)",
+    )
+    assert not gluon_applies(*large, block, setting="auto", rows_per_expert=127.5)[0]
+    just_under = torch.empty(8, 2 * 1024, 8176, **meta), torch.empty(8, 8176, 1024, **meta)  # 16 MiB - 32 KiB
+    assert (
+        "128 rows per expert (T * top_k / E) < 256,"
+        in gluon_applies(*just_under, block, setting="auto", rows_per_expert=128)[1]
+    )
     with pytest.raises(ValueError, match="setting must be '0', '1' or 'auto'"):
         gluon_applies(w1, w2, block, setting="on", rows_per_expert=4096)
     assert gluon_applies(w1, w2, block, setting="1") == (True, "MOE_LAB_GLUON=1")

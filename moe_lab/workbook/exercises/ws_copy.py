@@ -361,11 +361,9 @@ def _model_body(kernel, scope: dict):
         return types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
     tree.body[0].decorator_list = []
     tree = ast.fix_missing_locations(_GpuDivision().visit(tree))
-    namespace = dict(scope, _int_division=_int_division)
-    exec(compile(tree, fn.__code__.co_filename, "exec"), namespace)  # noqa: S102 - the learner's own function
-    body = namespace[tree.body[0].name]
-    scope.update(_int_division=_int_division)
-    return types.FunctionType(body.__code__, scope, fn.__name__, fn.__defaults__)
+    scope["_int_division"] = _int_division
+    exec(compile(tree, fn.__code__.co_filename, "exec"), scope)  # noqa: S102 - defines the learner's own function
+    return scope[tree.body[0].name]
 
 
 def record(kernel, program: int, config: Config = CONFIGS[0]) -> List[Op]:

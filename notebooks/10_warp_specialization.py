@@ -9,8 +9,7 @@
 # lower-level language, where the programmer places the warps, the layouts and the barriers):
 # `moe_lab.gluon_fp8.grouped_matmul_fp8_gluon`, which `fused_moe` runs for block-scaled FP8 layers where the
 # experts get 256 rows each or more (128 for large experts) and no config is given (section 7 says why only
-# there). This notebook takes
-# it apart.
+# there). This notebook takes it apart.
 #
 # **Goals**
 # 1. See why one warpgroup waits: a schematic of one program's timeline (loads, MMAs, scaling, epilogue).
@@ -457,7 +456,6 @@ print(ws_viz.steps_table(results, tokens=512))
 # - moe-lab's Gluon kernel issues K blocks in pairs and scales one while the next multiplies; with two MMA
 #   warpgroups its GEMMs beat the Triton FP8 kernel's at prefill on an H200, short of the dense FP8 ceiling;
 #   `fused_moe` runs them where the experts get 256 rows each or more (128 where one expert's w1 takes 16 MiB or
-#   more; no config given), where the layer is
-#   faster.
+#   more; no config given), where the layer is faster.
 # - What is left between it and the dense ceiling is the scaling itself (about a fifth at Mixtral, measured by
 #   leaving it out) and, where K is short, the epilogue; ping-pong on 64-row tiles did not win it back.

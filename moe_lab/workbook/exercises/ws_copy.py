@@ -318,8 +318,8 @@ def _int_division(a, b, op: str, text: str = ""):
         on_gpu = quotient if op == "//" else a - b * quotient
         raise ModelError(
             f"`{text}` is {a} {op} {b}: {result} in Python but {on_gpu} on the GPU, where run-time integers divide "
-            "toward zero (as in C): the producer divides a negative number. Its counts (step, t) never go "
-            "negative; divide those themselves"
+            "toward zero (as in C): the producer divides a negative number. Divide step itself, which never goes "
+            "negative: its round is step // STAGES, its stage step % STAGES"
         )
     return result
 
@@ -489,8 +489,8 @@ def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -
         elif not on_empty:
             if [op for op in waits if op.bar.ring == "ready"]:
                 return (
-                    f"the producer waits on ready[{stage}], the consumer's barrier: it waits on empty[stage] "
-                    "until the consumer has read the stage, then loads"
+                    f"the producer waits on ready[{stage}], the consumer's barrier: it must wait on empty[stage] "
+                    "until the consumer has read the stage, then load"
                 )
             if later:
                 return (

@@ -479,7 +479,8 @@ def fused_moe(
         topk_ids: [T, k] int32/int64 experts in [0, E) (in [0, E_global) with expert_map).
         config: None (tuned table or heuristic), a MoEConfig, a GemmConfig for both GEMMs, or a dict.
         use_tma: "auto" (TMA where device and tensors allow), True (raise ValueError if not; the up GEMM's
-            gathered token rows are read by pointer all the same: TMA cannot gather on Hopper), False.
+            gathered token rows are read by pointer all the same: TMA cannot gather on Hopper), False (pointer
+            loads: the Triton GEMMs, also where the Gluon FP8 kernel, which loads by TMA, would run).
         expert_map: optional [E_global] int: global expert -> local index in w1/w2, -1 if not on this
             rank (expert parallelism); slots on other ranks contribute zero. Entries other than -1 distinct.
         out: optional [T, H] output buffer (last stride 1), dtype of hidden_states; `hidden_states` itself

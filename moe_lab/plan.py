@@ -1079,7 +1079,7 @@ class GluonLayerPlan:
 
 def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor):
     """(the GluonLayerPlan of a chunk of `num_tokens` tokens, or None; why) for the call whose key is `key`
-    (`gluon_applies` decides)."""
+    (`gluon_applies` decides; with use_tma=False the Triton GEMMs run, loading by pointer)."""
     top_k = key.topk_ids[0][1]
     has_bias = any(t is not None for t in key.expert_tensors[:2])
     num_experts, two_inter, hidden = w1.shape
@@ -1087,6 +1087,8 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     global_experts = key.expert_map[0][0] if key.expert_map is not None else num_experts
     rows_per_expert = num_tokens * top_k / global_experts
     config_given = key.config is not None and key.config != _frozen({})  # ({}: nothing changed)
+    if key.use_tma is False:  # the caller asked for pointer loads; the Gluon kernel loads by TMA alone
+        return None, "triton GEMMs: use_tma=False (pointer loads; the Gluon kernel loads by TMA)"
     applies, reason = gluon_applies(
         w1, w2, key.block_shape, key.activation, has_bias, rows_per_expert=rows_per_expert, config_given=config_given
     )

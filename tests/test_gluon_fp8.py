@@ -401,6 +401,8 @@ def test_auto_takes_the_gluon_gemms_where_experts_get_enough_rows(monkeypatch):
     assert narrow.gluon is None and "255 rows per expert" in narrow.gemm_reason
     (given,) = chunks(t, config={"up": {"num_stages": 3}})
     assert given.gluon is None and "config given" in given.gemm_reason
+    (pointers,) = chunks(t, use_tma=False)  # the Gluon kernel loads by TMA alone
+    assert pointers.gluon is None and "use_tma=False" in pointers.gemm_reason
     assert [chunk.gluon for chunk in chunks(t, chunk_size=t // 2)] == [None, None]
     assert [chunk.gluon is not None for chunk in chunks(t + 2, chunk_size=t)] == [True, False]  # each its own
     emap = torch.tensor([0, -1, 1, -1, 2, -1, 3, -1], dtype=torch.int32)  # this rank: 4 of 8 experts

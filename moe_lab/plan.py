@@ -1002,6 +1002,7 @@ def gluon_applies(
     setting: Optional[str] = None,
     rows_per_expert: Optional[float] = None,
     config_given: bool = False,
+    use_tma: UseTma = "auto",
 ) -> Tuple[bool, str]:
     """Whether `fused_moe` runs its two GEMMs on the warp-specialized Gluon FP8 kernel, and why (or why not), in
     words. It runs where it can (`moe_lab.capability.gluon_fp8_support`: Gluon's warp_specialize, an sm_90 GPU,
@@ -1012,9 +1013,11 @@ def gluon_applies(
     "auto" where `rows_per_expert` (the chunk's T * top_k / E, E counting every expert with an expert_map) is at
     least GLUON_AUTO_ROWS_PER_EXPERT (GLUON_AUTO_ROWS_PER_LARGE_EXPERT where one expert's w1 takes
     GLUON_LARGE_EXPERT_W_BYTES or more) and no config was given (`config_given`: the caller chose Triton tiles).
+    Never with use_tma=False: the caller asked for pointer loads, and the Gluon kernel loads by TMA alone.
     Takes `fused_moe`'s checked weights (their shapes are not matched here); TypeError/ValueError naming the
     argument for w1/w2 that are not tensors, a block_shape that is not two ints >= 1, an activation that is not
-    an Activation, has_bias/config_given that are not bools, or rows_per_expert that is not a finite number >= 0."""
+    an Activation, has_bias/config_given that are not bools, rows_per_expert that is not a finite number >= 0,
+    or use_tma other than True, False or "auto"."""
     for name, value in (("w1", w1), ("w2", w2)):
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type_name(value)}")
@@ -1023,6 +1026,7 @@ def gluon_applies(
         raise TypeError(f"activation must be an Activation, got {type_name(activation)}")
     for name, value in (("has_bias", has_bias), ("config_given", config_given)):
         check_bool(name, value)
+    check_use_tma(use_tma)
     if rows_per_expert is not None:
         if is_bool(rows_per_expert) or not isinstance(rows_per_expert, numbers.Real):
             raise TypeError(
@@ -1033,6 +1037,8 @@ def gluon_applies(
     setting = gluon_setting() if setting is None else setting
     if setting not in ("0", "1", "auto"):
         raise ValueError(f"setting must be '0', '1' or 'auto' (as {GLUON_ENV_VAR}), got {setting!r}")
+    if use_tma is False:
+        return False, "use_tma=False (pointer loads; the Gluon kernel loads by TMA)"
     if w1.dtype != FP8_DTYPE or block_shape is None:  # what the layer is comes before what the switch says
         return False, "not block-scaled float8 weights"
     if setting == "0":
@@ -1079,7 +1085,7 @@ class GluonLayerPlan:
 
 def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor):
     """(the GluonLayerPlan of a chunk of `num_tokens` tokens, or None; why) for the call whose key is `key`
-    (`gluon_applies` decides; with use_tma=False the Triton GEMMs run, loading by pointer)."""
+    (`gluon_applies` decides)."""
     top_k = key.topk_ids[0][1]
     has_bias = any(t is not None for t in key.expert_tensors[:2])
     num_experts, two_inter, hidden = w1.shape
@@ -1087,10 +1093,15 @@ def plan_gluon_layer(key: LayerKey, num_tokens: int, w1: torch.Tensor, w2: torch
     global_experts = key.expert_map[0][0] if key.expert_map is not None else num_experts
     rows_per_expert = num_tokens * top_k / global_experts
     config_given = key.config is not None and key.config != _frozen({})  # ({}: nothing changed)
-    if key.use_tma is False:  # the caller asked for pointer loads; the Gluon kernel loads by TMA alone
-        return None, "triton GEMMs: use_tma=False (pointer loads; the Gluon kernel loads by TMA)"
     applies, reason = gluon_applies(
-        w1, w2, key.block_shape, key.activation, has_bias, rows_per_expert=rows_per_expert, config_given=config_given
+        w1,
+        w2,
+        key.block_shape,
+        key.activation,
+        has_bias,
+        rows_per_expert=rows_per_expert,
+        config_given=config_given,
+        use_tma=key.use_tma,
     )
     if not applies:
         return None, f"triton GEMMs: {reason}"

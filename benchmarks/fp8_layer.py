@@ -9,11 +9,12 @@ warp-specialized Gluon GEMMs: up GEMM with SwiGLU and the float8 quantization in
 scattered with routed weights) and with MOE_LAB_GLUON=0 (the Triton FP8 GEMMs), each the whole layer (quantize
 the input, align, both GEMMs, top-k reduce). CUDA-graph medians with L2 flushed (`moe_lab.tools.timing.
 graph_ms`), the two in alternating order over three rounds, the least median kept. Correctness of each point:
-the Gluon layer's output (poisoned with NaN first) against the Triton layer's, relative Frobenius error < 1e-2,
-or else against the float32 layer on the same float8 operands (`fused_moe_reference`), < 1e-2; and
-FusedMoEInfo.gemm_kernel checked. The table also says what MOE_LAB_GLUON=auto picks there
-(`moe_lab.plan.gluon_applies`: the Gluon GEMMs where T * top_k / E >= GLUON_AUTO_ROWS_PER_EXPERT, or
-GLUON_AUTO_ROWS_PER_LARGE_EXPERT where one expert's w1 takes GLUON_LARGE_EXPERT_W_BYTES or more).
+the Gluon layer's output (poisoned with NaN first) against the Triton layer's, relative Frobenius error <
+1e-2, or else against the float32 layer on the same float8 operands (`fused_moe_reference`), < 1e-2, or else
+no further from exact math than the Triton layer (`judge`); and FusedMoEInfo.gemm_kernel checked. The table
+also says what MOE_LAB_GLUON=auto picks there (`moe_lab.plan.gluon_applies`: the Gluon GEMMs where T * top_k /
+E >= GLUON_AUTO_ROWS_PER_EXPERT, or GLUON_AUTO_ROWS_PER_LARGE_EXPERT where one expert's w1 takes
+GLUON_LARGE_EXPERT_W_BYTES or more).
 Prints a markdown table and writes DIR/fp8_layer.json and DIR/fp8_layer.md. Every failure prints a FAIL line
 and the run goes on. --quick: Mixtral-8x7B at T = 512 and DeepSeek-V3 at T = 64 and 4096 only.
 Needs an sm_90 GPU and a Triton with Gluon's warp_specialize (Triton 3.6.0 with torch 2.11).
@@ -85,6 +86,33 @@ def timed(fns: dict, rounds: int = 3) -> dict:
     return best
 
 
+def judge(row: dict, x, w1, w2, tw, ids, scales, outs: dict) -> None:
+    """Where the two layers part by 1e-2 or more: each against the float32 layer on the same float8 operands
+    (`fused_moe_reference`, which quantizes each GEMM's input as the layer does), the Gluon layer's under 1e-2.
+    Failing that, each against exact math on the dequantized weights (quantize_inputs=False): a layer whose
+    sums round one activation to the neighbouring e4m3 value moves its row against the first reference by a
+    step, and against exact math by no more than either rounding costs (docs/experiments.md, "FP8 at decode");
+    the Gluon layer must then be no further from exact math than the Triton layer, to 5 % (an error of its own
+    a third the size of that distance, adding in quadrature, would exceed it)."""
+    ref = fused_moe_reference(x, w1, w2, tw, ids, **scales)
+    row["ref_err"] = {name: relative_error(out.float(), ref) for name, out in outs.items()}
+    del ref
+    ok = row["ref_err"]["gluon"] < 1e-2
+    if not ok:
+        exact = fused_moe_reference(x, w1, w2, tw, ids, quantize_inputs=False, **scales)
+        row["exact_err"] = {name: relative_error(out.float(), exact) for name, out in outs.items()}
+        del exact
+        ok = row["exact_err"]["gluon"] <= 1.05 * row["exact_err"]["triton"]
+    torch.cuda.empty_cache()  # the references' float32 weights
+    if not ok:
+        what = (
+            f"correctness {row['model']} T={row['T']}: rel diff {row['rel_diff']:.2e}, {row['ref_err']}, "
+            f"exact math {row['exact_err']}"
+        )
+        FAILURES.append(what)
+        print(f"FAIL {what}", flush=True)
+
+
 def measure(model: str, tokens) -> list:
     p = get_preset(model)
     e, k, h, i = p.num_experts, p.top_k, p.hidden_size, p.intermediate_size
@@ -110,17 +138,7 @@ def measure(model: str, tokens) -> list:
             row["rel_diff"] = relative_error(outs["gluon"].float(), outs["triton"].float())
             row["bitwise_equal"] = bool(torch.equal(outs["gluon"], outs["triton"]))
             if not row["rel_diff"] < 1e-2:  # NaN (an unwritten row) fails too
-                # Two float8 layers can part by more than either is from the float32 layer (one activation
-                # rounded to the next e4m3 value moves its row): then each is judged against that reference.
-                ref = fused_moe_reference(x, w1, w2, tw, ids, **scales)
-                row["ref_err"] = {name: relative_error(out.float(), ref) for name, out in outs.items()}
-                del ref
-                torch.cuda.empty_cache()  # the reference's float32 weights
-                if not row["ref_err"]["gluon"] < 1e-2:
-                    FAILURES.append(f"correctness {model} T={t}: rel diff {row['rel_diff']:.2e}, {row['ref_err']}")
-                    print(
-                        f"FAIL correctness {model} T={t}: rel diff {row['rel_diff']:.2e}, {row['ref_err']}", flush=True
-                    )
+                judge(row, x, w1, w2, tw, ids, scales, outs)
             bufs = {name: torch.empty_like(x) for name in ("gluon", "triton")}
             best = timed(
                 {

@@ -7,7 +7,7 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from ._validate import FLOAT_DTYPES, INDEX_DTYPES, check_tensor, described
 from .align import AlignedRouting, check_align_args, max_num_tokens_padded
 from .expert_kind import Activation, check_activation
 from .gemm import check_weight_scale
@@ -107,6 +107,7 @@ def fused_moe_reference(
     shared_w1: Optional[torch.Tensor] = None,
     shared_w2: Optional[torch.Tensor] = None,
     shared_weights: Optional[torch.Tensor] = None,
+    quantize_inputs: bool = True,
 ) -> torch.Tensor:
     """out[t] = sum_j topk_weights[t, j] * W2[e] (silu(W1g[e] x_t) * W1u[e] x_t), e = topk_ids[t, j].
 
@@ -121,6 +122,10 @@ def fused_moe_reference(
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
     the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
     the quantization's; shared experts (in hidden_states' dtype) read hidden_states unquantized, as the layer's do.
+    quantize_inputs=False keeps both GEMMs' inputs in `dtype` (exact math on the dequantized weights): what the
+    layer's whole error is. A layer whose float32 sums differ from the reference's by a rounding can round an
+    activation to the neighbouring float8 value, which moves its row against the default reference by a step
+    and against this one by nothing more than either rounding costs (docs/experiments.md, "FP8 at decode").
     Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
     wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
     and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts
@@ -132,6 +137,8 @@ def fused_moe_reference(
     # the layer imports the kernels: only when called
     from .layer import _check_ids, _check_no_scales, _check_shared_weights, _check_weights
 
+    if not isinstance(quantize_inputs, bool):
+        raise TypeError(f"quantize_inputs must be a bool, got {described(quantize_inputs)}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize == 1:
         raise TypeError(f"dtype must be a floating torch.dtype (torch.float32 or torch.float64), got {dtype!r}")
 
@@ -160,7 +167,8 @@ def fused_moe_reference(
             for name, s in (("a1_scale", a1_scale), ("a2_scale", a2_scale))
         )
         group = block_shape[1] if block_shape is not None else None
-        hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
+        if quantize_inputs:
+            hidden_states = fake_quantize_activations(hidden_states, group, a1_scale)
     x = hidden_states.to(dtype)
     num_tokens = x.shape[0]
     out = torch.zeros(num_tokens, w2.shape[1], dtype=dtype, device=x.device)
@@ -179,7 +187,7 @@ def fused_moe_reference(
         if w1_bias is not None:
             gate_up = gate_up + w1_bias[e].to(dtype)
         act = gated_activation_reference(gate_up, activation)
-        if fp8:
+        if fp8 and quantize_inputs:
             act = fake_quantize_activations(act, group, a2_scale).to(dtype)
         y = act @ w2_e.to(dtype).T
         if w2_bias is not None:

@@ -746,6 +746,29 @@ def test_reference_refuses_scales_for_float_weights_and_a_dtype_that_is_not_one(
         fused_moe_reference(x, w1, w2, topk_weights, topk_ids, dtype="float32")
 
 
+def test_reference_without_quantized_inputs_is_exact_math_on_the_dequantized_weights():
+    """quantize_inputs=False: the float8 layer's whole error (docs/experiments.md, "FP8 at decode"), the same
+    as the reference on the dequantized float weights; the default quantizes both GEMMs' inputs."""
+    from moe_lab.quantize import dequantize_fp8
+
+    e, t, h, i = 3, 5, 256, 128
+    x = torch.randn(t, h, device=DEVICE)
+    (w1_q, w1_s), (w2_q, w2_s) = (
+        quantize_weights_fp8(torch.randn(e, n, k, device=DEVICE), (128, 128)) for n, k in ((2 * i, h), (h, i))
+    )
+    topk_weights, topk_ids = torch.rand(t, 2, device=DEVICE), random_topk_ids(t, e, 2)
+    scales = dict(w1_scale=w1_s, w2_scale=w2_s, block_shape=(128, 128))
+    exact = fused_moe_reference(
+        x, w1_q, w2_q, topk_weights, topk_ids, dtype=torch.float64, quantize_inputs=False, **scales
+    )
+    w1, w2 = dequantize_fp8(w1_q, w1_s, (128, 128)), dequantize_fp8(w2_q, w2_s, (128, 128))
+    assert torch.allclose(exact, fused_moe_reference(x, w1, w2, topk_weights, topk_ids, dtype=torch.float64))
+    default = fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, dtype=torch.float64, **scales)
+    assert 1e-3 < relative_error(default, exact) < 1e-1  # float8 inputs
+    with pytest.raises(TypeError, match=r"quantize_inputs must be a bool, got str 'no'"):
+        fused_moe_reference(x, w1_q, w2_q, topk_weights, topk_ids, quantize_inputs="no", **scales)
+
+
 def test_one_weight_scale_for_every_expert_says_how_to_pass_it():
     e, t, h, i = 3, 4, 64, 32
     x = torch.randn(t, h, device=DEVICE)

@@ -81,6 +81,15 @@ class AlignedRouting:
     def expert_sorted(self) -> bool:
         return self.counts is not None
 
+    def __repr__(self) -> str:
+        # The sizes, not the tensors' values: printing them would read the device (a sync) and fill the screen.
+        return (
+            f"AlignedRouting(num_tokens={self.num_tokens}, top_k={self.top_k}, num_experts={self.num_experts}, "
+            f"block_size_m={self.block_size_m}, max_num_tokens_padded={self.max_num_tokens_padded}, "
+            f"max_num_m_blocks={self.max_num_m_blocks}, expert_sorted={self.expert_sorted}, "
+            f"device={self.sorted_token_ids.device})"
+        )
+
     @property
     def num_slots(self) -> int:
         """T*k: the number of (token, k) slots, which is also the padding sentinel."""

@@ -99,6 +99,15 @@ def test_stable_order_and_determinism():
     assert_same(a, r)
 
 
+def test_repr_gives_the_sizes_not_the_tensors():
+    """(From a new user's trial) printing a routing, or a FusedMoEInfo that holds one, printed its tensors: a
+    device read, and screens of numbers."""
+    routing = moe_align(random_topk_ids(200, 12, 3), 12, 16)
+    text = repr(routing)
+    assert text.startswith("AlignedRouting(num_tokens=200, top_k=3, num_experts=12, block_size_m=16, ")
+    assert f"max_num_tokens_padded={routing.max_num_tokens_padded}" in text and "tensor(" not in text
+
+
 def test_expert_map_keeps_local_experts_only():
     ids = random_topk_ids(50, 8, 2)
     expert_map = torch.tensor([-1, 0, -1, 1, 2, -1, -1, 3], dtype=torch.int32, device=DEVICE)

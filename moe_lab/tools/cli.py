@@ -190,9 +190,8 @@ def cmd_demo(args) -> int:
             if size != new * scale
         ]
         if scale != 1 and rounded:
-            print(
-                f"note: {preset.name}: --scale {scale} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)"
-            )
+            given = f"--scale {scale}" if args.scale is not None else f"the CPU's scale ({scale})"
+            print(f"note: {preset.name}: {given} rounds {' and '.join(rounded)} (a multiple of 16, at least 16)")
     header = (
         f"{'model':<18} {'T':>6} {'E':>4} {'k':>2} {'H':>5} {'I':>6} {'up path':<11} {'down path':<11} "
         f"{'rel err':>9}  {'result':<6}"

@@ -42,10 +42,17 @@ def test_info(capsys):
 
 
 def test_demo_edges(capsys):
+    from moe_lab import interpreter_active
+
     # model names in any case; T = 0 prints no empty "Why these load paths"; --scale says when it rounds
     assert main(["demo", "--model", "Qwen3-30B-A3B", "--tokens", "0", "--scale", "100"]) == 0
     out = capsys.readouterr().out
-    assert "Why these load paths" not in out and "rounds H 2048/100 -> 32" in out
+    assert "Why these load paths" not in out and "--scale 100 rounds H 2048/100 -> 32" in out
+    # (From a new user's trial) without --scale, the note named a --scale that was not passed
+    if interpreter_active():
+        assert main(["demo", "--model", "qwen3-30b-a3b", "--tokens", "1"]) == 0
+        out = capsys.readouterr().out
+        assert "--scale" not in out and "the CPU's scale (64) rounds I 768/64 -> 16" in out
     # the device's TMA note once, not in every reason
     from moe_lab import tma_support
 

@@ -91,9 +91,9 @@ def judge(row: dict, x, w1, w2, tw, ids, scales, outs: dict) -> None:
     (`fused_moe_reference`, which quantizes each GEMM's input as the layer does), the Gluon layer's under 1e-2.
     Failing that, each against exact math on the dequantized weights (quantize_inputs=False): a layer whose
     sums round one activation to the neighbouring e4m3 value moves its row against the first reference by a
-    step, and against exact math by no more than either rounding costs (docs/experiments.md, "FP8 at decode");
-    the Gluon layer must then be no further from exact math than the Triton layer, to 5 % (an error of its own
-    a third the size of that distance, adding in quadrature, would exceed it)."""
+    step, and against exact math by no more than either rounding costs (docs/experiments.md, "FP8 at decode:
+    which reference"); the Gluon layer must then be no further from exact math than the Triton layer, to 5 %
+    (an error of its own a third the size of that distance, adding in quadrature, would exceed it)."""
     ref = fused_moe_reference(x, w1, w2, tw, ids, **scales)
     row["ref_err"] = {name: relative_error(out.float(), ref) for name, out in outs.items()}
     del ref

@@ -122,10 +122,11 @@ def fused_moe_reference(
     dequantized and each GEMM's input is quantized as the layer quantizes it (`fake_quantize_activations`,
     the SwiGLU output from float32), so comparing with the layer measures the kernels' error apart from
     the quantization's; shared experts (in hidden_states' dtype) read hidden_states unquantized, as the layer's do.
-    quantize_inputs=False keeps both GEMMs' inputs in `dtype` (exact math on the dequantized weights): what the
-    layer's whole error is. A layer whose float32 sums differ from the reference's by a rounding can round an
-    activation to the neighbouring float8 value, which moves its row against the default reference by a step
-    and against this one by nothing more than either rounding costs (docs/experiments.md, "FP8 at decode").
+    quantize_inputs=False (float8 weights): both GEMMs' inputs stay in `dtype` and a1_scale, a2_scale go unused:
+    exact math on the dequantized weights, against which a layer's whole error shows, its quantization's
+    included. Against the default reference, a layer whose float32 sums differ from the reference's by a
+    rounding can round an activation to the neighbouring float8 value and move its row by a step; against this
+    one such a step costs no more than either rounding (docs/experiments.md, "FP8 at decode: which reference").
     Raises TypeError / ValueError, as `fused_moe` does, for hidden_states, topk_ids and topk_weights of the
     wrong rank, dtype or shape, for w1 not [E, 2I, H] or w2 not [E, H, I] (E, H and I agreeing with each other
     and with hidden_states; float16/bfloat16/float32 or float8_e4m3fn, w2 in w1's dtype), for shared experts

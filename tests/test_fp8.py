@@ -747,8 +747,9 @@ def test_reference_refuses_scales_for_float_weights_and_a_dtype_that_is_not_one(
 
 
 def test_reference_without_quantized_inputs_is_exact_math_on_the_dequantized_weights():
-    """quantize_inputs=False: the float8 layer's whole error (docs/experiments.md, "FP8 at decode"), the same
-    as the reference on the dequantized float weights; the default quantizes both GEMMs' inputs."""
+    """quantize_inputs=False: the float8 layer's whole error (docs/experiments.md, "FP8 at decode: which
+    reference"), the same as the reference on the dequantized float weights; the default quantizes both GEMMs'
+    inputs."""
     from moe_lab.quantize import dequantize_fp8
 
     e, t, h, i = 3, 5, 256, 128

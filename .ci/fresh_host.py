@@ -164,10 +164,18 @@ class Kernel:
         env["PATH"] = os.path.join(host, "bin") + os.pathsep + env.get("PATH", "")
         specs = KernelSpecManager(kernel_dirs=[os.path.join(host, "share", "jupyter", "kernels")])  # make_host's
         self.manager = KernelManager(kernel_name=KERNEL, kernel_spec_manager=specs)
-        self.manager.start_kernel(cwd=cwd, env=env)
-        self.client = self.manager.client()
-        self.client.start_channels()
-        self.client.wait_for_ready(timeout=120)
+        for last in (False, True):  # once more if it dies at start-up, as nbval's kernels do (../conftest.py)
+            self.manager.start_kernel(cwd=cwd, env=env)
+            self.client = self.manager.client()
+            self.client.start_channels()
+            try:
+                self.client.wait_for_ready(timeout=120)
+                break
+            except RuntimeError as error:
+                self.client.stop_channels()
+                if last or "died" not in str(error):
+                    raise
+                print(f"{os.path.basename(host)}: {error}; starting it again", file=sys.stderr, flush=True)
 
     def run(self, code: str, timeout: float = CELL_TIMEOUT) -> str:
         """Runs `code`; returns its stdout; raises RuntimeError with the traceback if it fails."""

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from moe_lab import (
     get_preset,
     relative_error,
 )
+from moe_lab.plan import GluonFp8Plan, GluonLayerPlan
 
 from .conftest import DEVICE, TOL, random_layer
 
@@ -147,6 +150,23 @@ def test_misaligned_hidden_size_falls_back_and_is_right():
     assert relative_error(out, fused_moe_reference(hs, w1, w2, tw, ti)) < 1e-2
     with pytest.raises(ValueError, match="use_tma=True"):
         fused_moe(hs, w1, w2, tw, ti, use_tma=True)
+
+
+def test_printed_info_is_a_few_lines_naming_each_gemm():
+    hs, w1, w2, tw, ti = random_layer(9, 4, 2, 64, 32, torch.float32)
+    _, info = fused_moe(hs, w1, w2, tw, ti, return_info=True)
+    lines = str(info).splitlines()
+    assert lines[0] == f"FusedMoEInfo: {info.gemm_reason}; config: {info.config_source}"
+    c = info.up_plan.config
+    assert lines[1].startswith(f"  up:   tile {c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}x{c.BLOCK_SIZE_K}, GROUP_SIZE_M")
+    assert lines[1].endswith(f"grid {info.up_plan.grid}; {info.up_path.reason}")
+    assert lines[2].startswith("  down: ") and lines[2].endswith(info.down_path.reason)
+    assert lines[3] == f"  routing: {info.routing!r}" and len(lines) == 4
+    _, empty = fused_moe(hs[:0], w1, w2, tw[:0], ti[:0], return_info=True)  # T = 0: nothing launched
+    assert str(empty).splitlines() == [f"FusedMoEInfo: triton GEMMs; config: {empty.config_source}"]
+    gluon = GluonLayerPlan(128, *(GluonFp8Plan(GemmConfig(128, 128, 128), 132, 240, 1) for _ in "ud"))
+    text = str(dataclasses.replace(info, gemm_kernel="gluon", gemm_reason="gluon GEMMs: why", gluon_plan=gluon))
+    assert "  up:   tile 128x128x128, GROUP_SIZE_M 8, num_warps 4, num_stages 3, grid 132; tma (the Gluon" in text
 
 
 def test_expert_map_computes_local_experts_only():

@@ -229,7 +229,7 @@ def select_load_path(
         w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a:
-        a_problem = "gathered token rows (TMA gather needs Blackwell)"
+        a_problem = "gathered token rows: TMA gather needs Blackwell"
     else:
         a_problem = descriptor_problem(a, [config.BLOCK_SIZE_M, config.BLOCK_SIZE_K])
         if a_problem and use_tma is True:

@@ -256,7 +256,7 @@ def cmd_demo(args) -> int:
             print(line, flush=True)
             del hidden, w1, w2, out, ref, unquantized
     if reasons:
-        print(f"\nWhy these load paths (TMA on this device: {support.reason}):")
+        print(f"\nWhy these load paths. TMA on this device: {support.reason}.")
         for model, (up_reason, down_reason) in reasons.items():
             print(f"  {model}\n    up:   {up_reason}\n    down: {down_reason}")
     if on_gpu:

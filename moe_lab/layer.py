@@ -89,7 +89,8 @@ class FusedMoEInfo:
     `gemm_kernel`: "triton", or "gluon" where the warp-specialized Gluon FP8 GEMMs ran instead
     (`moe_lab.plan.gluon_applies`; `gluon_plan` is then what they launched, and up_plan / down_plan the
     Triton plans not launched); `gemm_reason` says why. With chunks (chunk_size), all of it is the last
-    chunk's. `print(info)` gives it in a few lines (each GEMM's tile, grid and load path); repr() every field."""
+    chunk's. `print(info)` gives it in a few lines (each GEMM's block sizes, programs and load path); repr() every
+    field."""
 
     config: MoEConfig
     up_path: Optional[LoadPath]
@@ -103,18 +104,26 @@ class FusedMoEInfo:
     gluon_plan: Optional[GluonLayerPlan] = None
 
     def __str__(self) -> str:
-        lines = [f"FusedMoEInfo: {self.gemm_reason or self.gemm_kernel + ' GEMMs'}; config: {self.config_source}"]
+        lines = [
+            f"FusedMoEInfo: config from {self.config_source}",
+            f"  kernels: {self.gemm_reason or self.gemm_kernel}",
+        ]
         gluon = self.gluon_plan is not None
         plans = (self.gluon_plan.up, self.gluon_plan.down) if gluon else (self.up_plan, self.down_plan)
+        notes = set()
         for name, plan in zip(("up", "down"), plans):
-            if plan is None:  # T = 0: nothing launched
+            if plan is None:  # T = 0
                 continue
             c = plan.config
+            path, _, note = ("tma (the Gluon kernel loads by TMA alone)" if gluon else plan.path.reason).partition(" [")
+            notes.add(note.rstrip("]"))
             lines.append(
-                f"  {name + ':':5} tile {c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}x{c.BLOCK_SIZE_K}, GROUP_SIZE_M "
-                f"{c.GROUP_SIZE_M}, num_warps {c.num_warps}, num_stages {c.num_stages}, grid {plan.grid}; "
-                + ("tma (the Gluon kernel loads by TMA alone)" if gluon else plan.path.reason)
+                f"  {name + ':':5} BLOCK_SIZE_M/N/K {c.BLOCK_SIZE_M}/{c.BLOCK_SIZE_N}/{c.BLOCK_SIZE_K}, GROUP_SIZE_M "
+                f"{c.GROUP_SIZE_M}, num_warps {c.num_warps}, num_stages {c.num_stages}, {plan.grid} programs; {path}"
             )
+        if self.up_plan is None and not gluon:
+            lines.append("  nothing launched (T = 0)")
+        lines += [f"  TMA here: {note}" for note in sorted(notes - {""})]
         if self.routing is not None:
             lines.append(f"  routing: {self.routing!r}")
         return "\n".join(lines)

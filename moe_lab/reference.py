@@ -210,6 +210,7 @@ def _expert_scale(scale: torch.Tensor, e: int) -> torch.Tensor:
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref||_F / ||ref||_F in float64 (both scaled by ref's largest magnitude first, so values near
     float64's limit do not overflow the norms); NaN or inf anywhere gives NaN or inf (never passes a `<` check).
+    Where ref is all zeros (or empty) there is no scale to divide by: it is ||out||_F, 0 only for an exact match.
     Raises ValueError unless out and ref have the same shape (no broadcasting: a wrong-shaped result must not
     pass as a match); TypeError unless both are real (not complex) tensors with data (not on meta;
     torch.as_tensor makes one of an array)."""

@@ -156,17 +156,18 @@ def test_printed_info_is_a_few_lines_naming_each_gemm():
     hs, w1, w2, tw, ti = random_layer(9, 4, 2, 64, 32, torch.float32)
     _, info = fused_moe(hs, w1, w2, tw, ti, return_info=True)
     lines = str(info).splitlines()
-    assert lines[0] == f"FusedMoEInfo: {info.gemm_reason}; config: {info.config_source}"
+    assert lines[:2] == [f"FusedMoEInfo: config from {info.config_source}", f"  kernels: {info.gemm_reason}"]
     c = info.up_plan.config
-    assert lines[1].startswith(f"  up:   tile {c.BLOCK_SIZE_M}x{c.BLOCK_SIZE_N}x{c.BLOCK_SIZE_K}, GROUP_SIZE_M")
-    assert lines[1].endswith(f"grid {info.up_plan.grid}; {info.up_path.reason}")
-    assert lines[2].startswith("  down: ") and lines[2].endswith(info.down_path.reason)
-    assert lines[3] == f"  routing: {info.routing!r}" and len(lines) == 4
-    _, empty = fused_moe(hs[:0], w1, w2, tw[:0], ti[:0], return_info=True)  # T = 0: nothing launched
-    assert str(empty).splitlines() == [f"FusedMoEInfo: triton GEMMs; config: {empty.config_source}"]
+    path, _, note = info.up_path.reason.partition(" [")  # the device's note on TMA, once at the end
+    assert lines[2].startswith(f"  up:   BLOCK_SIZE_M/N/K {c.BLOCK_SIZE_M}/{c.BLOCK_SIZE_N}/{c.BLOCK_SIZE_K}, ")
+    assert lines[2].endswith(f"{info.up_plan.grid} programs; {path}") and lines[3].startswith("  down: ")
+    assert lines[4:] == [f"  TMA here: {note[:-1]}", f"  routing: {info.routing!r}"]
+    _, empty = fused_moe(hs[:0], w1, w2, tw[:0], ti[:0], return_info=True)
+    assert str(empty).splitlines()[1:] == ["  kernels: triton", "  nothing launched (T = 0)"]
     gluon = GluonLayerPlan(128, *(GluonFp8Plan(GemmConfig(128, 128, 128), 132, 240, 1) for _ in "ud"))
     text = str(dataclasses.replace(info, gemm_kernel="gluon", gemm_reason="gluon GEMMs: why", gluon_plan=gluon))
-    assert "  up:   tile 128x128x128, GROUP_SIZE_M 8, num_warps 4, num_stages 3, grid 132; tma (the Gluon" in text
+    assert "  kernels: gluon GEMMs: why\n  up:   BLOCK_SIZE_M/N/K 128/128/128, GROUP_SIZE_M 8, num_warps 4, " in text
+    assert "num_stages 3, 132 programs; tma (the Gluon kernel loads by TMA alone)\n  down: " in text
 
 
 def test_expert_map_computes_local_experts_only():

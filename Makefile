@@ -43,7 +43,7 @@ $(STAMP): pyproject.toml requirements-cpu.txt
 	@if echo "$(PIP_EXTRA_INDEX_URL) $(PIP_INDEX_URL)" | grep -q "download.pytorch.org/whl/cpu"; then \
 	  echo "   torch: PyTorch's CPU build (a few hundred MB); $(VENV) about 2 GB in all."; \
 	else \
-	  echo "   torch: PyPI's Linux build, the CUDA one: its CUDA libraries are about 3 GB more to download than"; \
+	  echo "   torch: PyPI's Linux build unless pip is set up otherwise, the CUDA one: about 3 GB more to download than"; \
 	  echo "   the CPU build's $(VENV) of about 2 GB. For the CPU build: make setup PIP_EXTRA_INDEX_URL=$(CPU_INDEX)"; \
 	fi
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

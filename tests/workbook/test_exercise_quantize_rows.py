@@ -30,6 +30,7 @@ def _quantize(
     ROUND: tl.constexpr = True,
     AXES: tl.constexpr = "row,group",
     CAST: tl.constexpr = "e4m3",
+    OTHER: tl.constexpr = 0.0,
 ):
     """The solution, with switches that each make one typical mistake: MASK False drops the `cols < K` mask;
     SCALE "amax" forgets the 448, "448/amax" stores the inverse (and multiplies x by it), "amax*(1/448)"
@@ -38,7 +39,7 @@ def _quantize(
     row offset out; LAYOUT "transposed" stores scales group-major, "row*K" past the scale tensor, "two"
     with 2 groups per row written in; Q "x*scale" multiplies, "x" casts x as it is; ROUND False skips
     round_to_e4m3_grid; AXES "group,row" swaps the program axes; CAST "e5m2" and "e4b15" cast to other
-    float8 types, "int8" to integers."""
+    float8 types, "int8" to integers; OTHER is the masked load's other= value."""
     if AXES == "row,group":
         row = tl.program_id(0)
         group = tl.program_id(1)
@@ -62,7 +63,7 @@ def _quantize(
         mask = cols < K
     else:
         mask = cols >= 0
-    x = tl.load(x_ptr + x_offs, mask=mask, other=0.0)
+    x = tl.load(x_ptr + x_offs, mask=mask, other=OTHER)
     if ABS:
         amax = tl.max(tl.abs(x), axis=0)
     else:
@@ -252,6 +253,16 @@ def axes_swapped(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
 
 
 @triton.jit
+def other_not_zero(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, OTHER=0.3)  # below every partial group's amax but row 0's
+
+
+@triton.jit
+def other_small_negative(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
+    _quantize(x_ptr, q_ptr, scale_ptr, K, GROUP, OTHER=-1e-3)
+
+
+@triton.jit
 def scale_only(x_ptr, q_ptr, scale_ptr, K, GROUP: tl.constexpr):
     row = tl.program_id(0)
     group = tl.program_id(1)
@@ -312,6 +323,8 @@ def test_wrong_kernels_are_named(capsys):
         (scale_448, ["every scale is 448", "amax divided by 448"]),
         (x_without_row, ["row 0's scales", "x_ptr + row * K + cols"]),
         (load_without_other, ["no other=", "other=0.0", "undefined"]),
+        (other_not_zero, ["only scales of the last group", "72 channels and 56 masked lanes", "other=0.0"]),
+        (other_small_negative, ["masked lanes' `other=` value enters the amax", "other=0.0"]),
         (cast_e4b15, ["e4b15", "largest value 1.875", "tl.float8e4nv"]),
         (cast_int8, ["cannot convert a tensor to fp8e4nv", "integers stored into a float8 buffer"]),
         (no_row_offset, ["rows [1, 2, 3, 4] of q were never written", "row * K"]),

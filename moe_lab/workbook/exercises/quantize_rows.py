@@ -31,7 +31,8 @@ instead of max |x|, one per row instead of one per group, groups starting at cha
 approximate `/`); rows or channels of q never written; q multiplied by the scale instead of divided, or cast
 without it, or divided by 448 instead of the scale; every scale 448; the row's start missing from x's offsets
 (every row gets row 0's scales); a masked load of x without `other=` (undefined lanes on a GPU, read by
-the amax; the guarded run fills them with the largest value of the dtype); a cast to another float8 type
+the amax; the guarded run fills them with the largest value of the dtype), or with an `other=` that is not 0
+(row 0's last group is all zeros, so any other value shows in its scale); a cast to another float8 type
 (e5m2, before or after `round_to_e4m3_grid`, or e4b15); the interpreter's cast without `round_to_e4m3_grid`;
 sizes written into the kernel (the second launch only). A missing clamp cannot be seen: with scale =
 amax / 448 no |x| / scale passes 448 by more than one rounding, and both `round_to_e4m3_grid` and a GPU's
@@ -96,11 +97,14 @@ CASES = (Case(5, 200, 128), Case(3, 300, 64))
 
 def _inputs(case: Case) -> torch.Tensor:
     """x [rows, K] float32: each group at its own magnitude (1e-2 .. 1e2, so a scale taken over the wrong
-    channels shows), and one all-zero group (row rows-2, group 0: the amax floor)."""
+    channels shows), one all-zero group (row rows-2, group 0: the amax floor) and, where K is not a multiple
+    of GROUP, an all-zero last group in row 0 (any `other=` but 0 on the masked load changes its scale)."""
     gen = torch.Generator().manual_seed(9)
     gain = 10.0 ** (4 * torch.rand(case.rows, case.groups, generator=gen) - 2)
     x = torch.randn(case.rows, case.k, generator=gen) * gain.repeat_interleave(case.group, 1)[:, : case.k]
     x[case.rows - 2, : case.group] = 0.0
+    if case.k % case.group:
+        x[0, case.k - case.k % case.group :] = 0.0
     return x
 
 
@@ -237,6 +241,13 @@ def _scale_problem(
     for wrong, why in candidates:
         if not _same(wrong, want) and _same(got, wrong):
             return why
+    off = _bits(got) != _bits(want)
+    if case.k % case.group and off.any() and not off[:, :-1].any() and bool((got[off] > want[off]).all()):
+        return (
+            f"only scales of the last group (its {case.k % case.group} channels and {-case.k % case.group} "
+            "masked lanes) are wrong, and too large: the masked lanes' `other=` value enters the amax. Load "
+            "with other=0.0, which leaves the amax alone"
+        )
     if named_only:
         return None
     if stored.numel() < want.numel():

@@ -563,7 +563,9 @@ def protocol_problem(ops: List[Op], program: int, config: Config = CONFIGS[0]) -
                 + (
                     "Too many: the phase never completes (deadlock)"
                     if expects[0].value > nbytes
-                    else "Too few: the phase cannot complete as the bytes arrive"
+                    else "Too few: the count no longer matches the bytes that land, so on a GPU the phase may "
+                    "complete before the whole box has landed (the consumer reads a half-written box) or not at all, "
+                    "and bytes left over count against the next phase"
                 )
             )
     return None

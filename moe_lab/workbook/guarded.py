@@ -55,11 +55,13 @@ import contextlib
 import dataclasses
 import inspect
 import operator
+import os
 import re
 import signal
 import textwrap
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -384,8 +386,30 @@ _NUMBERS = re.compile(r"\[[-+0-9.eE\s|]{20,}\]")
 _CAST = re.compile(r"cannot cast .*? to <\[[^\]]*\], (\w+)>")
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # moe_lab/
+
+
+def _kernel_line(exc: BaseException) -> str:
+    """Where in the learner's code the interpreter met what it wraps (InterpreterError's cause): the innermost
+    frame outside Triton, torch and moe_lab, as ' (in NAME, line N: SOURCE)'; '' where none."""
+    import triton
+
+    libraries = tuple(os.path.dirname(m.__file__) + os.sep for m in (triton, torch)) + (_PACKAGE_DIR,)
+    for cause in (exc.__cause__, exc.__context__):
+        if cause is None:
+            continue
+        frames = [f for f in traceback.extract_tb(cause.__traceback__) if not f.filename.startswith(libraries)]
+        if frames:
+            f = frames[-1]
+            return (
+                f" (in {f.name}, line {f.lineno}: {f.line.strip()})" if f.line else f" (in {f.name}, line {f.lineno})"
+            )
+    return ""
+
+
 def describe_error(exc: BaseException) -> str:
-    """The first lines of what a kernel raised, without the interpreter's traceback noise."""
+    """The first lines of what a kernel raised, without the interpreter's traceback noise, and where in the
+    learner's code it was raised (`_kernel_line`)."""
     for cause in (exc, exc.__cause__, exc.__context__):
         if isinstance(cause, (NeverEnds, WontCompile)):  # the interpreter may wrap what a kernel raised
             return str(cause)
@@ -405,7 +429,7 @@ def describe_error(exc: BaseException) -> str:
             f"the kernel raised {type(exc).__name__}: the interpreter cannot convert a tensor to {cast.group(1)} "
             f"(integers stored into a float8 buffer?): store float values, or .to() the buffer's element type first"
         )
-    return f"the kernel raised {type(exc).__name__}: " + text[:600]
+    return f"the kernel raised {type(exc).__name__}: " + text[:600] + _kernel_line(exc)
 
 
 @dataclass

@@ -84,6 +84,20 @@ def test_an_error_in_the_kernel_is_returned_not_raised(device):
     assert run.error is not None and run.problem().startswith("the kernel raised")  # arange of 10
 
 
+@triton.jit
+def misspelled_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + ofs, mask=offs < n), mask=offs < n)  # noqa: F821 - the slip
+
+
+def test_an_error_in_the_kernel_names_its_line(device):
+    x = torch.randn(10, device=device)
+    problem = run_guarded(misspelled_kernel, (1,), x_ptr=x, out_ptr=x.clone(), n=10, BLOCK=16).problem()
+    assert "NameError" in problem and "'ofs' is not defined" in problem, problem
+    line = misspelled_kernel.fn.__code__.co_firstlineno + 3
+    assert f"(in misspelled_kernel, line {line}: tl.store(out_ptr + offs, tl.load(x_ptr + ofs, mask=" in problem
+
+
 def test_wrong_calls_of_the_runner_raise_type_errors():
     def plain(x_ptr):
         pass

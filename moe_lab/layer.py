@@ -115,8 +115,8 @@ class FusedMoEInfo:
             if plan is None:  # T = 0
                 continue
             c = plan.config
-            path, _, note = ("tma (the Gluon kernel loads by TMA alone)" if gluon else plan.path.reason).partition(" [")
-            notes.add(note.rstrip("]"))
+            path = "tma (the Gluon kernel loads by TMA alone)" if gluon else plan.path.choice
+            notes.add("" if gluon else plan.path.device_note)
             lines.append(
                 f"  {name + ':':5} BLOCK_SIZE_M/N/K {c.BLOCK_SIZE_M}/{c.BLOCK_SIZE_N}/{c.BLOCK_SIZE_K}, GROUP_SIZE_M "
                 f"{c.GROUP_SIZE_M}, num_warps {c.num_warps}, num_stages {c.num_stages}, {plan.grid} programs; {path}"

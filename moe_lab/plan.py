@@ -72,6 +72,16 @@ class LoadPath:
         """Short form for tables, e.g. "a:ptr w:tma"."""
         return f"a:{'tma' if self.a_tma else 'ptr'} w:{'tma' if self.w_tma else 'ptr'}"
 
+    @property
+    def choice(self) -> str:
+        """The reason without the device's note on TMA (its trailing " [...]"), for a table that gives it once."""
+        return self.reason.partition(" [")[0]
+
+    @property
+    def device_note(self) -> str:
+        """The device's note on TMA at the reason's end ("" where there is none)."""
+        return self.reason.partition(" [")[2].removesuffix("]")
+
 
 def gate_up_halves(swiglu: bool, activation: Activation) -> bool:
     """Whether a GEMM with the SwiGLU epilogue (`swiglu`) of `activation` reads gate and up rows as halves of w
@@ -226,7 +236,7 @@ def select_load_path(
             f"descriptor: {w_problem}"
         )
     if w_problem and swiglu:
-        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": readers split the device off there
+        w_problem = f"the SwiGLU epilogue's 4-D view of w: {w_problem}"  # no " [": LoadPath.choice cuts there
     reasons.append(f"w: {'pointer (' + w_problem + ')' if w_problem else 'tma'}")
     if gather_a:
         a_problem = "gathered token rows: TMA gather needs Blackwell"

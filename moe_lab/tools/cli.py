@@ -231,9 +231,7 @@ def cmd_demo(args) -> int:
             failures += not ok
             compared += err is not None
             if info.up_path:  # the device's TMA note is printed once, below, not in every reason
-                reasons[preset.name] = tuple(
-                    path.reason.replace(f" [{support.reason}]", "") for path in (info.up_path, info.down_path)
-                )
+                reasons[preset.name] = (info.up_path.choice, info.down_path.choice)
             up = info.up_path.name if info.up_path else "-"
             down = info.down_path.name if info.down_path else "-"
             line = (
